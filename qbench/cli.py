@@ -1,0 +1,80 @@
+"""The qbench command line: a click group whose subcommands live in qbench/commands/.
+
+Each subcommand is loaded only when it runs (or when help lists it), and command modules import
+torch and triton inside their functions, so `qbench --help` starts fast. Adding a family is one
+line in COMMANDS.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from qbench import __version__
+from qbench.errors import QbenchUsageError
+
+# name -> module under qbench.commands that defines `command`
+COMMANDS = {
+    "switchback": "switchback",
+    "fragmented": "fragmented",
+    "moe": "moe",
+    "model": "model",
+    "compare": "compare",
+}
+
+EPILOG = """\b
+Examples:
+  qbench switchback --dims 1024,4096
+  qbench fragmented --sizes 2048,4096
+  qbench moe --world-size 4
+  qbench model lstm --config deepflow.yaml
+  qbench compare results/a results/b --fail-on time_global:5
+"""
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module = importlib.import_module(f"qbench.commands.{COMMANDS[name]}")
+        return module.command
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="qbench")
+def cli() -> None:
+    """Is this low-precision or sparse layer actually faster, by how much, and how far from the
+    hardware limit? Benchmarks that store every sample, compare runs, and explain times with a
+    roofline model."""
+
+
+def _fail(prog: str, message: str, code: int) -> None:
+    click.echo(f"{prog}: error: {message}", err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors become one line on stderr and exit 2, never a traceback."""
+    args = sys.argv[1:] if argv is None else argv
+    prog = "qbench" + (f" {args[0]}" if args and args[0] in COMMANDS else "")
+    try:
+        code = cli.main(args=args, prog_name="qbench", standalone_mode=False)
+    except click.UsageError as exc:
+        hint = exc.ctx.command_path if exc.ctx else "qbench"
+        param = exc.param.get_error_hint(exc.ctx) if getattr(exc, "param", None) and exc.ctx else None
+        detail = f"{param}: {exc.message}" if param else exc.format_message()
+        _fail(prog, f"{detail} (see '{hint} --help')", 2)
+    except click.ClickException as exc:
+        _fail(prog, exc.format_message(), exc.exit_code)
+    except QbenchUsageError as exc:
+        _fail(prog, str(exc), 2)
+    except click.Abort:
+        _fail(prog, "interrupted", 130)
+    except KeyboardInterrupt:
+        _fail(prog, "interrupted; records measured so far are kept", 130)
+    sys.exit(code if isinstance(code, int) else 0)

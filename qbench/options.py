@@ -1,0 +1,106 @@
+"""Shared click options and value parsers, defined once for every subcommand.
+
+Parsers raise click.BadParameter with a message that names the problem and the fix; the CLI turns
+it into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import click
+
+DTYPES = ("fp16", "bf16", "fp32")
+
+
+def _split(value: str) -> list[str]:
+    items = [v.strip() for v in str(value).split(",")]
+    if not value or any(not v for v in items):
+        raise click.BadParameter(f"{value!r} has an empty item; give a comma-separated list like 1024,4096")
+    return items
+
+
+def parse_positive_ints(value: str | tuple | None) -> tuple[int, ...] | None:
+    """'1024,4096' -> (1024, 4096); every item a positive integer."""
+    if value is None or isinstance(value, tuple):
+        return value
+    out = []
+    for item in _split(value):
+        try:
+            number = int(item)
+        except ValueError:
+            raise click.BadParameter(f"{item!r} is not an integer; give a list like 1024,4096") from None
+        if number <= 0:
+            raise click.BadParameter(f"{number} is not a positive size; sizes must be > 0")
+        out.append(number)
+    return tuple(out)
+
+
+def parse_pairs(value: str | tuple | None) -> tuple[tuple[int, int], ...] | None:
+    """'1408x6144,6144x1408' -> ((1408, 6144), (6144, 1408))."""
+    if value is None or isinstance(value, tuple):
+        return value
+    pairs = []
+    for item in _split(value):
+        parts = item.lower().split("x")
+        if len(parts) != 2:
+            raise click.BadParameter(f"{item!r} is not an IN x OUT pair; write pairs like 1408x6144")
+        pairs.append(tuple(parse_positive_ints(",".join(parts))))
+    return tuple(pairs)
+
+
+def parse_names(choices: tuple[str, ...]):
+    """A parser for a comma-separated subset of `choices`."""
+
+    def parse(value: str | tuple | None) -> tuple[str, ...] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        items = tuple(_split(value))
+        unknown = [i for i in items if i not in choices]
+        if unknown:
+            raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def callback(parser):
+    """Wrap a value parser as a click callback."""
+    return lambda ctx, param, value: parser(value)
+
+
+def out_options(fn):
+    """--out, --append, --force, --json: where records go and how they are shown."""
+    fn = click.option("--json", "as_json", is_flag=True, help="Print the records as JSON on stdout.")(fn)
+    fn = click.option("--force", is_flag=True, help="Replace the records of an existing run directory.")(fn)
+    fn = click.option("--append", is_flag=True, help="Add records to an existing run directory.")(fn)
+    fn = click.option(
+        "--out",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Run directory (default: results/<bench>-<UTC time>).",
+    )(fn)
+    return fn
+
+
+def dtype_option(default: str = "fp16", choices: tuple[str, ...] = DTYPES):
+    return click.option(
+        "--dtype", type=click.Choice(choices), default=default, show_default=True, help="Data type of activations."
+    )
+
+
+def repeat_option(fn):
+    return click.option(
+        "--repeat",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Timed repeats per configuration (default: as many as fit a 250 ms budget).",
+    )(fn)
+
+
+def device_option(fn):
+    return click.option(
+        "--device",
+        type=click.Choice(("auto", "cuda", "cpu")),
+        default="auto",
+        show_default=True,
+        help="Where to run: a CUDA GPU when present, otherwise the CPU.",
+    )(fn)

@@ -1,0 +1,276 @@
+"""THE timer of qbench: every measured time in the project comes from this module.
+
+GPU: CUDA events around the timed region; warm-up calls (which also absorb Triton autotuning and
+compilation) are excluded; the L2 cache is optionally flushed between repeats by overwriting a
+buffer larger than L2; optional CUDA-graph replay for launch-bound work.
+CPU: time.perf_counter around the region, same interface and same statistics.
+Multi-rank: a barrier before each step, all streams synchronized, and the maximum over ranks of
+each step (one all-reduce after the loop, so the collective never sits inside a timed region).
+
+All times are milliseconds. Samples are kept so that `qbench compare` can test significance.
+torch is imported lazily: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+DEFAULT_BUDGET_MS = 250.0  # time budget per measured configuration when no repeat count is given
+MIN_REPEAT = 5  # fewer samples make the percentiles meaningless
+MAX_REPEAT = 2000  # caps tiny kernels so a sweep stays bounded
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of every current GPU (H100: 50 MB, H200: 60 MB)
+
+
+def percentile(values: list[float] | tuple[float, ...], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Samples of one timed region (ms) and their summary statistics."""
+
+    samples_ms: tuple[float, ...]
+    device: str = "cpu"
+
+    @property
+    def median(self) -> float:
+        return percentile(self.samples_ms, 50)
+
+    @property
+    def p20(self) -> float:
+        return percentile(self.samples_ms, 20)
+
+    @property
+    def p80(self) -> float:
+        return percentile(self.samples_ms, 80)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.samples_ms) / len(self.samples_ms) if self.samples_ms else math.nan
+
+    @property
+    def min(self) -> float:
+        return min(self.samples_ms) if self.samples_ms else math.nan
+
+    def summary(self) -> dict[str, float]:
+        return {"median": self.median, "p20": self.p20, "p80": self.p80, "mean": self.mean, "min": self.min}
+
+
+def resolve_device(device: str | None = None) -> str:
+    """'cuda' when a CUDA device is present (or asked for), else 'cpu'."""
+    if device not in (None, "auto"):
+        return "cuda" if str(device).startswith("cuda") else "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _repeat_count(one_call_ms: float, repeat: int | None, budget_ms: float | None) -> int:
+    if repeat is not None:
+        return max(1, int(repeat))
+    budget = DEFAULT_BUDGET_MS if budget_ms is None else budget_ms
+    estimate = max(one_call_ms, 1e-4)
+    return int(min(MAX_REPEAT, max(MIN_REPEAT, budget / estimate)))
+
+
+class _Clock:
+    """One start/stop pair: CUDA events on GPU, perf_counter on CPU."""
+
+    def __init__(self, device: str):
+        self.device = device
+        if device == "cuda":
+            import torch
+
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        if self.device == "cuda":
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.device == "cuda":
+            self._end.record()
+        else:
+            self._t1 = time.perf_counter()
+
+    def elapsed_ms(self) -> float:
+        """Valid after the device is synchronized."""
+        if self.device == "cuda":
+            return float(self._start.elapsed_time(self._end))
+        return (self._t1 - self._t0) * 1e3
+
+
+def _make_flush(device: str, flush_l2: bool) -> Callable[[], None]:
+    if device != "cuda" or not flush_l2:
+        return lambda: None
+    import torch
+
+    buffer = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    return buffer.zero_
+
+
+def _graph_of(fn: Callable[[], object]) -> Callable[[], None]:
+    """Capture fn into a CUDA graph (after fn has been warmed up) and return its replay."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # one more eager call on the side stream, as CUDA-graph capture requires
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def time_fn(
+    fn: Callable[[], object],
+    *,
+    device: str | None = None,
+    warmup: int = 3,
+    repeat: int | None = None,
+    budget_ms: float | None = None,
+    flush_l2: bool = True,
+    cuda_graph: bool = False,
+) -> Timing:
+    """Time fn() and return one sample (ms) per repeat.
+
+    warmup calls run first and are never timed (at least one, so that JIT compilation and autotuning
+    stay out of the numbers). Without `repeat` the count is chosen so the samples take about
+    `budget_ms`. With flush_l2 (GPU only) a 256 MB buffer is overwritten before each repeat, outside
+    the timed region, so every repeat starts from a cold L2 as it would inside a real model.
+    """
+    device = resolve_device(device)
+    for _ in range(max(1, warmup)):
+        fn()
+    _synchronize(device)
+    call = _graph_of(fn) if (cuda_graph and device == "cuda") else fn
+    flush = _make_flush(device, flush_l2)
+    probe = _Clock(device)
+    flush()
+    probe.start()
+    call()
+    probe.stop()
+    _synchronize(device)
+    count = _repeat_count(probe.elapsed_ms(), repeat, budget_ms)
+    clocks = [_Clock(device) for _ in range(count)]
+    for clock in clocks:
+        flush()
+        clock.start()
+        call()
+        clock.stop()
+    _synchronize(device)
+    return Timing(tuple(clock.elapsed_ms() for clock in clocks), device)
+
+
+@dataclass
+class PhaseTimer:
+    """Named regions inside one step (gate, dispatch, experts, ...), one sample per region per step.
+
+    Use `with timer.phase("dispatch"): ...` inside a step and `timer.next_step()` between steps;
+    `results_ms()` synchronizes once and returns {phase: [ms per step]} (a phase entered twice in a
+    step counts the sum). On GPU the events are recorded on the current stream.
+    """
+
+    device: str = "cpu"
+    _steps: list[dict[str, list[_Clock]]] = field(default_factory=lambda: [{}])
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        clock = _Clock(self.device)
+        clock.start()
+        try:
+            yield
+        finally:
+            clock.stop()
+            self._steps[-1].setdefault(name, []).append(clock)
+
+    def next_step(self) -> None:
+        self._steps.append({})
+
+    def discard(self) -> None:
+        """Forget everything recorded so far (used after warm-up steps)."""
+        self._steps = [{}]
+
+    def results_ms(self) -> dict[str, list[float]]:
+        _synchronize(self.device)
+        steps = [s for s in self._steps if s]
+        names = sorted({name for step in steps for name in step})
+        return {
+            name: [sum(c.elapsed_ms() for c in step.get(name, [])) for step in steps] for name in names
+        }
+
+
+def max_over_ranks(values_ms: list[float], group=None) -> list[float]:
+    """Elementwise maximum over all ranks of a per-step list (one all-reduce)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or not values_ms:
+        return list(values_ms)
+    on_gpu = dist.get_backend(group) == "nccl"
+    tensor = torch.tensor(values_ms, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor.cpu().tolist()
+
+
+def time_ranks(
+    step: Callable[[int], object],
+    *,
+    steps: int,
+    warmup: int = 10,
+    device: str | None = None,
+    group=None,
+    on_warmup_end: Callable[[], None] | None = None,
+) -> Timing:
+    """Time a distributed step: barrier, start, step(i), synchronize, stop; max over ranks per step.
+
+    step(i) gets the step index (warm-up steps get negative indices). on_warmup_end lets the caller
+    reset its own PhaseTimer so that phases and steps cover the same steps. Every rank returns the
+    same Timing (samples = per-step maxima over ranks).
+    """
+    import torch.distributed as dist
+
+    device = resolve_device(device)
+    distributed = dist.is_available() and dist.is_initialized()
+    for i in range(warmup):
+        step(i - warmup)
+    _synchronize(device)
+    if on_warmup_end is not None:
+        on_warmup_end()
+    local = []
+    for i in range(steps):
+        if distributed:
+            dist.barrier(group=group)
+        _synchronize(device)
+        clock = _Clock(device)
+        clock.start()
+        step(i)
+        clock.stop()
+        _synchronize(device)
+        local.append(clock.elapsed_ms())
+    return Timing(tuple(max_over_ranks(local, group)), device)

@@ -22,6 +22,8 @@ COMMANDS = {
     "moe": "moe",
     "model": "model",
     "compare": "compare",
+    "import": "import_run",
+    "plot": "plot",
 }
 
 EPILOG = """\b

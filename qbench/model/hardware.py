@@ -1,0 +1,166 @@
+"""Hardware descriptions for rooflines: datasheet presets, custom YAML devices, calibrated ceilings.
+
+A `Hardware` holds the ceilings a roofline needs: dense peak rate per dtype (TFLOP/s, or TOP/s for
+int8), HBM capacity and bandwidth, L2 size, SM count, NVLink bandwidth per direction and a per-kernel
+launch overhead. Presets use the dense datasheet figures (the datasheets print sparse ones, twice
+these). A calibrated device (`qbench model calibrate`) replaces the peaks and the bandwidth by
+measured values, so fractions of roofline read against what the device actually reaches.
+
+No torch import here: benches import this module on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+# Canonical dtype names; every alias a bench may use maps to one of them.
+DTYPE_ALIASES = {
+    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    "tf32": "tf32",
+    "int8": "int8",
+    "fp8": "fp8", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
+}
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}
+
+
+def canonical_dtype(dtype: str) -> str:
+    """'bfloat16' -> 'bf16', 'torch.float16' -> 'fp16'; ValueError naming the dtype otherwise."""
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in DTYPE_ALIASES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
+    return DTYPE_ALIASES[key]
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator. Rates are dense peaks; bandwidths in decimal units (1 TB/s = 1e12 B/s)."""
+
+    name: str
+    peak_tflops: dict[str, float]  # canonical dtype -> TFLOP/s (TOP/s for int8)
+    hbm_gb: float  # capacity, decimal GB
+    hbm_tbps: float  # HBM bandwidth, TB/s (read + write together)
+    l2_mb: float  # L2 cache, MB
+    sm_count: int
+    nvlink_gbps: float  # per direction, GB/s
+    launch_us: float = 2.0  # fixed cost per kernel launch; small so that a floor stays a lower bound
+    source: str = "datasheet"  # "datasheet", "custom" or "calibrated"
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def peak(self, dtype: str) -> float:
+        """Peak rate in flop/s (op/s) for `dtype`; ValueError when this device has none."""
+        key = canonical_dtype(dtype)
+        if key not in self.peak_tflops:
+            raise ValueError(f"{self.name} has no {key} peak; known: {', '.join(sorted(self.peak_tflops))}")
+        return self.peak_tflops[key] * 1e12
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_tbps * 1e12
+
+    @property
+    def nvlink_bytes_per_s(self) -> float:
+        return self.nvlink_gbps * 1e9
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Dense datasheet peaks (hardware reference table). fp32 is the non-tensor-core rate (torch's default
+# for fp32 matmul); tf32 is the dense tensor-core rate.
+_HOPPER_PEAKS = {"bf16": 989.0, "fp16": 989.0, "int8": 1979.0, "fp8": 1979.0, "tf32": 494.5, "fp32": 67.0}
+_AMPERE_PEAKS = {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0, "fp32": 19.5}
+
+PRESETS: dict[str, Hardware] = {
+    "h100": Hardware("H100 SXM 80GB", dict(_HOPPER_PEAKS), 80.0, 3.35, 50.0, 132, 450.0),
+    "h200": Hardware("H200 SXM 141GB", dict(_HOPPER_PEAKS), 141.0, 4.8, 50.0, 132, 450.0),
+    "a100-40gb": Hardware("A100 SXM 40GB", dict(_AMPERE_PEAKS), 40.0, 1.555, 40.0, 108, 300.0),
+    "a100-80gb": Hardware("A100 SXM 80GB", dict(_AMPERE_PEAKS), 80.0, 2.039, 40.0, 108, 300.0),
+}
+ALIASES = {"h100-sxm": "h100", "h200-sxm": "h200", "a100": "a100-80gb", "a100-40": "a100-40gb",
+           "a100-80": "a100-80gb"}
+
+
+def preset(name: str) -> Hardware:
+    """A preset by its short name ('h200', 'h100', 'a100-40gb', 'a100-80gb'); ValueError otherwise."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in PRESETS:
+        raise ValueError(f"unknown GPU {name!r}; choose from {', '.join(sorted(PRESETS))}")
+    return PRESETS[key]
+
+
+def preset_for_gpu(name: str) -> Hardware | None:
+    """The preset matching torch's device name ('NVIDIA H200', 'NVIDIA H100 80GB HBM3',
+    'NVIDIA A100-SXM4-40GB'), or None when no preset describes that part (PCIe and NVL boards have
+    other clocks and bandwidths, so they are not guessed)."""
+    text = name.upper()
+    if "PCIE" in text or "NVL" in text:
+        return None
+    if "H200" in text:
+        return PRESETS["h200"]
+    if "H100" in text and ("SXM" in text or "HBM3" in text):
+        return PRESETS["h100"]
+    if "A100" in text:
+        return PRESETS["a100-80gb"] if "80G" in text else PRESETS["a100-40gb"] if "40G" in text else None
+    return None
+
+
+_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tbps", "l2_mb", "sm_count", "nvlink_gbps")
+
+
+def from_dict(data: dict[str, Any], *, source: str = "custom", where: str = "hardware") -> Hardware:
+    """Build a Hardware from a mapping (a custom YAML device or a calibration file).
+
+    A custom file may start from a preset (`base: h200`) and override any field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of hardware fields")
+    data = dict(data)
+    base = data.pop("base", None)
+    merged = preset(base).to_dict() if base else {}
+    peaks = {**merged.get("peak_tflops", {}), **data.pop("peak_tflops", {})}
+    merged.update(data)
+    merged["peak_tflops"] = {canonical_dtype(k): float(v) for k, v in peaks.items()}
+    missing = [k for k in _REQUIRED if k not in merged]
+    if missing:
+        raise ValueError(f"{where}: missing key {missing[0]!r} (needs {', '.join(_REQUIRED)})")
+    known = set(Hardware.__dataclass_fields__)
+    extra = sorted(set(merged) - known)
+    if extra:
+        raise ValueError(f"{where}: unknown key {extra[0]!r}")
+    for key in ("hbm_gb", "hbm_tbps", "l2_mb", "sm_count", "nvlink_gbps"):
+        if not isinstance(merged[key], (int, float)) or merged[key] <= 0:
+            raise ValueError(f"{where}: {key} must be a positive number, not {merged[key]!r}")
+    if not merged["peak_tflops"] or min(merged["peak_tflops"].values()) <= 0:
+        raise ValueError(f"{where}: peak_tflops must give a positive rate per dtype")
+    merged.setdefault("source", source)
+    return Hardware(**merged)
+
+
+def load(path: str | Path) -> Hardware:
+    """A device from a YAML or JSON file (custom device or `qbench model calibrate` output)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"hardware file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text)
+    if isinstance(data, dict) and "hardware" in data:
+        data = data["hardware"]  # a calibration file keeps its measurements beside the device
+    return from_dict(data, source="custom", where=str(path))
+
+
+def calibrated(base: Hardware, peaks_tflops: dict[str, float], hbm_tbps: float,
+               launch_us: float | None = None, notes: dict | None = None) -> Hardware:
+    """`base` with measured ceilings replacing the datasheet's (dtypes not measured keep theirs)."""
+    peaks = {**base.peak_tflops, **{canonical_dtype(k): v for k, v in peaks_tflops.items()}}
+    return replace(base, name=f"{base.name} (calibrated)", peak_tflops=peaks, hbm_tbps=hbm_tbps,
+                   launch_us=base.launch_us if launch_us is None else launch_us,
+                   source="calibrated", notes=dict(notes or {}))

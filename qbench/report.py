@@ -20,8 +20,7 @@ from rich.table import Table
 from qbench import units
 
 CPU_NOTICE = (
-    "Running on the CPU: these timings check that everything works end to end; "
-    "they say nothing about GPU performance."
+    "Running on the CPU: these timings check that everything works end to end; they say nothing about GPU performance."
 )
 
 
@@ -136,3 +135,124 @@ def progress(total: int | None, description: str) -> Iterator[Any]:
 
 def notice(message: str, style: str = "yellow") -> None:
     stderr_console().print(f"[{style}]{message}[/{style}]")
+
+
+# ---- comparisons (qbench.compare) -------------------------------------------------------------
+
+MARKER_STYLE = {"+": "red", "-": "green", "~": "yellow", "!": "bold red", "*": "green", "x": "dim", "n/a": "dim"}
+MARKER_MEANING = {
+    "-": "better",
+    "+": "worse",
+    "=": "same",
+    "~": "not significant",
+    "x": "not comparable",
+    "!": "newly failing",
+    "*": "fixed",
+    "n/a": "missing",
+}
+COMPARE_COLUMNS = ("case", "metric", "unit", "reference", "candidate", "ratio", "change", "p", "", "note")
+
+
+def _compare_cells(row) -> list[str]:
+    change = "-" if row.change_pct is None else f"{row.change_pct:+.1f}%"
+    ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
+    p_value = "-" if row.p_value is None else f"{row.p_value:.3g}"
+    return [
+        f"{row.bench}/{row.case}",
+        row.metric,
+        row.unit or "",
+        format_value(row.reference_value),
+        format_value(row.candidate_value),
+        ratio,
+        change,
+        p_value,
+        row.marker,
+        row.note,
+    ]
+
+
+def comparison_tables(comparison) -> list[Table]:
+    """One rich table per candidate, with geometric-mean rows and marker counts in the caption."""
+    tables = []
+    for candidate in dict.fromkeys(r.candidate for r in comparison.rows):
+        table = Table(title=f"{candidate} vs reference", header_style="bold")
+        for name in COMPARE_COLUMNS:
+            table.add_column(name, justify="left" if name in ("case", "metric", "note") else "right")
+        for row in (r for r in comparison.rows if r.candidate == candidate):
+            cells = _compare_cells(row)
+            style = MARKER_STYLE.get(row.marker, "")
+            table.add_row(*cells, style=style or None)
+        for (cand, metric), value in comparison.geomeans.items():
+            if cand == candidate:
+                table.add_row(
+                    "geometric mean",
+                    metric,
+                    "",
+                    "",
+                    "",
+                    f"{value:.3f}",
+                    f"{100 * (value - 1):+.1f}%",
+                    "",
+                    "",
+                    "",
+                    style="bold",
+                )
+        table.caption = counts_line(comparison.counts.get(candidate, {}))
+        tables.append(table)
+    return tables
+
+
+def counts_line(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{counts[m]} {MARKER_MEANING[m]} ({m})" for m in MARKER_MEANING if counts.get(m))
+
+
+def comparison_markdown(comparison) -> str:
+    lines = ["| " + " | ".join(n or "marker" for n in COMPARE_COLUMNS) + " |", "|" + "---|" * len(COMPARE_COLUMNS)]
+    for row in comparison.rows:
+        cells = [c.replace("|", "\\|") for c in _compare_cells(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    for (cand, metric), value in comparison.geomeans.items():
+        lines.append(
+            f"| geometric mean ({cand}) | {metric} |  |  |  | {value:.3f} | {100 * (value - 1):+.1f}% |  |  |  |"
+        )
+    for warning in comparison.env_warnings:
+        lines.append(f"\n> environment differs: {warning}")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_csv(comparison) -> str:
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    fields = list(comparison.rows[0].as_dict()) if comparison.rows else ["bench", "case", "metric"]
+    writer = csv.DictWriter(buffer, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(r.as_dict() for r in comparison.rows)
+    return buffer.getvalue()
+
+
+def comparison_json(comparison) -> str:
+    payload = {
+        "rows": [r.as_dict() for r in comparison.rows],
+        "geometric_means": [{"candidate": c, "metric": m, "ratio": v} for (c, m), v in comparison.geomeans.items()],
+        "counts": comparison.counts,
+        "environment_differences": comparison.env_warnings,
+    }
+    return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+def print_comparison(comparison, fmt: str | None) -> None:
+    """Environment warnings on stderr, then the comparison in the chosen format on stdout."""
+    for warning in comparison.env_warnings:
+        notice(f"environment differs: {warning}")
+    if fmt == "markdown":
+        sys.stdout.write(comparison_markdown(comparison))
+    elif fmt == "csv":
+        sys.stdout.write(comparison_csv(comparison))
+    elif fmt == "json":
+        sys.stdout.write(comparison_json(comparison))
+    else:
+        console = stdout_console()
+        for table in comparison_tables(comparison):
+            console.print(table)

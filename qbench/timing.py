@@ -220,9 +220,7 @@ class PhaseTimer:
         _synchronize(self.device)
         steps = [s for s in self._steps if s]
         names = sorted({name for step in steps for name in step})
-        return {
-            name: [sum(c.elapsed_ms() for c in step.get(name, [])) for step in steps] for name in names
-        }
+        return {name: [sum(c.elapsed_ms() for c in step.get(name, [])) for step in steps] for name in names}
 
 
 def max_over_ranks(values_ms: list[float], group=None) -> list[float]:

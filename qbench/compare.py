@@ -1,0 +1,359 @@
+"""Compare runs: join records, ratios, significance, geometric mean, regression gate.
+
+The first run is the reference. Records are joined on (bench, params): on the exact case id when
+both runs use the same parameters, otherwise on the parameters the runs have in common (so an
+imported seed, which knows fewer parameters, still joins with a qbench run). For every metric in
+both records: ratio = candidate / reference, signed % change, and whether that is better or worse
+by the unit's declared direction (qbench.units). With >= 2 samples on both sides a two-sided
+Mann-Whitney U test decides whether a change beyond the noise threshold is significant.
+
+Markers: '+' worse, '-' better, '~' beyond the threshold but not significant, '=' within the
+threshold, 'x' not comparable, '!' newly failing, '*' fixed, 'n/a' missing on one side.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qbench import store, units
+from qbench.env import COMPARABILITY_KEYS
+from qbench.errors import QbenchUsageError
+
+ALPHA = 0.05  # significance level of the U test
+FEW_SAMPLES = 9  # below this many samples per side the U test has little power: say so
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str
+    env: dict[str, Any]
+    records: list[dict[str, Any]]
+
+
+@dataclass
+class Row:
+    bench: str
+    case: str
+    metric: str
+    unit: str | None
+    candidate: str
+    reference_value: float | None
+    candidate_value: float | None
+    ratio: float | None = None
+    change_pct: float | None = None
+    p_value: float | None = None
+    marker: str = "="
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class CompareOptions:
+    metrics: tuple[str, ...] = ()
+    threshold_pct: float = 5.0
+    pattern: str | None = None
+    cross_env: bool = False
+    only_changed: bool = False
+    sort: str = "name"
+    alpha: float = ALPHA
+
+
+@dataclass
+class Comparison:
+    rows: list[Row]
+    env_warnings: list[str] = field(default_factory=list)
+    geomeans: dict[tuple[str, str], float] = field(default_factory=dict)  # (candidate, metric) -> ratio
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # candidate -> marker -> n
+
+
+def load_any(path: str | Path) -> Run:
+    """A qbench run directory, or a file in a seed format (imported on the fly)."""
+    target = Path(path)
+    if target.is_file():
+        from qbench.importers import load_any as import_file
+
+        env, records = import_file(target)
+        return Run(str(target), env, records)
+    env, records = store.load_run(target)
+    return Run(str(target), env, records)
+
+
+def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided Mann-Whitney U p-value, or None when either side has fewer than 2 samples."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    from scipy.stats import mannwhitneyu
+
+    if len(set(a) | set(b)) == 1:
+        return 1.0  # all samples equal: no evidence of a difference (scipy would warn)
+    return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
+
+
+def _value_key(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).lower()
+
+
+def _join_keys(runs: Sequence[Run], bench: str) -> list[str]:
+    """Parameter names every run knows for this bench (the join key)."""
+    key_sets = []
+    for run in runs:
+        keys = set()
+        for rec in run.records:
+            if rec["bench"] == bench:
+                keys |= set(rec.get("params", {}))
+        key_sets.append(keys)
+    return sorted(set.intersection(*key_sets)) if key_sets else []
+
+
+def _index(run: Run, bench: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Records of one bench keyed by the join parameters (a later duplicate replaces an earlier one)."""
+    index = {}
+    for rec in run.records:
+        if rec["bench"] != bench:
+            continue
+        params = rec.get("params", {})
+        key = "/".join(f"{k}={_value_key(params.get(k))}" for k in keys)
+        index[key] = rec
+    return index
+
+
+def env_differences(reference: Run, candidate: Run) -> list[str]:
+    """Environment keys that differ (GPU, driver, torch, triton, CUDA, dtype), as readable lines."""
+    lines = []
+    for key in (*COMPARABILITY_KEYS, "dtype"):
+        a, b = _env_value(reference, key), _env_value(candidate, key)
+        if a != b and not (a is None and b is None):
+            lines.append(f"{candidate.label} vs {reference.label}: {key} {a!r} -> {b!r}")
+    return lines
+
+
+def _env_value(run: Run, key: str) -> Any:
+    if key != "dtype":
+        return run.env.get(key)
+    dtypes = sorted({str(r.get("params", {}).get("dtype")) for r in run.records if "dtype" in r.get("params", {})})
+    return ",".join(dtypes) or None
+
+
+def _hardware_differs(reference: Run, candidate: Run) -> bool:
+    a, b = reference.env.get("gpu_name"), candidate.env.get("gpu_name")
+    return (a or None) != (b or None)
+
+
+def _verdict(row: Row, direction: int, options: CompareOptions) -> None:
+    """Fill ratio, change, p-value and marker of a row whose two values are both present."""
+    ref, cand = row.reference_value, row.candidate_value
+    if ref is None or cand is None or ref == 0 or direction == 0:
+        row.marker = "x"
+        row.note = "no better/worse for this unit" if direction == 0 else "missing or zero value"
+        if ref not in (None, 0) and cand is not None:
+            row.ratio, row.change_pct = cand / ref, 100.0 * (cand - ref) / abs(ref)
+        return
+    row.ratio = cand / ref
+    row.change_pct = 100.0 * (cand - ref) / abs(ref)
+    if abs(row.change_pct) <= options.threshold_pct:
+        row.marker = "="
+        return
+    worse = (row.change_pct > 0) == (direction < 0)
+    significant = row.p_value is None or row.p_value < options.alpha
+    row.marker = ("+" if worse else "-") if significant else "~"
+    if row.p_value is None:
+        row.note = "no samples to test"
+
+
+def _compare_records(ref_rec, cand_rec, metric: str, candidate: str, options: CompareOptions) -> Row:
+    unit = (ref_rec.get("units", {}) or {}).get(metric) or (cand_rec.get("units", {}) or {}).get(metric)
+    cand_unit = (cand_rec.get("units", {}) or {}).get(metric)
+    row = Row(
+        bench=ref_rec["bench"],
+        case=ref_rec["case"],
+        metric=metric,
+        unit=unit,
+        candidate=candidate,
+        reference_value=ref_rec["metrics"].get(metric),
+        candidate_value=cand_rec["metrics"].get(metric),
+    )
+    a = ref_rec.get("samples", {}).get(metric, [])
+    b = cand_rec.get("samples", {}).get(metric, [])
+    row.p_value = mann_whitney_p(a, b)
+    if row.p_value is not None and min(len(a), len(b)) < FEW_SAMPLES:
+        row.note = "few samples"
+    if cand_unit and unit and cand_unit != unit:
+        row.marker, row.note = "x", f"units differ: {unit} vs {cand_unit}"
+        return row
+    _verdict(row, units.direction(unit), options)
+    return row
+
+
+def _status_row(ref_rec, cand_rec, candidate: str) -> Row | None:
+    """'!' newly failing, '*' fixed, 'x' failing on both sides; None when both are ok."""
+    a, b = ref_rec.get("status", "ok"), cand_rec.get("status", "ok")
+    if a == "ok" and b == "ok":
+        return None
+    marker = "!" if a == "ok" else "*" if b == "ok" else "x"
+    note = (cand_rec.get("error") if b != "ok" else ref_rec.get("error")) or f"{a} -> {b}"
+    return Row(ref_rec["bench"], ref_rec["case"], "status", None, candidate, None, None, marker=marker, note=note)
+
+
+def _metrics_of(ref_rec, cand_rec, wanted: tuple[str, ...]) -> list[str]:
+    names = [m for m in ref_rec.get("metrics", {}) if m in cand_rec.get("metrics", {})]
+    return [m for m in names if m in wanted] if wanted else names
+
+
+def _pair_rows(reference: Run, candidate: Run, options: CompareOptions) -> list[Row]:
+    rows: list[Row] = []
+    benches = sorted({r["bench"] for r in reference.records} & {r["bench"] for r in candidate.records})
+    for bench in benches:
+        keys = _join_keys([reference, candidate], bench)
+        ref_index, cand_index = _index(reference, bench, keys), _index(candidate, bench, keys)
+        for key, ref_rec in ref_index.items():
+            cand_rec = cand_index.get(key)
+            if cand_rec is None:
+                rows.append(
+                    Row(
+                        bench,
+                        ref_rec["case"],
+                        "*",
+                        None,
+                        candidate.label,
+                        None,
+                        None,
+                        marker="n/a",
+                        note="missing in candidate",
+                    )
+                )
+                continue
+            status = _status_row(ref_rec, cand_rec, candidate.label)
+            if status is not None:
+                rows.append(status)
+                continue
+            rows.extend(
+                _compare_records(ref_rec, cand_rec, m, candidate.label, options)
+                for m in _metrics_of(ref_rec, cand_rec, options.metrics)
+            )
+        rows.extend(
+            Row(
+                bench,
+                cand_index[k]["case"],
+                "*",
+                None,
+                candidate.label,
+                None,
+                None,
+                marker="n/a",
+                note="missing in reference",
+            )
+            for k in cand_index.keys() - ref_index.keys()
+        )
+    return rows
+
+
+def geometric_mean(values: Sequence[float]) -> float | None:
+    positive = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not positive:
+        return None
+    return math.exp(sum(math.log(v) for v in positive) / len(positive))
+
+
+def _geomeans(rows: list[Row]) -> dict[tuple[str, str], float]:
+    grouped: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        if row.ratio is not None and row.marker in "=+-~":
+            grouped.setdefault((row.candidate, row.metric), []).append(row.ratio)
+    return {key: gm for key, values in grouped.items() if (gm := geometric_mean(values)) is not None}
+
+
+def _counts(rows: list[Row]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        per = counts.setdefault(row.candidate, {})
+        per[row.marker] = per.get(row.marker, 0) + 1
+    return counts
+
+
+def _filter_and_sort(rows: list[Row], options: CompareOptions) -> list[Row]:
+    if options.pattern:
+        try:
+            regex = re.compile(options.pattern)
+        except re.error as exc:
+            raise QbenchUsageError(f"-k {options.pattern!r} is not a valid regular expression ({exc})") from None
+        rows = [r for r in rows if regex.search(f"{r.bench}/{r.case} {r.metric}")]
+    if options.only_changed:
+        rows = [r for r in rows if r.marker != "="]
+    if options.sort == "ratio":
+        return sorted(rows, key=lambda r: (r.candidate, -abs(math.log(r.ratio)) if r.ratio and r.ratio > 0 else 0))
+    return sorted(rows, key=lambda r: (r.candidate, r.bench, r.case, r.metric))
+
+
+def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
+    """Compare every run after the first against the first."""
+    if len(runs) < 2:
+        raise QbenchUsageError("compare needs at least two runs: the reference first, then the candidates")
+    reference, rows, warnings = runs[0], [], []
+    for candidate in runs[1:]:
+        warnings.extend(env_differences(reference, candidate))
+        pair = _pair_rows(reference, candidate, options)
+        if not any(r.marker != "n/a" for r in pair):
+            raise QbenchUsageError(f"{candidate.label} and {reference.label} have no case in common")
+        if _hardware_differs(reference, candidate):
+            _mark_cross_env(pair, options.cross_env)
+        rows.extend(pair)
+    comparison = Comparison(rows, warnings, _geomeans(rows), _counts(rows))
+    comparison.rows = _filter_and_sort(rows, options)
+    return comparison
+
+
+def _mark_cross_env(rows: list[Row], allowed: bool) -> None:
+    for row in rows:
+        if row.marker in ("n/a", "!", "*"):
+            continue
+        if allowed:
+            row.note = (row.note + "; " if row.note else "") + "different hardware (--cross-env)"
+        else:
+            row.marker, row.note = "x", "different hardware (pass --cross-env to compare anyway)"
+
+
+def parse_threshold(text: str) -> float:
+    """'5%' or '5' -> 5.0 (percent)."""
+    try:
+        value = float(str(text).strip().rstrip("%"))
+    except ValueError:
+        raise QbenchUsageError(f"--threshold {text!r} is not a percentage; write e.g. --threshold 5%") from None
+    if value < 0:
+        raise QbenchUsageError("--threshold must not be negative")
+    return value
+
+
+def parse_fail_on(items: Sequence[str]) -> list[tuple[str, float]]:
+    """['time_global:5'] -> [('time_global', 5.0)]."""
+    gates = []
+    for item in items:
+        name, sep, pct = str(item).rpartition(":")
+        if not sep or not name:
+            raise QbenchUsageError(f"--fail-on {item!r} must be METRIC:PCT, e.g. --fail-on time_global:5")
+        gates.append((name, parse_threshold(pct)))
+    return gates
+
+
+def regressions(comparison: Comparison, gates: Sequence[tuple[str, float]]) -> list[Row]:
+    """Rows that break a --fail-on gate: the metric got worse by more than PCT (and the change is not
+    marked '~', i.e. not shown to be noise), or its configuration newly fails."""
+    hits: list[Row] = []
+    if not gates:
+        return hits
+    for row in comparison.rows:
+        if row.marker == "!":
+            hits.append(row)
+            continue
+        for name, pct in gates:
+            if row.metric == name and row.marker == "+" and abs(row.change_pct or 0.0) > pct:
+                hits.append(row)
+    return hits

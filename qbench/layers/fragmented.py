@@ -1,0 +1,251 @@
+"""FragmentedLinear and the structured baselines it is benchmarked against.
+
+FragmentedLinear(in, out, N, c = in/32). x: [B, in], viewed as N fragments x_f: [B, F], F = in/N.
+  selector_weights [N, F]      scores s_bf = <x_bf, S_f>, p = softmax_f(s)   [B, N] (fp32)
+  expert_weights   [N, F, out] fragment f maps its slice to the full output
+  compressor       Linear(in, c, no bias), compressed_net Linear(c, out, no bias): the low-rank path
+  expert_bias, compressed_bias [out] when bias=True
+Training mode (soft):  y = sum_f p_f (x_f @ W_f) + E(C(x * (1 - p expanded to features)))
+Eval mode (hard):      f* = argmax_f p_f;  y = x_{f*} @ W_{f*} + E(C(x with fragment f* zeroed))
+Parameters: in + in*out + in*c + c*out (+ 2*out with bias), independent of N.
+
+Fast paths (no per-sample copy of W_{f*}, which is what made the original eval mode slow and
+memory-hungry):
+- training mode: x scaled per fragment by p, then ONE dense matmul with W viewed as [in, out];
+- eval mode, batch >= N: x masked to its selected fragment, then the same single dense matmul
+  (every fragment is usually selected, so a grouped GEMM would read all of W anyway);
+- eval mode, batch < N: rows sorted by fragment and one grouped GEMM (kernels/grouped_gemm.py),
+  which reads only the selected fragments' weights; its backward is two dense matmuls.
+`infer(x)` runs the eval path under torch.inference_mode() for real inference.
+torch is imported at module level: this module is only imported by benches and tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
+class FragmentedLinear(nn.Module):
+    """Soft-selected fragment experts plus a low-rank path; see the module docstring."""
+
+    def __init__(self, in_features: int, out_features: int, num_fragments: int,
+                 compressed_features: int | None = None, bias: bool = False, *, device=None, dtype=None):
+        super().__init__()
+        if compressed_features is None:
+            compressed_features = in_features // 32
+        _check_positive(in_features=in_features, out_features=out_features, num_fragments=num_fragments,
+                        compressed_features=compressed_features)
+        if in_features % num_fragments:
+            raise ValueError(f"in_features {in_features} is not divisible by num_fragments {num_fragments}; "
+                             "choose a fragment count that divides the input size")
+        self.in_features, self.out_features = in_features, out_features
+        self.num_fragments, self.compressed_features = num_fragments, compressed_features
+        self.fragment_size = in_features // num_fragments
+        kw = {"device": device, "dtype": dtype}
+        scale = 1.0 / math.sqrt(self.fragment_size)  # the reference's initialisation
+        self.selector_weights = nn.Parameter(torch.randn(num_fragments, self.fragment_size, **kw) * scale)
+        self.expert_weights = nn.Parameter(
+            torch.randn(num_fragments, self.fragment_size, out_features, **kw) * scale)
+        self.compressor = nn.Linear(in_features, compressed_features, bias=False, **kw)
+        self.compressed_net = nn.Linear(compressed_features, out_features, bias=False, **kw)
+        self.has_bias = bias
+        if bias:
+            self.expert_bias = nn.Parameter(torch.zeros(out_features, **kw))
+            self.compressed_bias = nn.Parameter(torch.zeros(out_features, **kw))
+        # fragment ids for one-hot masks; F.one_hot would synchronize the device (and break graphs)
+        self.register_buffer("fragment_ids", torch.arange(num_fragments, device=device), persistent=False)
+        self.eval_path = "auto"  # "auto", "grouped" or "dense": how the hard selection is computed
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"num_fragments={self.num_fragments}, compressed_features={self.compressed_features}, "
+                f"bias={self.has_bias}")
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """Selector scores [B, N] in fp32 for x [B, in]."""
+        xf = x.view(x.shape[0], self.num_fragments, self.fragment_size)
+        return torch.einsum("bnf,nf->bn", xf.to(SCORE_DTYPE), self.selector_weights.to(SCORE_DTYPE))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input has {x.shape[-1]} features, the layer expects {self.in_features}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        y = self._soft(x2) if self.training else self._hard(x2)
+        if self.has_bias:
+            y = y + (self.expert_bias + self.compressed_bias)
+        return y.reshape(*lead, self.out_features)
+
+    @torch.inference_mode()
+    def infer(self, x: torch.Tensor) -> torch.Tensor:
+        """Hard selection without autograd bookkeeping, whatever the module's training flag."""
+        was_training = self.training
+        self.eval()
+        try:
+            return self.forward(x)
+        finally:
+            self.train(was_training)
+
+    def _low_rank(self, expert_out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """expert_out + compressed_net(compressor(v)); the add is fused into the last matmul."""
+        c = F.linear(v, self.compressor.weight)
+        return torch.addmm(expert_out, c, self.compressed_net.weight.t())
+
+    def _soft(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        p = torch.softmax(self.scores(x), dim=1).to(x.dtype)[:, :, None]  # [B, N, 1]
+        xf = x.view(b, self.num_fragments, self.fragment_size)
+        u = (xf * p).view(b, self.in_features)  # expert input: x scaled by its fragment's p
+        v = (xf * (1 - p)).view(b, self.in_features)  # low-rank input: x * (1 - p)
+        expert = u @ self.expert_weights.view(self.in_features, self.out_features)
+        return self._low_rank(expert, v)
+
+    def use_grouped(self, batch: int) -> bool:
+        """Grouped GEMM when at most `batch` < N fragments can be selected (it then reads only their
+        weights); otherwise one dense matmul, which reads the same bytes with a faster kernel."""
+        if self.eval_path != "auto":
+            return self.eval_path == "grouped"
+        return batch < self.num_fragments
+
+    def _hard(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        idx = self.scores(x).argmax(dim=1)  # argmax of the scores is argmax of their softmax
+        sel = (idx[:, None] == self.fragment_ids).to(x.dtype)[:, :, None]  # one-hot [B, N, 1]
+        xf = x.view(b, self.num_fragments, self.fragment_size)
+        u = (xf * sel).view(b, self.in_features)  # x kept only on its selected fragment
+        v = x - u  # exact: x with the selected fragment zeroed
+        if self.use_grouped(b):
+            expert = GroupedExperts.apply(x, idx, self.expert_weights)
+        else:
+            expert = u @ self.expert_weights.view(self.in_features, self.out_features)
+        return self._low_rank(expert, v)
+
+
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The shared grouped GEMM (kernels/grouped_gemm.py) when present, else the same math in torch.
+
+    x [T, K] rows sorted by group, w [G, K, N], offsets int64 [G+1] -> [T, N] in x.dtype."""
+    if importlib.util.find_spec("kernels.grouped_gemm") is not None:
+        from kernels.grouped_gemm import grouped_matmul as shared
+
+        return shared(x, w, offsets)
+    out = x.new_empty(x.shape[0], w.shape[2])
+    bounds = offsets.tolist()  # host copy: this fallback is for CPU runs only
+    for g in range(w.shape[0]):
+        lo, hi = bounds[g], bounds[g + 1]
+        if hi > lo:
+            out[lo:hi] = (x[lo:hi].float() @ w[g].float()).to(x.dtype)
+    return out
+
+
+class GroupedExperts(torch.autograd.Function):
+    """y[b] = x_{idx_b} @ W[idx_b] for x [B, in], idx [B], W [N, F, out] -> [B, out].
+
+    Forward: sort rows by fragment, gather each row's selected slice [B, F], one grouped GEMM.
+    Backward: dW = (x masked to its fragment)^T @ dy and dx = (dy @ W^T) masked: two dense matmuls
+    of the sizes a dense Linear's backward has, so no per-sample weight is ever materialised."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        b, n = x.shape[0], w.shape[0]
+        order = torch.argsort(idx, stable=True)
+        rows = x.view(b, n, w.shape[1])[order, idx[order]]  # [B, F], sorted by fragment
+        counts = torch.zeros(n, dtype=torch.int64, device=x.device)
+        counts.index_add_(0, idx, torch.ones_like(idx))  # bincount without a device sync
+        offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        y_sorted = grouped_matmul(rows, w, offsets)
+        ctx.save_for_backward(x, idx, w)
+        return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, idx, w = ctx.saved_tensors
+        n, f, out = w.shape
+        sel = (idx[:, None] == torch.arange(n, device=idx.device)).to(x.dtype)[:, :, None]
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = ((dy @ w.view(n * f, out).t()).view(-1, n, f) * sel).view(x.shape)
+        if ctx.needs_input_grad[2]:
+            dw = ((x.view(-1, n, f) * sel).view(x.shape).t() @ dy).view(n, f, out)
+        return dx, None, dw
+
+
+class BlockDiagonalLinear(nn.Module):
+    """N independent blocks: y_n = x_n @ W_n, W [N, in/N, out/N]; in*out/N parameters."""
+
+    def __init__(self, in_features: int, out_features: int, num_blocks: int, bias: bool = False,
+                 *, device=None, dtype=None):
+        super().__init__()
+        _check_positive(in_features=in_features, out_features=out_features, num_blocks=num_blocks)
+        if in_features % num_blocks or out_features % num_blocks:
+            raise ValueError(f"{num_blocks} blocks must divide both {in_features} and {out_features}")
+        self.num_blocks = num_blocks
+        fi, fo = in_features // num_blocks, out_features // num_blocks
+        self.weight = nn.Parameter(torch.randn(num_blocks, fi, fo, device=device, dtype=dtype) / math.sqrt(fi))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        xb = x.view(b, self.num_blocks, -1).transpose(0, 1)  # [N, B, in/N]
+        y = torch.bmm(xb, self.weight).transpose(0, 1).reshape(b, -1)  # [B, out]
+        return y if self.bias is None else y + self.bias
+
+
+class LowRankLinear(nn.Module):
+    """x -> up(down(x)) with rank r: (in + out) * r parameters (the layer's own low-rank path)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool = False,
+                 *, device=None, dtype=None):
+        super().__init__()
+        _check_positive(in_features=in_features, out_features=out_features, rank=rank)
+        self.down = nn.Linear(in_features, rank, bias=False, device=device, dtype=dtype)
+        self.up = nn.Linear(rank, out_features, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+
+def fragmented_parameter_count(in_features: int, out_features: int, compressed: int | None = None,
+                               bias: bool = False) -> int:
+    """The reference formula: in + in*out + in*c + c*out (+ 2*out biases), c = in/32 by default."""
+    c = in_features // 32 if compressed is None else compressed
+    return in_features + in_features * out_features + in_features * c + c * out_features + 2 * out_features * bias
+
+
+def reference_output(layer: FragmentedLinear, x: torch.Tensor, hard: bool) -> torch.Tensor:
+    """The reference definition in float64, directly: einsum over fragments (soft) or each sample's
+    own W_{f*} (hard, gathered in chunks of samples to bound memory). Returns [B, out] float64."""
+    n, fs = layer.num_fragments, layer.fragment_size
+    xd = x.detach().double().reshape(-1, layer.in_features)
+    xf = xd.view(-1, n, fs)
+    w = layer.expert_weights.detach().double()
+    p = torch.softmax(torch.einsum("bfi,fi->bf", xf, layer.selector_weights.detach().double()), dim=1)
+    if hard:
+        idx = p.argmax(dim=1)
+        chunk = max(1, (1 << 25) // (fs * layer.out_features))  # at most 256 MB of gathered fp64 weights
+        expert = torch.cat([torch.einsum("bi,bio->bo", xf[s:s + chunk].gather(
+            1, idx[s:s + chunk, None, None].expand(-1, 1, fs))[:, 0], w[idx[s:s + chunk]])
+            for s in range(0, xd.shape[0], chunk)])
+        keep = torch.ones_like(p).scatter_(1, idx[:, None], 0.0)
+    else:
+        expert = torch.einsum("bfi,fio,bf->bo", xf, w, p)
+        keep = 1 - p
+    masked = (xf * keep[:, :, None]).reshape(xd.shape)
+    low = masked @ layer.compressor.weight.detach().double().t() @ layer.compressed_net.weight.detach().double().t()
+    out = expert + low
+    if layer.has_bias:
+        out = out + layer.expert_bias.detach().double() + layer.compressed_bias.detach().double()
+    return out

@@ -1,0 +1,170 @@
+import csv
+import io
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from qbench import compare, report
+from qbench.errors import QbenchUsageError
+from tests.helpers import timed_record, write_run
+
+FAST = [10.0, 10.2, 9.9, 10.1, 10.05]
+SLOW = [12.0, 12.3, 11.9, 12.1, 12.05]  # fully separated from FAST, +20% median
+
+
+def exact_two_sided_u_p(a, b):
+    """Independent exact Mann-Whitney p-value by enumerating every split of the pooled ranks."""
+    pooled = sorted(a + b)
+    rank = {v: i + 1 for i, v in enumerate(pooled)}  # no ties in these inputs
+    n = len(a)
+    u_obs = sum(rank[v] for v in a) - n * (n + 1) / 2
+    mean_u = n * len(b) / 2
+    us = [sum(c) - n * (n + 1) / 2 for c in itertools.combinations(range(1, len(pooled) + 1), n)]
+    extreme = sum(1 for u in us if abs(u - mean_u) >= abs(u_obs - mean_u) - 1e-12)
+    return extreme / len(us)
+
+
+def _runs(tmp_path, ref_records, cand_records, **cand_env):
+    a = write_run(tmp_path / "a", ref_records)
+    b = write_run(tmp_path / "b", cand_records, **cand_env)
+    return [compare.load_any(a), compare.load_any(b)]
+
+
+def _row(result, metric, case=None):
+    return next(r for r in result.rows if r.metric == metric and (case is None or case in r.case))
+
+
+def test_known_ratio_and_significance(tmp_path):
+    runs = _runs(tmp_path, [timed_record({"m": 1}, FAST, tflops=100.0)], [timed_record({"m": 1}, SLOW, tflops=80.0)])
+    result = compare.compare_runs(runs, compare.CompareOptions())
+    time_row = _row(result, "time")
+    assert time_row.ratio == pytest.approx(12.05 / 10.05)
+    assert time_row.change_pct == pytest.approx(100 * (12.05 - 10.05) / 10.05)
+    assert time_row.p_value == pytest.approx(exact_two_sided_u_p(FAST, SLOW))
+    assert time_row.p_value == pytest.approx(2 / 252)
+    assert time_row.marker == "+" and time_row.note == "few samples"
+    assert _row(result, "tflops").marker == "+"  # throughput fell: worse, by the unit's direction
+
+
+def test_faster_is_better_and_noise_is_not_significant(tmp_path):
+    overlap = [9.0, 13.0, 10.0, 12.5, 8.0]  # median 10.0 vs 12.05: beyond 5%, but the samples overlap
+    runs = _runs(
+        tmp_path,
+        [timed_record({"m": 1}, SLOW), timed_record({"m": 2}, SLOW)],
+        [timed_record({"m": 1}, FAST), timed_record({"m": 2}, overlap)],
+    )
+    result = compare.compare_runs(runs, compare.CompareOptions())
+    assert _row(result, "time", "m=1").marker == "-"
+    noisy = _row(result, "time", "m=2")
+    assert noisy.p_value == pytest.approx(exact_two_sided_u_p(SLOW, overlap)) and noisy.p_value > 0.05
+    assert noisy.marker == "~"
+
+
+def test_within_threshold_is_same_and_geomean(tmp_path):
+    ref = [timed_record({"m": 1}, [10.0] * 3), timed_record({"m": 2}, [10.0] * 3)]
+    cand = [timed_record({"m": 1}, [20.0] * 3), timed_record({"m": 2}, [5.0] * 3)]
+    result = compare.compare_runs(_runs(tmp_path, ref, cand), compare.CompareOptions(threshold_pct=5))
+    assert result.geomeans[(str(tmp_path / "b"), "time")] == pytest.approx(1.0)
+    same = compare.compare_runs(_runs(tmp_path / "2", ref, ref), compare.CompareOptions())
+    assert {r.marker for r in same.rows} == {"="}
+
+
+def test_status_markers_and_missing_cases(tmp_path):
+    ref = [
+        timed_record({"m": 1}, FAST),
+        timed_record({"m": 2}, FAST, status="error", error="mismatch"),
+        timed_record({"m": 3}, FAST),
+    ]
+    cand = [
+        timed_record({"m": 1}, FAST, status="error", error="mismatch 0.3"),
+        timed_record({"m": 2}, FAST),
+        timed_record({"m": 4}, FAST),
+    ]
+    result = compare.compare_runs(_runs(tmp_path, ref, cand), compare.CompareOptions())
+    markers = {(r.case, r.marker) for r in result.rows}
+    assert ("m=1", "!") in markers and ("m=2", "*") in markers
+    assert ("m=3", "n/a") in markers and ("m=4", "n/a") in markers
+
+
+def test_join_on_common_params_when_one_run_knows_fewer(tmp_path):
+    ref = [timed_record({"m": 1}, FAST)]
+    cand = [timed_record({"m": 1, "routing": "randn"}, SLOW)]
+    result = compare.compare_runs(_runs(tmp_path, ref, cand), compare.CompareOptions())
+    assert _row(result, "time").marker == "+"
+
+
+def test_no_case_in_common_is_a_usage_error(tmp_path):
+    runs = _runs(tmp_path, [timed_record({"m": 1}, FAST)], [timed_record({"m": 2}, FAST)])
+    with pytest.raises(QbenchUsageError, match="no case in common"):
+        compare.compare_runs(runs, compare.CompareOptions())
+
+
+def test_different_gpu_warns_and_is_not_comparable_without_cross_env(tmp_path):
+    runs = _runs(tmp_path, [timed_record({"m": 1}, FAST)], [timed_record({"m": 1}, SLOW)], gpu="NVIDIA A100")
+    result = compare.compare_runs(runs, compare.CompareOptions())
+    assert any("gpu_name" in w for w in result.env_warnings)
+    assert _row(result, "time").marker == "x" and _row(result, "time").ratio == pytest.approx(12.05 / 10.05)
+    crossed = compare.compare_runs(runs, compare.CompareOptions(cross_env=True))
+    assert _row(crossed, "time").marker == "+" and "cross-env" in _row(crossed, "time").note
+
+
+def test_fail_on_gate():
+    assert compare.parse_fail_on(["time_global:5%", "step_time:10"]) == [("time_global", 5.0), ("step_time", 10.0)]
+    for bad in ("time_global", ":5", "t:abc"):
+        with pytest.raises(QbenchUsageError):
+            compare.parse_fail_on([bad])
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "qbench", "compare", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture
+def slower_runs(tmp_path):
+    a = write_run(tmp_path / "a", [timed_record({"m": 1}, FAST), timed_record({"m": 2}, FAST)])
+    b = write_run(tmp_path / "b", [timed_record({"m": 1}, SLOW), timed_record({"m": 2}, FAST)])
+    return a, b
+
+
+def test_cli_exit_codes_of_fail_on(slower_runs):
+    a, b = slower_runs
+    assert _cli(a, b).returncode == 0  # no gate: report only
+    failing = _cli(a, b, "--fail-on", "time:10")
+    assert failing.returncode == 1 and "regression" in failing.stderr
+    assert _cli(a, b, "--fail-on", "time:25").returncode == 0  # +19.9% is within a 25% allowance
+    assert _cli(b, a, "--fail-on", "time:10").returncode == 0  # faster is never a regression
+
+
+def test_cli_usage_errors_exit_2_with_one_line(tmp_path, slower_runs):
+    a, _ = slower_runs
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.jsonl").write_text('{"bench": 1}\n{not json\n{"x": 2}\n')
+    for args in ([a, tmp_path / "missing"], [a, tmp_path / "bad"], [a], [a, a, "--threshold", "lots"]):
+        result = _cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_machine_readable_outputs_are_valid(slower_runs):
+    a, b = slower_runs
+    payload = json.loads(_cli(a, b, "--json").stdout)
+    assert {r["marker"] for r in payload["rows"]} == {"+", "="}
+    rows = list(csv.DictReader(io.StringIO(_cli(a, b, "--csv").stdout)))
+    assert len(rows) == 2 and {"ratio", "p_value", "marker"} <= set(rows[0])
+    markdown = _cli(a, b, "--markdown").stdout.splitlines()
+    widths = {line.count("|") for line in markdown if line.startswith("|")}
+    assert len(widths) == 1 and len(markdown) >= 4  # header, rule, two rows (+ geometric mean)
+
+
+def test_rich_table_renders_all_rows(slower_runs):
+    runs = [compare.load_any(p) for p in slower_runs]
+    result = compare.compare_runs(runs, compare.CompareOptions(only_changed=True))
+    assert [r.case for r in result.rows] == ["m=1"]
+    console = report.Console(file=io.StringIO(), width=200, no_color=True)
+    for table in report.comparison_tables(result):
+        console.print(table)
+    text = console.file.getvalue()
+    assert "toy/m=1" in text and "geometric mean" in text and "1 worse (+)" in text

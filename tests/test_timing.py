@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+
+from qbench import timing
+
+
+@pytest.mark.parametrize("q", [0, 20, 50, 80, 100])
+def test_percentile_matches_numpy(q):
+    values = list(np.random.default_rng(q).random(17))
+    assert timing.percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_time_fn_cpu_counts_warmup_and_repeats_and_measures_the_region():
+    calls = []
+
+    def work():
+        calls.append(1)
+        # about 2 ms of real CPU work (no sleep: the timer must see work, not scheduler latency)
+        x = 0
+        for i in range(60_000):
+            x += i * i
+        return x
+
+    result = timing.time_fn(work, device="cpu", warmup=2, repeat=7)
+    assert len(result.samples_ms) == 7
+    assert len(calls) == 2 + 1 + 7  # warm-up, one probe to size the repeat count, the timed repeats
+    assert result.min <= result.p20 <= result.median <= result.p80 <= max(result.samples_ms)
+    assert 0.05 < result.median < 500
+    assert set(result.summary()) == {"median", "p20", "p80", "mean", "min"}
+
+
+def test_time_fn_budget_bounds_the_repeat_count():
+    result = timing.time_fn(lambda: sum(range(1000)), device="cpu", budget_ms=5)
+    assert timing.MIN_REPEAT <= len(result.samples_ms) <= timing.MAX_REPEAT
+
+
+def test_phase_timer_sums_phases_per_step():
+    timer = timing.PhaseTimer("cpu")
+    for _ in range(3):
+        with timer.phase("a"):
+            sum(range(20_000))
+        with timer.phase("b"):
+            pass
+        with timer.phase("a"):
+            sum(range(20_000))
+        timer.next_step()
+    result = timer.results_ms()
+    assert set(result) == {"a", "b"}
+    assert len(result["a"]) == 3 and all(a > b for a, b in zip(result["a"], result["b"]))
+
+
+def test_time_ranks_single_process_and_warmup_hook():
+    seen, resets = [], []
+    result = timing.time_ranks(seen.append, steps=4, warmup=2, device="cpu", on_warmup_end=lambda: resets.append(1))
+    assert seen == [-2, -1, 0, 1, 2, 3]
+    assert resets == [1] and len(result.samples_ms) == 4

@@ -1,0 +1,49 @@
+"""time_ranks over two gloo processes: the step time is the maximum over ranks."""
+
+import os
+import socket
+
+import pytest
+
+pytestmark = pytest.mark.dist
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, out):
+    import time
+
+    import torch.distributed as dist
+
+    from qbench import timing
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    # rank 1 is slower by construction (busy work, not sleep), so the maximum must come from rank 1
+    def step(i):
+        end = time.monotonic() + (0.004 if rank == 1 else 0.0005)
+        while time.monotonic() < end:
+            pass
+
+    result = timing.time_ranks(step, steps=5, warmup=1, device="cpu")
+    local = timing.max_over_ranks([float(rank)])
+    out[rank] = (list(result.samples_ms), local)
+    dist.destroy_process_group()
+
+
+def test_time_ranks_takes_the_max_over_ranks():
+    import torch.multiprocessing as mp
+
+    manager = mp.Manager()
+    out = manager.dict()
+    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+    samples0, max0 = out[0]
+    samples1, max1 = out[1]
+    assert samples0 == samples1  # every rank reports the same per-step maxima
+    assert min(samples0) >= 3.5  # rank 1's 4 ms of work dominates rank 0's 0.5 ms
+    assert max0 == max1 == [1.0]

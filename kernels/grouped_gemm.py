@@ -1,0 +1,347 @@
+"""Grouped GEMM: one launch computes a separate matmul for every group of rows.
+
+Math (G groups, rows of x sorted by group, group g owns rows offsets[g]:offsets[g+1]):
+    y[r, :] = x[r, :] @ w[g] (+ bias[g])                    for every row r of group g
+    x [T, K], w [G, K, N], offsets int64 [G + 1] (offsets[0] = 0, offsets[G] = T, non-decreasing;
+    empty groups allowed), bias [G, N] or None  ->  y [T, N] in x.dtype, fp32 accumulation.
+The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`):
+    dw[g] = x[rows of g]^T @ dy[rows of g]                  -> [G, K, N]
+and the input gradient is the forward kernel with w transposed (a strided view, no copy).
+
+Used by the MoE expert FFN (one group per local expert) and by FragmentedLinear (one group per
+fragment). The tile map is computed inside the kernel from `offsets`, so a launch never reads the
+group sizes on the host (no device-to-host synchronisation).
+
+`grouped_matmul` is differentiable (autograd.Function over the two kernels). Where torch ships its
+own grouped matmul (`torch._grouped_mm`, CUTLASS on Hopper), `backend="torch"` uses it instead;
+`backend="auto"` (the default) runs Triton, and callers that measured torch's kernel to be faster
+on their GPU pass backend="torch" explicitly (qbench moe does so and records which ran).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels import interpreting, use_triton
+
+# Interpreter runs (CPU tests) use one tiny tile so that they stay fast; GPU configs are the usual
+# Hopper/Ampere tensor-core shapes (128-row tiles for the large expert batches, 64 for small groups).
+if interpreting():
+    _FWD_CONFIGS = [triton.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}, num_warps=1, num_stages=1)]
+    _WGRAD_CONFIGS = [triton.Config({"BK": 16, "BN": 16, "BR": 16}, num_warps=1, num_stages=1)]
+else:
+    _FWD_CONFIGS = [
+        triton.Config({"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
+        triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+        triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=4),
+        triton.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
+        triton.Config({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, num_warps=4, num_stages=4),
+    ]
+    _WGRAD_CONFIGS = [
+        triton.Config({"BK": 128, "BN": 128, "BR": 64}, num_warps=8, num_stages=3),
+        triton.Config({"BK": 128, "BN": 256, "BR": 64}, num_warps=8, num_stages=3),
+        triton.Config({"BK": 128, "BN": 128, "BR": 32}, num_warps=4, num_stages=4),
+        triton.Config({"BK": 64, "BN": 128, "BR": 64}, num_warps=4, num_stages=4),
+    ]
+
+
+@triton.autotune(configs=_FWD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
+@triton.jit
+def _grouped_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, off_ptr,
+    T, N, K, G,
+    sxm, sxk, swg, swk, swn, sbg, sym,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_G: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Tile map: group g has cdiv(rows_g, BM) row tiles; tile_end = inclusive cumsum over groups.
+    gs = tl.arange(0, BLOCK_G)
+    lo = tl.load(off_ptr + gs, mask=gs < G, other=0)
+    hi = tl.load(off_ptr + gs + 1, mask=gs < G, other=0)
+    tiles = (hi - lo + BM - 1) // BM
+    tile_end = tl.cumsum(tiles, 0)
+    total_m = tl.sum(tiles, 0)
+    # Launch grid covers an upper bound of row tiles (cdiv(T, BM) + G); swizzle in GROUP_M bands
+    # so that neighbouring programs share weight columns in L2.
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BN)
+    band = GROUP_M * n_tiles
+    first_m = (pid // band) * GROUP_M
+    pid_m = first_m + (pid % band) % GROUP_M
+    pid_n = (pid % band) // GROUP_M
+    if pid_m >= total_m:
+        return
+    g = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
+    g_lo = tl.sum(tl.where(gs == g, lo, 0), 0)
+    g_hi = tl.sum(tl.where(gs == g, hi, 0), 0)
+    g_first = tl.sum(tl.where(gs == g, tile_end - tiles, 0), 0)
+    rows = g_lo + (pid_m - g_first) * BM + tl.arange(0, BM)
+    cols = pid_n * BN + tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    row_ok = rows < g_hi
+    x_tile = x_ptr + rows[:, None].to(tl.int64) * sxm + ks[None, :] * sxk
+    w_tile = w_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :] * swn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = (k0 + ks) < K
+        a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_tile += BK * sxk
+        w_tile += BK * swk
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + g.to(tl.int64) * sbg + cols, mask=cols < N, other=0.0)
+        acc += bias[None, :].to(tl.float32)
+    y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
+
+
+@triton.autotune(configs=_WGRAD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
+@triton.jit
+def _grouped_wgrad_kernel(
+    x_ptr, dy_ptr, dw_ptr, off_ptr,
+    N, K, G,
+    sxm, sxk, sdm, sdn, swg, swk,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+):
+    # One program per (group, K tile, N tile): dw[g, ktile, ntile] = sum over the group's rows.
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BK)
+    n_tiles = tl.cdiv(N, BN)
+    g = pid // (k_tiles * n_tiles)
+    pid_k = (pid // n_tiles) % k_tiles
+    pid_n = pid % n_tiles
+    lo = tl.load(off_ptr + g)
+    hi = tl.load(off_ptr + g + 1)
+    ks = pid_k * BK + tl.arange(0, BK)
+    cols = pid_n * BN + tl.arange(0, BN)
+    rs = tl.arange(0, BR)
+    acc = tl.zeros((BK, BN), dtype=tl.float32)
+    for r0 in range(lo, hi, BR):
+        rows = r0 + rs
+        r_ok = rows < hi
+        a = tl.load(
+            x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None] * sxk,
+            mask=r_ok[None, :] & (ks[:, None] < K), other=0.0,
+        )
+        b = tl.load(
+            dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
+            mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
+        )
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
+    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
+
+
+def _check(x, w, offsets, bias) -> None:
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"grouped_matmul needs x [T, K] and w [G, K, N]; got {tuple(x.shape)}, {tuple(w.shape)}")
+    if offsets.dim() != 1 or offsets.numel() != w.shape[0] + 1:
+        raise ValueError(f"offsets must have G + 1 = {w.shape[0] + 1} entries, got {tuple(offsets.shape)}")
+    if bias is not None and tuple(bias.shape) != (w.shape[0], w.shape[2]):
+        raise ValueError(f"bias must be [G, N] = {(w.shape[0], w.shape[2])}, got {tuple(bias.shape)}")
+
+
+def _ieee(x) -> bool:
+    """fp32 inputs get IEEE products (no TF32), so the kernel matches the fp32 reference."""
+    import torch
+
+    return x.dtype == torch.float32 or _upcast(x)
+
+
+def _upcast(x) -> bool:
+    """The Triton interpreter's bf16 tl.dot returns garbage (checked with triton 3.9), so under the
+    interpreter bf16 tiles are widened to fp32 before the product; compiled kernels never upcast."""
+    import torch
+
+    return interpreting() and x.dtype == torch.bfloat16
+
+
+def _launch_fwd(x, w, offsets, bias):
+    """Triton forward launch; w may be any strided view (the input gradient passes w^T)."""
+    import torch
+
+    T, K = x.shape
+    G, _, N = w.shape
+    y = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    if T == 0 or N == 0:
+        return y
+    if K == 0 or G == 0:
+        return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
+    offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+    b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
+    grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + G) * triton.cdiv(N, meta["BN"]),)
+    _grouped_fwd_kernel[grid](
+        x, w, b, y, offsets, T, N, K, G,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
+        b.stride(0) if bias is not None else 0, y.stride(0),
+        HAS_BIAS=bias is not None, IEEE=_ieee(x), UPCAST=_upcast(x),
+        BLOCK_G=triton.next_power_of_2(G + 1),
+    )
+    return y
+
+
+def _launch_wgrad(x, dy, offsets, G):
+    import torch
+
+    K, N = x.shape[1], dy.shape[1]
+    dw = torch.empty((G, K, N), dtype=x.dtype, device=x.device)
+    if G == 0 or K == 0 or N == 0:
+        return dw
+    offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+    grid = lambda meta: (G * triton.cdiv(K, meta["BK"]) * triton.cdiv(N, meta["BN"]),)
+    _grouped_wgrad_kernel[grid](
+        x, dy, dw, offsets, N, K, G,
+        x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1),
+        IEEE=_ieee(x), UPCAST=_upcast(x),
+    )
+    return dw
+
+
+def _group_ids(offsets, T):
+    """Group index of every row, [T] int64, computed on the device (output_size avoids a sync)."""
+    import torch
+
+    counts = (offsets[1:] - offsets[:-1]).to(torch.int64)
+    ids = torch.arange(counts.numel(), device=offsets.device)
+    return torch.repeat_interleave(ids, counts, output_size=T)
+
+
+def _bias_rows(bias, offsets, T):
+    return bias.index_select(0, _group_ids(offsets.to(bias.device), T))
+
+
+def _torch_offs(offsets):
+    """torch._grouped_mm takes int32 end offsets [G] (no leading zero)."""
+    import torch
+
+    return offsets[1:].to(torch.int32)
+
+
+def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto"):
+    """y = x @ w[g] (+ bias[g]) per group, no autograd. backend: auto | triton | torch | reference."""
+    if backend == "reference" or (backend == "auto" and not use_triton(x, w)):
+        return grouped_matmul_reference(x, w, offsets, bias)
+    if backend == "torch":
+        import torch
+
+        y = torch._grouped_mm(x, w, offs=_torch_offs(offsets))
+        return y if bias is None else y + _bias_rows(bias, offsets, x.shape[0])
+    return _launch_fwd(x, w, offsets, bias)
+
+
+def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
+    """dw[g] = x_g^T @ dy_g -> [G, K, N] in x.dtype (fp32 accumulation); empty groups give zeros."""
+    if backend == "reference" or (backend == "auto" and not use_triton(x, dy)):
+        return grouped_wgrad_reference(x, dy, offsets, num_groups)
+    if backend == "torch":
+        import torch
+
+        return torch._grouped_mm(x.t(), dy, offs=_torch_offs(offsets))
+    return _launch_wgrad(x, dy, offsets, num_groups)
+
+
+def grouped_bias_grad(dy, offsets, num_groups: int):
+    """db[g] = sum of dy over the rows of group g -> [G, N] in dy.dtype (fp32 sums)."""
+    import torch
+
+    out = torch.zeros((num_groups, dy.shape[1]), dtype=torch.float32, device=dy.device)
+    out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]), dy.float())
+    return out.to(dy.dtype)
+
+
+class _GroupedMatmul:
+    """autograd.Function built lazily (torch is imported only when a kernel is used)."""
+
+    fn = None
+
+    @classmethod
+    def get(cls):
+        if cls.fn is None:
+            cls.fn = _make_function()
+        return cls.fn
+
+
+def _make_function():
+    import torch
+
+    class GroupedMatmulFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, offsets, bias, backend):
+            ctx.save_for_backward(x, w, offsets)
+            ctx.has_bias, ctx.backend = bias is not None, backend
+            return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, offsets = ctx.saved_tensors
+            dy = dy.contiguous()
+            G = w.shape[0]
+            dx = dw = db = None
+            if ctx.needs_input_grad[0]:
+                dx = grouped_matmul_forward(dy, w.transpose(1, 2), offsets, backend=ctx.backend)
+            if ctx.needs_input_grad[1]:
+                dw = grouped_matmul_wgrad(x, dy, offsets, G, backend=ctx.backend)
+            if ctx.has_bias and ctx.needs_input_grad[3]:
+                db = grouped_bias_grad(dy, offsets, G)
+            return dx, dw, None, db, None
+
+    return GroupedMatmulFn
+
+
+def grouped_matmul(x, w, offsets, bias=None, *, backend: str = "auto"):
+    """x [T, K] (rows sorted by group), w [G, K, N], offsets int64 [G + 1], bias [G, N] | None
+    -> [T, N] in x.dtype with fp32 accumulation. Differentiable in x, w and bias.
+
+    Runs the Triton kernel on CUDA (and on CPU under TRITON_INTERPRET=1), the torch reference
+    otherwise; backend="torch" uses torch._grouped_mm (bf16 on Hopper) where the caller chose it.
+    """
+    import torch
+
+    _check(x, w, offsets, bias)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, w, bias)
+    )
+    if not needs_grad:
+        return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
+    return _GroupedMatmul.get().apply(x, w, offsets, bias, backend)
+
+
+def grouped_matmul_reference(x, w, offsets, bias=None):
+    """Plain torch: one matmul per group (fp32 accumulation, result in x.dtype)."""
+    import torch
+
+    _check(x, w, offsets, bias)
+    bounds = [int(v) for v in offsets.tolist()]
+    y = torch.zeros((x.shape[0], w.shape[2]), dtype=torch.float32, device=x.device)
+    for g in range(w.shape[0]):
+        lo, hi = bounds[g], bounds[g + 1]
+        if hi > lo:
+            y[lo:hi] = x[lo:hi].float() @ w[g].float()
+            if bias is not None:
+                y[lo:hi] += bias[g].float()
+    return y.to(x.dtype)
+
+
+def grouped_wgrad_reference(x, dy, offsets, num_groups: int):
+    """Plain torch: dw[g] = x_g^T @ dy_g in fp32, returned in x.dtype."""
+    import torch
+
+    bounds = [int(v) for v in offsets.tolist()]
+    dw = torch.zeros((num_groups, x.shape[1], dy.shape[1]), dtype=torch.float32, device=x.device)
+    for g in range(num_groups):
+        lo, hi = bounds[g], bounds[g + 1]
+        if hi > lo:
+            dw[g] = x[lo:hi].float().t() @ dy[lo:hi].float()
+    return dw.to(x.dtype)

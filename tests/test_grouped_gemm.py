@@ -1,0 +1,121 @@
+"""Grouped GEMM (kernels/grouped_gemm.py): the Triton kernels (interpreter on CPU, compiled on a GPU)
+against the plain-torch reference, on odd shapes, empty and single-row groups, every dtype."""
+
+import pytest
+import torch
+
+from kernels import grouped_gemm as gg
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# fp32 runs with IEEE products in the kernel; 16-bit inputs are multiplied exactly and summed in fp32
+# by both sides, so the gap is the final rounding to 16 bits (bf16 has 8 mantissa bits).
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+DTYPES = list(TOL)
+# (group sizes, K, N): empty groups, a single row, non-power-of-two everything, one group
+SHAPES = [
+    ([5, 0, 1, 13, 0, 18], 19, 23),
+    ([1], 7, 5),
+    ([0, 0, 3], 16, 33),
+    ([40, 2], 24, 17),
+]
+
+
+def _offsets(sizes):
+    return torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int64, device=DEVICE)
+
+
+def _inputs(sizes, K, N, dtype, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    T, G = sum(sizes), len(sizes)
+    x = torch.randn(T, K, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(G, K, N, generator=gen) / K**0.5).to(DEVICE, dtype)
+    b = torch.randn(G, N, generator=gen).to(DEVICE, dtype)
+    return x, w, b
+
+
+def _assert_close(got, want, tol, what):
+    err = (got.float() - want.float()).abs()
+    scale = want.float().abs().max().clamp_min(1e-6)
+    bad = (err > tol * scale).nonzero()
+    if bad.numel():
+        first = [tuple(i.tolist()) for i in bad[:5]]
+        raise AssertionError(
+            f"{what}: {bad.shape[0]} mismatches (max rel {float(err.max() / scale):.2e} > {tol}); "
+            f"first at {first}: got {[float(got[i]) for i in first]} want {[float(want[i]) for i in first]}"
+        )
+
+
+def _dense(x, w, offsets, b):
+    """Independent check of the reference itself: a per-row loop over the group index."""
+    rows = []
+    bounds = offsets.tolist()
+    for g in range(w.shape[0]):
+        for r in range(bounds[g], bounds[g + 1]):
+            rows.append(x[r].double() @ w[g].double() + (0 if b is None else b[g].double()))
+    return torch.stack(rows) if rows else torch.zeros(0, w.shape[2], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}" if isinstance(s, tuple) else None)
+def test_forward_matches_reference(shape, dtype):
+    sizes, K, N = shape
+    x, w, b = _inputs(sizes, K, N, dtype, seed=len(sizes) * 100 + K)
+    offsets = _offsets(sizes)
+    for bias in (None, b):
+        got = gg.grouped_matmul(x, w, offsets, bias)
+        want = gg.grouped_matmul_reference(x, w, offsets, bias)
+        assert got.dtype == x.dtype and got.shape == (sum(sizes), N)
+        _assert_close(got, want, TOL[dtype], f"forward bias={bias is not None}")
+        _assert_close(want.cpu(), _dense(x.cpu(), w.cpu(), offsets.cpu(), None if bias is None else b.cpu()),
+                      TOL[dtype], "reference vs per-row loop")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_backward_matches_reference(dtype):
+    sizes, K, N = [3, 0, 17, 1, 9], 21, 18
+    x, w, b = _inputs(sizes, K, N, dtype, seed=7)
+    offsets = _offsets(sizes)
+    dy = torch.randn(sum(sizes), N, device=DEVICE).to(dtype)
+    grads = []
+    for fn in (gg.grouped_matmul, gg.grouped_matmul_reference):
+        leaves = [t.detach().clone().float().requires_grad_() for t in (x, w, b)]
+        args = [t.to(dtype) for t in leaves]
+        if fn is gg.grouped_matmul:
+            args = [t.detach().requires_grad_() for t in args]
+            out = fn(args[0], args[1], offsets, args[2])
+            out.backward(dy)
+            grads.append([t.grad for t in args])
+        else:
+            out = fn(args[0], args[1], offsets, args[2])
+            out.float().backward(dy.float())
+            grads.append([t.grad for t in leaves])
+    for name, got, want in zip(("dx", "dw", "db"), *grads):
+        assert got.dtype == dtype
+        _assert_close(got, want, TOL[dtype], name)
+
+
+def test_wgrad_empty_groups_are_zero():
+    sizes, K, N = [0, 4, 0], 16, 16
+    x, _, _ = _inputs(sizes, K, N, torch.float32, seed=3)
+    dy = torch.randn(4, N, device=DEVICE)
+    dw = gg.grouped_matmul_wgrad(x, dy, _offsets(sizes), 3)
+    assert dw[0].abs().max() == 0 and dw[2].abs().max() == 0
+    _assert_close(dw[1], x.t() @ dy, TOL[torch.float32], "wgrad group 1")
+
+
+def test_bad_shapes_are_rejected():
+    x, w, _ = _inputs([2, 3], 8, 4, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="G \\+ 1"):
+        gg.grouped_matmul(x, w, torch.tensor([0, 5], device=DEVICE))
+    with pytest.raises(ValueError, match="bias"):
+        gg.grouped_matmul(x, w, _offsets([2, 3]), torch.zeros(2, 5, device=DEVICE))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_large_groups_on_gpu(dtype):
+    sizes, K, N = [2048, 0, 1, 3001, 777], 1024, 4096
+    x, w, b = _inputs(sizes, K, N, dtype, seed=11)
+    offsets = _offsets(sizes)
+    _assert_close(gg.grouped_matmul(x, w, offsets, b), gg.grouped_matmul_reference(x, w, offsets, b),
+                  TOL[dtype], "large forward")

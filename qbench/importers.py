@@ -183,3 +183,27 @@ def load_any(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if target.is_dir():
         return store.load_run(target)
     return read_file(target)
+
+
+def import_to_run(
+    path: str | Path, fmt: str = "auto", out: str | Path | None = None, *, append: bool = False, force: bool = False
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Read a file in a seed format and write it as a qbench run directory (default:
+    results/<bench>-import-<UTC time>). env.json describes the source, not this machine."""
+    import shlex
+    import sys
+    from datetime import datetime, timezone
+
+    from qbench import __version__
+
+    env, records = read_file(path, fmt)
+    target = Path(out) if out else store.default_run_dir(f"{records[0]['bench']}-import")
+    env.update(
+        command=shlex.join(sys.argv),
+        time_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        qbench_version=__version__,
+    )
+    with store.RunWriter(target, env, append=append, force=force) as writer:
+        for record in records:
+            writer.write(record)
+    return target, records

@@ -1,11 +1,53 @@
-"""`qbench import` (not implemented yet)."""
+"""`qbench import FILE`: turn a result file of a replaced tool into a qbench run directory."""
+
+from __future__ import annotations
 
 import click
 
+EPILOG = """\b
+Examples:
+  qbench import info.jsonl                          # bitsandbytes SwitchBack results (A100)
+  qbench import moe_run.log --out results/moe-mixmoe
+  qbench import fragmented_report.txt --format fragmented-report
+  qbench import deepflow_summary.txt --json
+"""
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def command() -> None:
-    """Not implemented yet."""
-    exc = click.ClickException("'qbench import' is not implemented yet")
-    exc.exit_code = 2
-    raise exc
+# The columns shown after an import, per bench: (params, metrics).
+COLUMNS = {
+    "switchback": (("batch_size", "dim_in", "dim_out"), ("time_standard", "time_global", "speedup_global")),
+    "moe": (("num_local_experts", "world_size"), ("step_time", "forward_time", "backward_time", "tflops")),
+    "fragmented": (
+        ("in_features", "batch_size", "layer", "mode", "fragments"),
+        ("forward_ms", "backward_optimizer_ms", "peak_memory_mb"),
+    ),
+    "model": (("workload",), ("time_s", "Cf", "Cb", "softmax_f", "softmax_b", "total_memory_gb")),
+}
+FORMAT_CHOICES = ("auto", "bnb-jsonl", "moe-log", "fragmented-report", "deepflow")
+
+
+def _table(records: list[dict], source: str):
+    from qbench import report
+
+    params, metrics = COLUMNS.get(records[0]["bench"], ((), ()))
+    return report.records_table(records, params, metrics, title=f"imported from {source}")
+
+
+@click.command(epilog=EPILOG)
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="auto", show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Run directory to write.")
+@click.option("--append", is_flag=True, help="Add the records to an existing run directory.")
+@click.option("--force", is_flag=True, help="Replace the records of an existing run directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON on stdout.")
+def command(file: str, fmt: str, out: str | None, append: bool, force: bool, as_json: bool) -> None:
+    """Import FILE (bitsandbytes info.jsonl, MoE step log, FragmentedLinear report or DeepFlow
+    summary; the format is detected from the content) as a qbench run directory, with the bench,
+    parameter and metric names of qbench's own runs, so `qbench compare` and `qbench plot` take it."""
+    from qbench import importers, report
+
+    path, records = importers.import_to_run(file, fmt, out, append=append, force=force)
+    if as_json:
+        report.print_json(records)
+    else:
+        report.stdout_console().print(_table(records, file))
+    report.notice(f"{len(records)} records in {path}", style="dim")

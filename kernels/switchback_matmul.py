@@ -1,0 +1,196 @@
+"""SwitchBack int8 matmul with a fused dequantizing epilogue.
+
+  C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b / 127^2  (+ bias [N])
+A_q and B_q are int8 with K contiguous (both operands K-major, the layout the int8 tensor-core
+instructions of Ampere and Hopper read); the product accumulates in int32 (|acc| <= K * 127^2, safe
+for K < 133,000); s_a [M] fp32 are the rowwise scales of A; s_b is either one global scale ([1] fp32,
+`int8_matmul_rowwise_global`) or one scale per output column ([N] fp32,
+`int8_matmul_rowwise_columnwise`). C is written in the activation dtype (fp16 or bf16).
+Forward:     Y  = X W^T: A = Xq [M, K_in],  B = Wq [N_out, K_in]
+Grad-input:  dX = G W:   A = Gq [M, N_out], B = Wq^T [K_in, N_out] (the transposed quantizers' output)
+
+Autotuning keeps to a few configurations that suit Hopper (128x256x128 tiles, 3 stages, 8 warps:
+wgmma on large tiles) and Ampere (128x128x128, 4 stages); an early prune drops configurations that
+do not fit the device's shared memory or that waste most of a tile on a small M, so one shape tunes
+in about a second.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import interpreting, use_triton
+
+QMAX_SQUARED = 127.0 * 127.0
+_INV_QMAX_SQUARED = tl.constexpr(1.0 / QMAX_SQUARED)
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)
+_CONFIGS = [
+    (128, 256, 128, 3, 8),
+    (256, 128, 128, 3, 8),
+    (128, 256, 64, 4, 8),
+    (128, 128, 128, 4, 8),
+    (64, 128, 128, 4, 4),
+]
+# The interpreter runs one small tile: autotuning there would only multiply the (slow) runs.
+_INTERPRETER_CONFIG = (32, 32, 32, 1, 4)
+
+
+def _smem_bytes(bm: int, bn: int, bk: int, stages: int) -> int:
+    return stages * (bm + bn) * bk  # int8 operands, one byte each
+
+
+def _prune(configs, named_args, **kwargs):
+    """Drop configs that exceed shared memory, and big tiles when M or N is small (idle tiles)."""
+    device = torch.cuda.current_device()
+    limit = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    M, N = named_args["M"], named_args["N"]
+    kept = []
+    for c in configs:
+        bm, bn, bk = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]
+        fits = _smem_bytes(bm, bn, bk, c.num_stages) + 8192 <= limit  # 8 KB: epilogue/layout scratch
+        if fits and (bm <= 64 or M >= 1024) and (bn <= 128 or N >= 1024):
+            kept.append(c)
+    return kept or [c for c in configs if c.kwargs["BLOCK_M"] == 64]
+
+
+def _triton_configs() -> list:
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
+        for bm, bn, bk, s, w in _CONFIGS
+    ]
+
+
+@triton.jit
+def _int8_matmul_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_am, stride_bn,
+                        stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        GROUP_M: tl.constexpr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        EVEN_K: tl.constexpr):
+    # grouped ordering: GROUP_M row-tiles share each column tile while it sits in L2
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # wrap out-of-range rows onto valid ones so operand loads need no M/N mask (the store masks)
+    ram = tl.max_contiguous(tl.multiple_of(rm % M, BLOCK_M), BLOCK_M).to(tl.int64)
+    rbn = tl.max_contiguous(tl.multiple_of(rn % N, BLOCK_N), BLOCK_N).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :]
+    b_ptrs = b_ptr + rbn[:, None] * stride_bn + rk[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0)
+            b = tl.load(b_ptrs, mask=rk[None, :] < k_left, other=0)
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+
+    # fused dequantizing epilogue: one fp32 multiply per element, bias, cast to the output dtype
+    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
+    if PER_COLUMN:
+        sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    else:
+        sb = tl.load(sb_ptr + tl.zeros([1], dtype=tl.int32))[:, None]
+    c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
+    if HAS_BIAS:
+        c += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
+    tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+_kernel_even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(
+    _int8_matmul_kernel
+)
+_autotuned = triton.autotune(
+    configs=_triton_configs(), key=["M", "N", "K"], prune_configs_by={"early_config_prune": _prune}
+)(_kernel_even_k)
+
+
+def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
+    M, K = a.shape
+    N = b.shape[0]
+    c = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    args = (a, b, c, sa, sb, bias if bias is not None else sa, M, N, K, a.stride(0), b.stride(0), c.stride(0))
+    flags = {"PER_COLUMN": per_column, "HAS_BIAS": bias is not None}
+    if config is None and interpreting():
+        config = _INTERPRETER_CONFIG
+    if config is None:
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        _autotuned[grid](*args, **flags)
+        return c
+    bm, bn, bk, stages, warps = config
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    _kernel_even_k[grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_stages=stages,
+                         num_warps=warps)
+    return c
+
+
+def _check(a, sa, b, sb, bias, per_column):
+    if a.dtype != torch.int8 or b.dtype != torch.int8:
+        raise ValueError(f"int8 operands expected, got {a.dtype} and {b.dtype}")
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not share K (A [M, K], B [N, K])")
+    if sa.numel() != a.shape[0] or sb.numel() != (b.shape[0] if per_column else 1):
+        raise ValueError(f"scale lengths {sa.numel()}, {sb.numel()} do not match A {tuple(a.shape)}, "
+                         f"B {tuple(b.shape)}")
+    if bias is not None and bias.numel() != b.shape[0]:
+        raise ValueError(f"bias has {bias.numel()} entries, expected N = {b.shape[0]}")
+    return a.contiguous(), sa.float().contiguous(), b.contiguous(), sb.float().contiguous()
+
+
+def int8_matmul_rowwise_global(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None):
+    """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (one scale s_b [1]) -> [M, N] in out_dtype."""
+    a, sa, b, sb = _check(a, sa, b, sb, bias, per_column=False)
+    if not use_triton(a, b, sa, sb):
+        return int8_matmul_reference(a, sa, b, sb, bias, out_dtype)
+    return _launch(a, sa, b, sb, bias, out_dtype, per_column=False, config=config)
+
+
+def int8_matmul_rowwise_columnwise(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None):
+    """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (row scales of B, s_b [N]) -> [M, N]."""
+    a, sa, b, sb = _check(a, sa, b, sb, bias, per_column=True)
+    if not use_triton(a, b, sa, sb):
+        return int8_matmul_reference(a, sa, b, sb, bias, out_dtype)
+    return _launch(a, sa, b, sb, bias, out_dtype, per_column=True, config=config)
+
+
+def int8_matmul_reference(a, sa, b, sb, bias=None, out_dtype=torch.float16):
+    """Plain torch: the int32 product computed in fp32 (exact while |acc| < 2**24; beyond, fp32
+    rounding is far below the output dtype's), then the same epilogue as the kernel."""
+    acc = a.float() @ b.float().t()
+    sb = sb.float().reshape(1, -1)
+    c = acc * (sa.float()[:, None] * (1.0 / QMAX_SQUARED)) * sb
+    if bias is not None:
+        c = c + bias.float()[None, :]
+    return c.to(out_dtype)
+
+
+def quantization_error_bound(a, b, sa, sb):
+    """Elementwise worst-case |C_q - A B^T| of the int8 product, from the quantization step alone.
+
+    a [M, K], b [N, K] are the 16-bit operands; sa [M] and sb ([1] or [N]) their absmax scales. Each
+    int8 operand is off by at most half a step, h = 0.5 * s / 127, so with A_q = A + dA, B_q = B + dB:
+      |dC_ij| <= h_a[i] * sum_k |B_jk| + h_b[j] * sum_k |A_ik| + K * h_a[i] * h_b[j].
+    Rounding of the output to 16 bits comes on top (the caller adds it). Returns [M, N] fp32.
+    """
+    K = a.shape[1]
+    ha = 0.5 * sa.float().reshape(-1, 1) / 127.0
+    hb = (0.5 * sb.float() / 127.0).reshape(1, -1)
+    sum_a = a.float().abs().sum(dim=1, keepdim=True)  # [M, 1]
+    sum_b = b.float().abs().sum(dim=1).reshape(1, -1)  # [1, N]
+    return ha * sum_b + hb * sum_a + K * ha * hb

@@ -1,0 +1,141 @@
+"""Interpreter-mode (CPU) and CUDA tests of the SwitchBack quantizers and int8 matmul against their
+torch references: odd, non-power-of-two and single-row shapes, fp16 and bf16, all-zero rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import switchback_matmul as sm
+from kernels import switchback_quantize as sq
+
+DTYPES = [torch.float16, torch.bfloat16]
+SHAPES = [(1, 7), (37, 100), (5, 1000), (64, 33)]  # single row, odd, non-power-of-two, wide/narrow
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+QUANTIZERS = ["quantize_rowwise", "quantize_global", "quantize_global_transpose",
+              "quantize_columnwise_transpose"]
+# one unit in the last place of the output dtype: kernel and reference compute the same fp32 value
+# up to the order of two multiplies, so they may round to neighbouring 16-bit numbers
+ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+
+
+def first_mismatches(got: torch.Tensor, want: torch.Tensor, bad: torch.Tensor, n: int = 5) -> str:
+    idx = bad.nonzero()[:n].tolist()
+    return "; ".join(f"{tuple(i)}: got {got[tuple(i)].item()} want {want[tuple(i)].item()}" for i in idx)
+
+
+def assert_equal(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    bad = got != want
+    assert not bad.any(), f"{what}: {int(bad.sum())} mismatches, first: {first_mismatches(got, want, bad)}"
+
+
+def random_input(shape, dtype, zero_row: bool = False) -> torch.Tensor:
+    x = torch.randn(shape, dtype=torch.float32, device=DEVICE) * 3
+    if zero_row and shape[0] > 2:
+        x[shape[0] // 2] = 0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("name", QUANTIZERS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_quantizer_matches_reference(name, dtype, shape):
+    x = random_input(shape, dtype, zero_row=True)
+    q, s = getattr(sq, name)(x)
+    q_ref, s_ref = getattr(sq, name + "_reference")(x)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32
+    assert_equal(s, s_ref, f"{name} scales")
+    assert_equal(q, q_ref, f"{name} values")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantizers_reconstruct_within_half_a_step(dtype):
+    """Independent of the reference: every value is within half a quantization step (s / 254)."""
+    x = random_input((19, 45), dtype)
+    xf = x.float()
+    q, s = sq.quantize_rowwise(x)
+    assert (q.float() * s[:, None] / 127 - xf).abs().le(s[:, None] / 254 * (1 + 1e-5)).all()
+    q, s = sq.quantize_columnwise_transpose(x)
+    assert (q.float().t() * s[None, :] / 127 - xf).abs().le(s[None, :] / 254 * (1 + 1e-5)).all()
+    q, s = sq.quantize_global_transpose(x)
+    assert (q.float().t() * s / 127 - xf).abs().le(s / 254 * (1 + 1e-5)).all()
+    assert q.abs().max().item() == 127
+
+
+def test_rounding_is_half_to_even():
+    # absmax 254 -> multiplier 0.5: values 1, 3, 5, -1, -3 land exactly on .5 ties
+    x = torch.tensor([[254.0, 1.0, 3.0, 5.0, -1.0, -3.0]], dtype=torch.float16, device=DEVICE)
+    q, _ = sq.quantize_rowwise(x)
+    assert q.tolist() == [[127, 0, 2, 2, 0, -2]]
+
+
+@pytest.mark.parametrize("name", QUANTIZERS)
+def test_all_zero_input_gives_zero_without_nan(name):
+    x = torch.zeros((3, 17), dtype=torch.float16, device=DEVICE)
+    q, s = getattr(sq, name)(x)
+    assert (q == 0).all() and (s == 0).all() and not torch.isnan(s).any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dequantize_rowwise_matches_reference(dtype, shape):
+    q, s = sq.quantize_rowwise(random_input(shape, dtype, zero_row=True))
+    got, want = sq.dequantize_rowwise(q, s, dtype), sq.dequantize_rowwise_reference(q, s, dtype)
+    # 1 ulp: the Triton interpreter converts fp32 to bf16 by truncation, not round-to-nearest
+    bad = (got.float() - want.float()).abs() > ULP[dtype] * want.float().abs()
+    assert not bad.any(), f"dequantize: {first_mismatches(got, want, bad)}"
+    assert (got[want == 0] == 0).all(), "all-zero rows must dequantize to zero"
+
+
+MATMUL_SHAPES = [(1, 40, 70), (37, 45, 100), (65, 33, 64), (130, 72, 200)]  # (M, N, K)
+
+
+def _operands(M, N, K, dtype, per_column):
+    a = random_input((M, K), dtype, zero_row=True)
+    b = random_input((N, K), dtype, zero_row=True)
+    aq, sa = sq.quantize_rowwise(a)
+    bq, sb = sq.quantize_rowwise(b) if per_column else sq.quantize_global(b)
+    return a, b, aq, sa, bq, sb
+
+
+@pytest.mark.parametrize("per_column", [False, True], ids=["global", "columnwise"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mnk", MATMUL_SHAPES)
+def test_int8_matmul_matches_reference_and_bound(mnk, dtype, bias, per_column):
+    M, N, K = mnk
+    a, b, aq, sa, bq, sb = _operands(M, N, K, dtype, per_column)
+    bias_t = random_input((N,), dtype) if bias else None
+    fn = sm.int8_matmul_rowwise_columnwise if per_column else sm.int8_matmul_rowwise_global
+    c = fn(aq, sa, bq, sb, bias_t, dtype)
+    ref = sm.int8_matmul_reference(aq, sa, bq, sb, bias_t, dtype)
+    assert c.dtype == dtype and c.shape == (M, N)
+    tol = ULP[dtype] * ref.float().abs() + 1e-6
+    bad = (c.float() - ref.float()).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} off by > 1 ulp: {first_mismatches(c, ref, bad)}"
+    # and against the exact 16-bit product: within the quantization bound plus output rounding
+    exact = a.float() @ b.float().t() + (bias_t.float()[None, :] if bias else 0)
+    bound = sm.quantization_error_bound(a, b, sa, sb) + ULP[dtype] * exact.abs() + 1e-5
+    bad = (c.float() - exact).abs() > bound
+    assert not bad.any(), f"outside the quantization bound: {first_mismatches(c, exact, bad)}"
+
+
+def test_int8_matmul_rejects_mismatched_shapes():
+    aq = torch.zeros((4, 8), dtype=torch.int8, device=DEVICE)
+    bq = torch.zeros((5, 9), dtype=torch.int8, device=DEVICE)
+    s = torch.ones(4, device=DEVICE)
+    with pytest.raises(ValueError, match="do not share K"):
+        sm.int8_matmul_rowwise_global(aq, s, bq, torch.ones(1, device=DEVICE))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("per_column", [False, True])
+def test_int8_matmul_autotuned_large_odd_shape(per_column):
+    """The autotuned path (CUDA only): a shape with ragged M, N and K tiles."""
+    a, b, aq, sa, bq, sb = _operands(1000, 1408, 8096 // 4 + 8, torch.float16, per_column)
+    fn = sm.int8_matmul_rowwise_columnwise if per_column else sm.int8_matmul_rowwise_global
+    c = fn(aq, sa, bq, sb, None, torch.float16)
+    ref = sm.int8_matmul_reference(aq, sa, bq, sb, None, torch.float16)
+    bad = (c.float() - ref.float()).abs() > ULP[torch.float16] * ref.float().abs() + 1e-3
+    assert not bad.any(), first_mismatches(c, ref, bad)

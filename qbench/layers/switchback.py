@@ -1,0 +1,183 @@
+"""SwitchBack int8 linear layers (Wortsman et al. 2023) and the 16-bit baseline, as autograd Functions.
+
+Shapes: x [..., K] (K = in_features), W [N, K], bias [N], y [..., N]; M = all leading dims together.
+- global (default):  forward  Y  = int8(X rowwise) . int8(W global)^T
+                     backward dX = int8(G rowwise) . int8(W global, transposed); dW = G^T X in 16-bit
+- vectorwise:        W rowwise in forward, columnwise-and-transposed in backward
+- memory-efficient global ("global_memeff"): saves int8 X and its scales (half the activation
+                     memory) instead of X; dW = G^T dequant(X_q); dX reuses the forward's int8 W
+- standard:          the same three matmuls in 16-bit, written as the same kind of Function (the fair
+                     baseline: identical autograd overhead)
+Bias grad is G summed over rows in every variant. `prepare_for_eval()` quantizes W once for
+inference; forward then skips the weight quantizer.
+
+Error bound (tests/test_switchback_layers.py checks it elementwise): every int8 operand is within
+half a step, 0.5 * absmax / 127, of its 16-bit value, so |dC_ij| <= h_a[i] sum_k |B_jk| +
+h_b[j] sum_k |A_ik| + K h_a[i] h_b[j] (kernels.switchback_matmul.quantization_error_bound), plus
+rounding to 16 bits; dW is 16-bit (exact up to rounding) except in the memory-efficient variant.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.switchback_matmul import int8_matmul_rowwise_columnwise, int8_matmul_rowwise_global
+from kernels.switchback_quantize import (
+    dequantize_rowwise,
+    quantize_columnwise_transpose,
+    quantize_global,
+    quantize_global_transpose,
+    quantize_rowwise,
+)
+
+VARIANTS = ("global", "vectorwise", "global_memeff")
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def _weight_grads(ctx, g2, x2, w, dx_fn):
+    """(dX [.., K], dW [N, K], db [N]) for the inputs that need them; dx_fn(g2) computes dX [M, K]."""
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    dx = dx_fn(g2).reshape(*ctx.lead, w.shape[1]) if need_x else None
+    dw = (g2.t() @ x2).to(w.dtype) if need_w else None  # 16-bit grad-weight: the "switch back"
+    db = g2.sum(dim=0).to(w.dtype) if need_b and ctx.has_bias else None
+    return dx, dw, db
+
+
+class SwitchBackGlobalFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias):
+        x2 = _flat(x)
+        xq, sx = quantize_rowwise(x2)
+        wq, sw = quantize_global(w)
+        ctx.save_for_backward(x2, w)
+        ctx.lead, ctx.has_bias = x.shape[:-1], bias is not None
+        return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x.dtype).reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w = ctx.saved_tensors
+        g2 = _flat(g)
+
+        def dx_fn(g2):
+            gq, sg = quantize_rowwise(g2)
+            wtq, sw = quantize_global_transpose(w)  # [K, N]: K-major for dX = G W
+            return int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g.dtype)
+
+        return _weight_grads(ctx, g2, x2, w, dx_fn)
+
+
+class SwitchBackVectorwiseFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias):
+        x2 = _flat(x)
+        xq, sx = quantize_rowwise(x2)
+        wq, sw = quantize_rowwise(w)  # one scale per output feature
+        ctx.save_for_backward(x2, w)
+        ctx.lead, ctx.has_bias = x.shape[:-1], bias is not None
+        y = int8_matmul_rowwise_columnwise(xq, sx, wq, sw, bias, x.dtype)
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w = ctx.saved_tensors
+        g2 = _flat(g)
+
+        def dx_fn(g2):
+            gq, sg = quantize_rowwise(g2)
+            wtq, sw = quantize_columnwise_transpose(w)  # [K, N], one scale per input feature
+            return int8_matmul_rowwise_columnwise(gq, sg, wtq, sw, None, g.dtype)
+
+        return _weight_grads(ctx, g2, x2, w, dx_fn)
+
+
+class SwitchBackGlobalMemEffFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias):
+        x2 = _flat(x)
+        xq, sx = quantize_rowwise(x2)
+        wq, sw = quantize_global(w)
+        ctx.save_for_backward(xq, sx, wq, sw, w)  # int8 X: half the activation memory of X
+        ctx.lead, ctx.has_bias, ctx.x_dtype = x.shape[:-1], bias is not None, x.dtype
+        return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x.dtype).reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        xq, sx, wq, sw, w = ctx.saved_tensors
+        g2 = _flat(g)
+        x2 = dequantize_rowwise(xq, sx, ctx.x_dtype) if ctx.needs_input_grad[1] else None
+
+        def dx_fn(g2):
+            gq, sg = quantize_rowwise(g2)
+            # the forward's int8 W, transposed once to the K-major layout (no second quantization)
+            return int8_matmul_rowwise_global(gq, sg, wq.t().contiguous(), sw, None, g.dtype)
+
+        return _weight_grads(ctx, g2, x2, w, dx_fn)
+
+
+class StandardLinearFn(torch.autograd.Function):
+    """16-bit Y = X W^T + b with an explicit backward: the baseline with the same autograd overhead."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias):
+        x2 = _flat(x)
+        ctx.save_for_backward(x2, w)
+        ctx.lead, ctx.has_bias = x.shape[:-1], bias is not None
+        y = x2 @ w.t()
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w = ctx.saved_tensors
+        return _weight_grads(ctx, _flat(g), x2, w, lambda g2: g2 @ w)
+
+
+FUNCTIONS = {
+    "global": SwitchBackGlobalFn,
+    "vectorwise": SwitchBackVectorwiseFn,
+    "global_memeff": SwitchBackGlobalMemEffFn,
+    "standard": StandardLinearFn,
+}
+
+
+class SwitchBackLinear(nn.Linear):
+    """nn.Linear whose training matmuls run in int8 (forward, grad-input) and 16-bit (grad-weight)."""
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, variant="global"):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown SwitchBack variant {variant!r}; choose from {', '.join(VARIANTS)}")
+        self.variant = variant
+        self._eval_weight = None  # (W_q, scale) once prepare_for_eval() ran
+
+    def prepare_for_eval(self) -> None:
+        """Quantize W once (global or rowwise, as the variant's forward does) for inference."""
+        with torch.no_grad():
+            vectorwise = self.variant == "vectorwise"
+            self._eval_weight = quantize_rowwise(self.weight) if vectorwise else quantize_global(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._eval_weight is not None and not self.training:
+            return self._forward_prepared(x)
+        return FUNCTIONS[self.variant].apply(x, self.weight, self.bias)
+
+    def _forward_prepared(self, x: torch.Tensor) -> torch.Tensor:
+        wq, sw = self._eval_weight
+        xq, sx = quantize_rowwise(_flat(x))
+        matmul = int8_matmul_rowwise_columnwise if self.variant == "vectorwise" else int8_matmul_rowwise_global
+        return matmul(xq, sx, wq, sw, self.bias, x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, variant={self.variant}"
+
+
+class StandardLinear(nn.Linear):
+    """nn.Linear through StandardLinearFn (16-bit, explicit backward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return StandardLinearFn.apply(x, self.weight, self.bias)

@@ -1,0 +1,129 @@
+"""SwitchBackLinear: forward output and the three gradients against a 16-bit reference, inside the
+error bound derived from the quantization step (see qbench/layers/switchback.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.switchback_matmul import quantization_error_bound
+from kernels.switchback_quantize import QMAX
+from qbench.layers.switchback import FUNCTIONS, VARIANTS, StandardLinear, StandardLinearFn, SwitchBackLinear
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float16, torch.bfloat16]
+ULP = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+SHAPES = [((1, 1, 40), 24), ((3, 7, 50), 33), ((65, 72), 100)]  # (x shape, out_features)
+
+
+def _case(x_shape, n_out, dtype, variant):
+    torch.manual_seed(sum(x_shape) + n_out)
+    x = torch.randn(x_shape, device=DEVICE).to(dtype)
+    x.view(-1, x_shape[-1])[0] = 0  # an all-zero row must not produce NaN
+    layer = SwitchBackLinear(x_shape[-1], n_out, device=DEVICE, dtype=dtype, variant=variant)
+    g = torch.randn(*x_shape[:-1], n_out, device=DEVICE).to(dtype)
+    return x, layer, g
+
+
+def _grads(fn, x, w, b, g):
+    x, w, b = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    y = fn(x, w, b)
+    y.backward(g)
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+def _check(got, want, bound, what):
+    err = (got.float() - want.float()).abs()
+    bad = err > bound
+    if bad.any():
+        idx = bad.nonzero()[:4].tolist()
+        detail = "; ".join(f"{tuple(i)}: |err| {err[tuple(i)]:.3g} > {bound[tuple(i)]:.3g}" for i in idx)
+        pytest.fail(f"{what}: {int(bad.sum())} elements outside the bound, first: {detail}")
+
+
+def _absmax(t, dim=None):
+    return t.float().abs().amax() if dim is None else t.float().abs().amax(dim=dim)
+
+
+def _weight_scales(w, variant, transposed):
+    """Scale of W as the variant quantizes it: global, rowwise (forward) or columnwise (backward)."""
+    if variant != "vectorwise":
+        return _absmax(w).reshape(1)
+    return _absmax(w, dim=0) if transposed else _absmax(w, dim=1)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("x_shape,n_out", SHAPES)
+def test_forward_and_gradients_within_quantization_bound(x_shape, n_out, dtype, variant):
+    x, layer, g = _case(x_shape, n_out, dtype, variant)
+    w, b = layer.weight, layer.bias
+    y, dx, dw, db = _grads(FUNCTIONS[variant].apply, x, w, b, g)
+    y_ref, dx_ref, dw_ref, db_ref = _grads(F.linear, x, w, b, g)
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, n_out)
+    ulp = ULP[dtype]
+    # forward: int8 X (rowwise) x int8 W; both outputs rounded to 16 bits -> 2 ulp of slack
+    bound = quantization_error_bound(x2, w, _absmax(x2, 1), _weight_scales(w, variant, False))
+    _check(y.reshape(-1, n_out), y_ref.reshape(-1, n_out), bound + 2 * ulp * y_ref.float().abs().reshape(
+        -1, n_out) + ulp * _absmax(b), "forward")
+    # grad-input dX = G W: int8 G (rowwise) x int8 W^T (global or columnwise)
+    wt = w.t()
+    bound = quantization_error_bound(g2, wt, _absmax(g2, 1), _weight_scales(w, variant, True))
+    dx_ref2 = dx_ref.reshape(-1, x.shape[-1])
+    _check(dx.reshape(dx_ref2.shape), dx_ref2, bound + 2 * ulp * dx_ref2.float().abs() + 1e-6, "grad-input")
+    # grad-weight: 16-bit G^T X; the memory-efficient variant uses X dequantized from int8
+    bound = 2 * ulp * (g2.float().abs().t() @ x2.float().abs()) + 1e-6  # summation-order rounding
+    if variant == "global_memeff":
+        half_step = 0.5 * _absmax(x2, 1) / QMAX  # [M]
+        bound = bound + (g2.float().abs().t() @ half_step)[:, None]
+    _check(dw, dw_ref, bound, "grad-weight")
+    _check(db, db_ref, 2 * ulp * g2.float().abs().sum(0) + 1e-6, "grad-bias")
+    assert torch.isfinite(dx).all() and torch.isfinite(y).all()
+
+
+def test_relative_error_is_small_on_gaussian_data():
+    """The stated figure: on N(0, 1) data the forward's relative error is near the quantization
+    noise, about 1e-2 (a broken scale would give O(1))."""
+    x, layer, g = _case((64, 96), 80, torch.float16, "global")
+    with torch.no_grad():
+        y = layer(x).float()
+        ref = F.linear(x, layer.weight, layer.bias).float()
+    rel = ((y - ref).norm() / ref.norm()).item()
+    assert 1e-4 < rel < 3e-2, rel
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prepare_for_eval_matches_training_forward(variant):
+    x, layer, _ = _case((5, 3, 40), 24, torch.float16, variant)
+    with torch.no_grad():
+        y_train = layer(x)
+        layer.eval()
+        layer.prepare_for_eval()
+        y_eval = layer(x)
+    assert layer._eval_weight[0].dtype == torch.int8
+    assert torch.equal(y_train, y_eval)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_standard_linear_matches_nn_linear(dtype):
+    x, layer, g = _case((9, 31), 17, dtype, "global")
+    std = StandardLinear(31, 17, device=DEVICE, dtype=dtype)
+    std.load_state_dict(layer.state_dict())
+    y, dx, dw, db = _grads(StandardLinearFn.apply, x, std.weight, std.bias, g)
+    y_ref, dx_ref, dw_ref, db_ref = _grads(F.linear, x, layer.weight, layer.bias, g)
+    for name, got, want in (("y", y, y_ref), ("dx", dx, dx_ref), ("dw", dw, dw_ref), ("db", db, db_ref)):
+        assert torch.allclose(got.float(), want.float(), rtol=4 * ULP[dtype], atol=1e-3), name
+    with torch.no_grad():
+        assert torch.equal(std(x), StandardLinearFn.apply(x, std.weight, std.bias))
+
+
+def test_module_forward_runs_the_variant_function():
+    x, layer, _ = _case((4, 40), 24, torch.float16, "vectorwise")
+    with torch.no_grad():
+        assert torch.equal(layer(x), FUNCTIONS["vectorwise"].apply(x, layer.weight, layer.bias))
+
+
+def test_unknown_variant_is_rejected():
+    with pytest.raises(ValueError, match="unknown SwitchBack variant"):
+        SwitchBackLinear(8, 8, variant="rowwise-ish")

@@ -1,0 +1,152 @@
+"""Standard figures of each bench, drawn from store records (matplotlib, Agg backend, imported lazily).
+
+plot_run(runs, out_path) draws, for each run (a run directory or a seed file, imported on the fly),
+the panels of its bench: one run -> the panels side by side; several runs -> one column per run
+(and per bench inside a run), panels down the rows, so runs sit side by side. The format follows
+the extension of out_path: .png (default), .svg or .pdf.
+
+The panels of each bench live in qbench/plots_<bench>.py as PANELS: a tuple of functions
+panel(ax, records, env) that draw one axis from the ok records of that bench.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from qbench.errors import QbenchUsageError
+
+FORMATS = (".png", ".svg", ".pdf")
+BENCHES = ("switchback", "moe", "fragmented", "model")
+PANEL_SIZE = (5.2, 3.9)  # inches per panel: room for a legend inside each axis
+DTYPE_ORDER = ("fp16", "bf16", "fp32", "float16", "bfloat16", "float32")
+
+
+def panels_of(bench: str) -> tuple:
+    if bench not in BENCHES:
+        raise QbenchUsageError(f"no standard figure for bench {bench!r}; plots exist for {', '.join(BENCHES)}")
+    return importlib.import_module(f"qbench.plots_{bench}").PANELS
+
+
+def load_columns(runs: Iterable[str | Path]) -> list[tuple[str, str, dict[str, Any], list[dict[str, Any]]]]:
+    """(label, bench, env, ok records) per run and bench, in the order given."""
+    from qbench.importers import load_any
+
+    columns = []
+    for run in runs:
+        env, records = load_any(run)
+        ok = [r for r in records if r.get("status", "ok") == "ok"]
+        benches = sorted({r["bench"] for r in ok}, key=lambda b: BENCHES.index(b) if b in BENCHES else 99)
+        if not benches:
+            raise QbenchUsageError(f"{run} holds no successful records to plot")
+        for bench in benches:
+            columns.append((Path(run).name, bench, env, [r for r in ok if r["bench"] == bench]))
+    return columns
+
+
+def default_out(runs: Sequence[str | Path], bench: str) -> Path:
+    """<run dir>/<bench>.png for a run directory, ./<file stem>-<bench>.png for an imported file."""
+    first = Path(runs[0])
+    return first / f"{bench}.png" if first.is_dir() else Path(f"{first.stem}-{bench}.png")
+
+
+def plot_run(run_dirs: Sequence[str | Path], out_path: str | Path | None = None) -> Path:
+    """Draw the standard figure of the run(s) into out_path (PNG/SVG/PDF by extension); returns it."""
+    if not run_dirs:
+        raise QbenchUsageError("give at least one run directory or results file to plot")
+    columns = load_columns(run_dirs)
+    target = Path(out_path) if out_path else default_out(run_dirs, columns[0][1])
+    if target.suffix.lower() not in FORMATS:
+        raise QbenchUsageError(f"{target}: unknown figure format; end the file name with {', '.join(FORMATS)}")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed, same output everywhere
+    from matplotlib import pyplot as plt
+
+    fig = _draw(plt, columns)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return target
+
+
+def _draw(plt, columns):
+    rows = max(len(panels_of(bench)) for _, bench, _, _ in columns)
+    if len(columns) == 1:  # one run: its panels side by side
+        fig, axes = plt.subplots(1, rows, figsize=(PANEL_SIZE[0] * rows, PANEL_SIZE[1]), squeeze=False)
+        grid = [list(axes[0])]
+    else:  # several runs: one column each
+        shape = (PANEL_SIZE[0] * len(columns), PANEL_SIZE[1] * rows)
+        fig, axes = plt.subplots(rows, len(columns), figsize=shape, squeeze=False)
+        grid = [list(axes[:, c]) for c in range(len(columns))]
+    for (label, bench, env, records), axs in zip(columns, grid):
+        panels = panels_of(bench)
+        for ax, panel in zip(axs, panels):
+            panel(ax, records, env)
+        for ax in axs[len(panels) :]:
+            ax.set_visible(False)
+        axs[0].set_title(f"{label} ({describe_env(env)})\n{axs[0].get_title()}", fontsize=9)
+    if len(columns) > 1 and len({bench for _, bench, _, _ in columns}) == 1:
+        _share_rows(grid)
+    fig.tight_layout()
+    return fig
+
+
+def _share_rows(grid) -> None:
+    """Same bench in every column: give each row one y range so the runs compare by eye."""
+    for row in zip(*grid):
+        shown = [ax for ax in row if ax.get_visible() and ax.has_data()]
+        if len(shown) < 2 or len({ax.get_yscale() for ax in shown}) > 1:
+            continue
+        low = min(ax.get_ylim()[0] for ax in shown)
+        high = max(ax.get_ylim()[1] for ax in shown)
+        for ax in shown:
+            ax.set_ylim(low, high)
+
+
+def describe_env(env: dict[str, Any]) -> str:
+    gpu = env.get("gpu_name") or ("modelled hardware" if env.get("hardware") else "GPU not recorded")
+    source = f"imported {env['source']}" if env.get("source") else f"torch {env.get('torch') or '?'}"
+    return f"{gpu}, {source}"
+
+
+# ---- helpers shared by the panel modules ------------------------------------------------------
+
+
+def value(record: dict[str, Any], name: str) -> float | None:
+    """A metric, or a parameter when no metric has that name; None when absent."""
+    got = record.get("metrics", {}).get(name)
+    if got is None:
+        got = record.get("params", {}).get(name)
+    return got if isinstance(got, (int, float)) and not isinstance(got, bool) else None
+
+
+def one_dtype(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """Records of a single dtype (the first of DTYPE_ORDER present), so lines do not mix dtypes."""
+    dtypes = {r["params"].get("dtype") for r in records}
+    if len(dtypes) <= 1:
+        return records, next(iter(dtypes), None)
+    chosen = min(dtypes, key=lambda d: DTYPE_ORDER.index(d) if d in DTYPE_ORDER else 99)
+    return [r for r in records if r["params"].get("dtype") == chosen], chosen
+
+
+def no_data(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4", wrap=True)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def dim_ticks(ax, dims: Iterable[float]) -> None:
+    """Plain-number ticks at the measured sizes of a log axis (not 2x10^3)."""
+    from matplotlib.ticker import NullFormatter
+
+    shown = sorted(set(dims))
+    ax.set_xticks(shown, [str(int(d)) for d in shown], fontsize=7, rotation=45)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None

@@ -1,0 +1,85 @@
+"""FragmentedLinear figure: forward time, backward (+ optimizer) time and peak memory per shape,
+one line per (layer, mode, fragments), the dense Linear baseline in black."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qbench.plots import no_data, one_dtype, value
+
+# Colour maps per (layer, mode): fragment counts get darker shades of the same colour.
+CMAPS = {
+    ("fragmented", "train"): "Blues",
+    ("fragmented", "eval"): "Greens",
+    ("fragmented", "inference"): "Oranges",
+    ("blockdiag", None): "Purples",
+    ("lowrank", None): "Greys",
+}
+
+
+def shape_key(record: dict[str, Any]) -> tuple[int, int, int]:
+    p = record["params"]
+    return (p.get("in_features", 0), p.get("out_features", 0), p.get("batch_size", 0))
+
+
+def shape_label(key: tuple[int, int, int]) -> str:
+    in_f, out_f, batch = key
+    size = str(in_f) if in_f == out_f else f"{in_f}x{out_f}"
+    return f"{size}\nb={batch}"
+
+
+def series(records: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Records grouped by line: (layer, mode, fragments)."""
+    lines: dict[tuple, list[dict[str, Any]]] = {}
+    for rec in records:
+        p = rec["params"]
+        lines.setdefault((p.get("layer"), p.get("mode"), p.get("fragments", 0)), []).append(rec)
+    return lines
+
+
+def _line_order(item) -> tuple:
+    (layer, mode, count), _ = item
+    return (layer != "linear", str(layer), str(mode), count or 0)
+
+
+def _style(layer: str, mode: str, fragments: int, all_fragments: list[int]):
+    from matplotlib import colormaps
+
+    if layer == "linear":
+        return {"color": "black", "linewidth": 2.5, "marker": "s"}
+    cmap = colormaps[CMAPS.get((layer, mode), CMAPS.get((layer, None), "Reds"))]
+    shade = 0.35 + 0.6 * (all_fragments.index(fragments) / max(1, len(all_fragments) - 1)) if fragments else 0.7
+    return {"color": cmap(shade), "linewidth": 1.2, "marker": "o", "linestyle": "--" if mode != "train" else "-"}
+
+
+def _metric_panel(ax, records, metric: str, ylabel: str) -> None:
+    records, dtype = one_dtype([r for r in records if value(r, metric) is not None])
+    if not records:
+        return no_data(ax, f"no {metric} in these records")
+    shapes = sorted({shape_key(r) for r in records})
+    fragments = sorted({r["params"].get("fragments", 0) for r in records if r["params"].get("fragments")})
+    for (layer, mode, count), recs in sorted(series(records).items(), key=_line_order):
+        points = sorted((shapes.index(shape_key(r)), value(r, metric)) for r in recs)
+        label = layer if layer == "linear" else f"{layer} {mode} N={count}" if count else f"{layer} {mode}"
+        ax.plot(*zip(*points), label=label, **_style(layer, mode, count, fragments))
+    ax.set_xticks(range(len(shapes)), [shape_label(s) for s in shapes], fontsize=7)
+    ax.set(yscale="log", ylabel=ylabel, title=f"{metric} ({dtype})")
+    ax.legend(fontsize=6, ncol=2)
+
+
+def forward_panel(ax, records, env) -> None:
+    _metric_panel(ax, records, "forward_ms", "forward (ms)")
+
+
+def backward_panel(ax, records, env) -> None:
+    """backward_optimizer_ms (zero_grad + backward + Adam: the seed's "Backward time") when present."""
+    has_combined = any(value(r, "backward_optimizer_ms") is not None for r in records)
+    metric = "backward_optimizer_ms" if has_combined else "backward_ms"
+    _metric_panel(ax, records, metric, "backward + optimizer (ms)" if has_combined else "backward (ms)")
+
+
+def memory_panel(ax, records, env) -> None:
+    _metric_panel(ax, records, "peak_memory_mb", "peak memory (MB)")
+
+
+PANELS = (forward_panel, backward_panel, memory_panel)

@@ -1,0 +1,92 @@
+"""MoE figure: step time split by phase per configuration, step time and TFLOP/s against experts per
+rank, and the per-rank token load (blocks, remote share) when the records carry it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qbench.plots import dim_ticks, no_data, value
+
+# Phase metrics a record may carry (ms, medians over steps); drawn stacked when present.
+PHASES = ("gate_time", "dispatch_time", "experts_time", "combine_time")
+KEY_PARAMS = ("world_size", "num_local_experts", "top_k", "routing", "capacity_factor", "replicate_hot", "dtype")
+
+
+def labels(records: list[dict[str, Any]]) -> list[str]:
+    """Short x labels from the parameters that differ between the records."""
+    varying = [k for k in KEY_PARAMS if len({str(r["params"].get(k)) for r in records}) > 1]
+    varying = varying or ["num_local_experts"]
+    short = {"num_local_experts": "E", "world_size": "ranks", "top_k": "k", "capacity_factor": "cf"}
+    return ["\n".join(f"{short.get(k, k)}={r['params'].get(k)}" for k in varying) for r in records]
+
+
+def breakdown_panel(ax, records, env) -> None:
+    records = sorted(records, key=lambda r: (r["params"].get("world_size", 0), r["params"].get("num_local_experts", 0)))
+    xs = list(range(len(records)))
+    has_phases = any(value(r, p) is not None for r in records for p in PHASES)
+    stacks = PHASES if has_phases else ("forward_time", "backward_time")
+    width = 0.4 if has_phases else 0.6
+    bottom = [0.0] * len(records)
+    for name in stacks:
+        heights = [value(r, name) or 0.0 for r in records]
+        ax.bar([x - (width / 2 if has_phases else 0) for x in xs], heights, width, bottom=bottom, label=name)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    if has_phases:
+        ax.bar([x + width / 2 for x in xs], [value(r, "step_time") or 0 for r in records], width, label="step_time")
+    summaries = [(x, value(r, "summary_step_time")) for x, r in zip(xs, records)]
+    summaries = [(x, s) for x, s in summaries if s is not None]
+    if summaries:
+        ax.scatter(*zip(*summaries), marker="_", s=400, color="black", label="seed summary (mean)", zorder=3)
+    ax.set_xticks(xs, labels(records), fontsize=7)
+    ax.set(ylabel="ms per step (median over steps)", title="step time by phase")
+    ax.legend(fontsize=7)
+
+
+def experts_panel(ax, records, env) -> None:
+    points = []
+    for rec in records:
+        experts = value(rec, "experts_per_rank") or value(rec, "num_local_experts")
+        if experts is not None and value(rec, "step_time") is not None:
+            points.append((experts, value(rec, "step_time"), value(rec, "tflops"), rec["params"].get("world_size")))
+    if not points:
+        return no_data(ax, "no step_time / experts in these records")
+    points.sort()
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="C0", label="step time (ms)")
+    ax.set(xscale="log", xlabel="experts per rank (incl. replicated slots)", ylabel="step time (ms)")
+    ax.set_title("step time and TFLOP/s vs experts per rank")
+    if any(p[2] is not None for p in points):
+        twin = ax.twinx()
+        twin.plot([p[0] for p in points], [p[2] for p in points], marker="s", color="C1", label="TFLOP/s")
+        twin.set_ylabel("TFLOP/s per GPU", color="C1")
+        ax.legend(ax.lines + twin.lines, [x.get_label() for x in ax.lines + twin.lines], fontsize=7)
+    dim_ticks(ax, [p[0] for p in points])
+
+
+def ranks_panel(ax, records, env) -> None:
+    """Token blocks per rank (local vs pulled from other ranks), one group per configuration."""
+    rows = [
+        (r, sorted(int(k[len("blocks_rank") :]) for k in r["metrics"] if k.startswith("blocks_rank"))) for r in records
+    ]
+    rows = [(r, ranks) for r, ranks in rows if ranks]
+    if not rows:
+        return no_data(ax, "no per-rank load in these records")
+    width = 0.8 / max(len(ranks) for _, ranks in rows)
+    for g, (rec, ranks) in enumerate(rows):
+        for i, rank in enumerate(ranks):
+            total, remote = value(rec, f"blocks_rank{rank}"), value(rec, f"remote_blocks_rank{rank}") or 0
+            x = g + (i - (len(ranks) - 1) / 2) * width
+            ax.bar(x, total - remote, width * 0.9, color="C0", label="local blocks" if g == i == 0 else None)
+            ax.bar(
+                x,
+                remote,
+                width * 0.9,
+                bottom=total - remote,
+                color="C3",
+                label="remote blocks" if g == i == 0 else None,
+            )
+    ax.set_xticks(range(len(rows)), labels([r for r, _ in rows]), fontsize=7)
+    ax.set(ylabel="token blocks per rank", title="load per rank (bars: rank 0, 1, ...)")
+    ax.legend(fontsize=7)
+
+
+PANELS = (breakdown_panel, experts_panel, ranks_panel)

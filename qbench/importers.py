@@ -164,7 +164,8 @@ def read_file(path: str | Path, fmt: str = "auto") -> tuple[dict[str, Any], list
         fmt = detect_format(text) or ""
         if not fmt:
             raise QbenchUsageError(
-                f"{source}: unknown format; known formats are {', '.join(FORMATS)} (name one with --format)"
+                f"{source}: unknown format; known formats are {', '.join(FORMATS)} "
+                "(`qbench import FILE --format NAME` forces one)"
             )
     elif fmt not in FORMATS:
         raise QbenchUsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")

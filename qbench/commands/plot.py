@@ -1,11 +1,32 @@
-"""`qbench plot` (not implemented yet)."""
+"""`qbench plot RUN [RUN ...]`: the standard figure of each bench, from stored records."""
+
+from __future__ import annotations
 
 import click
 
+EPILOG = """\b
+Examples:
+  qbench plot results/switchback-20250101T000000Z             # writes <run>/switchback.png
+  qbench plot results/moe-a results/moe-b --out moe.svg        # two runs side by side, SVG
+  qbench plot seeds/info.jsonl --out a100.png                  # a seed file, imported on the fly
+  qbench plot results/fragmented-h200 --out fragmented.pdf
+"""
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def command() -> None:
-    """Not implemented yet."""
-    exc = click.ClickException("'qbench plot' is not implemented yet")
-    exc.exit_code = 2
-    raise exc
+
+@click.command(epilog=EPILOG)
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Figure file; .png, .svg or .pdf (default: <first run>/<bench>.png).",
+)
+def command(runs: tuple[str, ...], out: str | None) -> None:
+    """Draw the standard figure of each bench for RUNS (run directories or seed result files):
+    switchback: times per component, % saved per M, int8/fp8 speed-ups; moe: step time by phase,
+    experts per rank, load per rank; fragmented: forward, backward and memory against the dense
+    baseline; model: component shares and memory against capacity. Several runs: side by side."""
+    from qbench import plots, report
+
+    path = plots.plot_run(list(runs), out)
+    report.notice(f"wrote {path}", style="dim")

@@ -194,3 +194,15 @@ def quantization_error_bound(a, b, sa, sb):
     sum_a = a.float().abs().sum(dim=1, keepdim=True)  # [M, 1]
     sum_b = b.float().abs().sum(dim=1).reshape(1, -1)  # [1, N]
     return ha * sum_b + hb * sum_a + K * ha * hb
+
+
+def expected_relative_error(a, b, sa, sb, reference):
+    """Predicted ||C_q - A B^T||_F / ||reference||_F when rounding errors are independent and uniform
+    on [-h, h] (variance h^2 / 3), as they are for data that is not already on the int8 grid:
+      E ||dC||_F^2 = (sum_i h_a[i]^2 ||B||_F^2 + sum_j h_b[j]^2 ||A||_F^2) / 3   (cross term dropped,
+    it is h_a h_b K, two orders smaller). sb is [1] (global: counted for all N columns) or [N]."""
+    ha2 = (0.5 * sa.float() / 127.0).pow(2).sum()
+    hb2 = (0.5 * sb.float() / 127.0).pow(2)
+    hb2 = hb2.sum() * (b.shape[0] if sb.numel() == 1 else 1)
+    var = (ha2 * b.float().pow(2).sum() + hb2 * a.float().pow(2).sum()) / 3.0
+    return (var.sqrt() / reference.float().norm()).item()

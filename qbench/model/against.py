@@ -1,0 +1,103 @@
+"""`qbench model --against RUN`: every measured time of a stored run next to its roofline floor.
+
+For each ok record whose workload the model knows (switchback, fragmented, moe) and each metric that
+has a floor: measured ms, floor ms, bound, flops, bytes, intensity and the fraction of roofline
+(floor / measured). Fractions above 1 are flagged: the count is wrong or the data sat in cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from qbench import store
+from qbench.errors import QbenchUsageError
+from qbench.model import floors, hardware
+from qbench.model.hardware import Hardware
+
+
+@dataclass(frozen=True)
+class Row:
+    bench: str
+    case: str
+    metric: str
+    measured_ms: float
+    floor_ms: float
+    bound: str
+    flops: float
+    bytes_moved: float
+    intensity: float
+    fraction: float
+
+
+def choose_hardware(gpu: str | None, calibrated: str | None, env: dict | None = None) -> Hardware:
+    """--calibrated FILE, else --gpu NAME, else the GPU recorded in the run's environment."""
+    try:
+        if calibrated:
+            return hardware.load(calibrated)
+        if gpu:
+            return hardware.preset(gpu)
+    except ValueError as exc:
+        raise QbenchUsageError(str(exc)) from None
+    name = _gpu_name(env or {})
+    found = hardware.preset_for_gpu(name) if name else None
+    if found is None:
+        where = f"the run's GPU {name!r}" if name else "the run (no GPU recorded)"
+        raise QbenchUsageError(f"no hardware preset for {where}; pass --gpu h200|h100|a100-40gb|a100-80gb "
+                               "or --calibrated FILE")
+    return found
+
+
+def _gpu_name(env: dict) -> str | None:
+    """The device name from an env block, wherever the env module put it."""
+    for key in ("gpu", "gpu_name", "device_name"):
+        value = env.get(key)
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, dict) and value.get("name"):
+            return value["name"]
+        if isinstance(value, list) and value and isinstance(value[0], dict) and value[0].get("name"):
+            return value[0]["name"]
+    return None
+
+
+def rows_for(records: list[dict], hw: Hardware) -> list[Row]:
+    out = []
+    for rec in records:
+        if rec.get("status") != "ok":
+            continue
+        for metric, floor in floors.for_record(rec, hw).items():
+            measured = rec.get("metrics", {}).get(metric)
+            if not isinstance(measured, (int, float)) or measured <= 0:
+                continue
+            out.append(Row(rec["bench"], rec["case"], metric, float(measured), floor.floor_ms, floor.bound,
+                           floor.flops, floor.bytes_moved, floor.intensity, floor.floor_ms / measured))
+    return out
+
+
+def against(run: str | Path, gpu: str | None = None, calibrated: str | None = None) -> tuple[Hardware, list[Row]]:
+    env, records = store.load_run(run)
+    hw = choose_hardware(gpu, calibrated, env)
+    rows = rows_for(records, hw)
+    if not rows:
+        benches = sorted({r.get("bench", "?") for r in records})
+        raise QbenchUsageError(f"{run}: no record the model knows (benches here: {', '.join(benches) or 'none'}; "
+                               "the model has floors for switchback, fragmented and moe)")
+    return hw, rows
+
+
+def table(rows: list[Row], hw: Hardware):
+    from rich.table import Table
+
+    from qbench.report import format_value
+
+    t = Table(title=f"Roofline on {hw.name} ({hw.source})", header_style="bold")
+    for col in ("bench", "case", "metric", "measured ms", "floor ms", "bound", "AI flop/B", "of roofline"):
+        t.add_column(col, justify="left" if col in ("bench", "case", "metric", "bound") else "right")
+    for r in rows:
+        frac = f"{100 * r.fraction:.0f}%"
+        if r.fraction > 1:
+            frac = f"[red]{frac} (count or cache?)[/red]"
+        t.add_row(r.bench, r.case, r.metric, format_value(r.measured_ms), format_value(r.floor_ms), r.bound,
+                  format_value(r.intensity) if r.intensity != float("inf") else "inf", frac)
+    return t

@@ -1,0 +1,132 @@
+"""`qbench model calibrate`: measured ceilings of this device, for rooflines that read against what
+the device actually reaches rather than its datasheet.
+
+Measures, with the qbench timer (CUDA events, warm-up excluded, L2 flushed between repeats): the
+matmul rate per dtype (cuBLAS: torch.matmul for 16/32-bit, torch._int_mm for int8, torch._scaled_mm
+for fp8) at a few square sizes, keeping the best median; device-to-device copy bandwidth (read +
+write bytes); and the time of the smallest kernel (the launch overhead). Inputs are random, never
+zeros. A kernel that beats cuBLAS (a Hopper Triton int8 matmul does) reads above 100% of a
+calibrated int8 ceiling: that is a finding, not a bug.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from qbench import store, units
+from qbench.model import hardware
+
+GPU_SIZES = (4096, 8192)
+CPU_SIZES = (256,)  # the CPU path only checks that everything runs
+DTYPES = ("bf16", "fp16", "fp32", "int8", "fp8")
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    device: str
+    sizes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    copy_mb: int  # size of the copied tensor
+    budget_ms: float  # timing budget per measurement
+
+
+def default_config(device: str) -> CalibrateConfig:
+    if device == "cuda":
+        return CalibrateConfig(device, GPU_SIZES, DTYPES, 2048, 300.0)
+    return CalibrateConfig(device, CPU_SIZES, ("fp32", "bf16"), 64, 50.0)
+
+
+def _operands(torch, dtype: str, n: int, device: str):
+    """(call, flops) for an n x n x n matmul of `dtype` on random data; None if unsupported here."""
+    if dtype == "int8":
+        if device != "cuda":
+            return None
+        a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
+        b = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device).t()  # _int_mm wants B column-major
+        return (lambda: torch._int_mm(a, b)), 2 * n**3
+    if dtype == "fp8":
+        if device != "cuda" or torch.cuda.get_device_capability() < (8, 9):
+            return None
+        a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        return (lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)), 2 * n**3
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    a, b = torch.randn(n, n, device=device, dtype=tdt), torch.randn(n, n, device=device, dtype=tdt)
+    return (lambda: a @ b), 2 * n**3
+
+
+def measure(cfg: CalibrateConfig) -> Iterator[dict]:
+    """One record per measurement: matmul rates per (dtype, n), copy bandwidth, launch overhead."""
+    import torch
+
+    from qbench.timing import time_fn
+
+    for dtype in cfg.dtypes:
+        for n in cfg.sizes:
+            op = _operands(torch, dtype, n, cfg.device)
+            if op is None:
+                continue
+            t = time_fn(op[0], device=cfg.device, budget_ms=cfg.budget_ms)
+            unit = units.TOPS if dtype == "int8" else units.TFLOPS
+            yield store.make_record("model", {"workload": "calibrate", "op": "matmul", "dtype": dtype, "n": n},
+                                    {"time_ms": t.median, "rate": op[1] / t.median / 1e9},
+                                    units={"time_ms": units.MS, "rate": unit},
+                                    samples={"time_ms": t.samples_ms}, device=cfg.device)
+    numel = cfg.copy_mb * 2**20 // 4
+    src = torch.randn(numel, device=cfg.device)
+    dst = torch.empty_like(src)
+    t = time_fn(lambda: dst.copy_(src), device=cfg.device, budget_ms=cfg.budget_ms)
+    yield store.make_record("model", {"workload": "calibrate", "op": "copy", "dtype": "fp32", "n": numel},
+                            {"time_ms": t.median, "rate": 2 * numel * 4 / t.median / 1e9},
+                            units={"time_ms": units.MS, "rate": units.GBPS},
+                            samples={"time_ms": t.samples_ms}, device=cfg.device)
+    tiny = torch.zeros(1, device=cfg.device)
+    t = time_fn(lambda: tiny.add_(1), device=cfg.device, budget_ms=cfg.budget_ms, flush_l2=False)
+    yield store.make_record("model", {"workload": "calibrate", "op": "launch", "dtype": "fp32", "n": 1},
+                            {"time_ms": t.median}, units={"time_ms": units.MS},
+                            samples={"time_ms": t.samples_ms}, device=cfg.device)
+
+
+def device_hardware(device: str, gpu_name: str | None) -> hardware.Hardware:
+    """The datasheet description to calibrate: the preset of this GPU, or a plain CPU stand-in."""
+    if device == "cuda":
+        base = hardware.preset_for_gpu(gpu_name or "")
+        if base is None:
+            raise ValueError(f"no preset describes {gpu_name!r}; calibrate needs one for the L2, SM and "
+                             "NVLink figures it does not measure")
+        return base
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    return hardware.Hardware("CPU", {"fp32": 1.0}, mem_gb, 0.01, 1.0, os.cpu_count() or 1, 1.0,
+                             source="cpu stand-in")
+
+
+def calibrated_hardware(records: list[dict], base: hardware.Hardware) -> hardware.Hardware:
+    """Best measured rate per dtype, copy bandwidth and launch time, over `base`."""
+    peaks: dict[str, float] = {}
+    hbm, launch = base.hbm_tbps, None
+    for rec in records:
+        p, m = rec["params"], rec["metrics"]
+        if p["op"] == "matmul":
+            peaks[p["dtype"]] = max(peaks.get(p["dtype"], 0.0), m["rate"])
+        elif p["op"] == "copy":
+            hbm = m["rate"] / 1e3
+        elif p["op"] == "launch":
+            launch = m["time_ms"] * 1e3
+    notes = {"method": "cuBLAS matmul best median over sizes; copy read+write; smallest kernel time"}
+    return hardware.calibrated(base, peaks, hbm, launch, notes)
+
+
+def save(hw: hardware.Hardware, records: list[dict], path: str | Path) -> Path:
+    """Write the calibrated device (loadable by --calibrated) with its measurements beside it."""
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"hardware": hw.to_dict(),
+            "measurements": [{**r["params"], **r["metrics"]} for r in records]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path

@@ -1,0 +1,96 @@
+"""`qbench model search`: every parallelism strategy DeepFlow's LSTM model can express on N devices,
+ranked by predicted step time, with whether each fits in device memory.
+
+A strategy splits N = dp x (model devices): data parallel dp, and for the model part one of: a
+pipeline of hlp stages over the layers (layer parallel, with inter-layer transfers), or a kernel split
+of the LSTM GEMM (type 1 column-row over h1, type 2 row-column over h1 x h2), combined with a kernel
+split of the softmax GEMM over the same devices (DeepFlow counts devices per layer as the max over
+layers). Embedding and projection stay unsplit (the projection is left out of the time; the
+embedding has no time model). Only a mesh has a network model, so the search uses topology mesh.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from qbench.model import deepflow, deepflow_config, deepflow_machine
+from qbench.model.deepflow_config import ConfigError
+
+
+@dataclass(frozen=True)
+class Candidate:
+    settings: dict  # scheduling_param values that differ from a single device
+    time_s: float
+    memory_gb: float  # per data shard per model shard, GiB
+    capacity_gb: float
+    fits: bool
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _splits(model_devices: int, layers: int) -> Iterator[dict]:
+    """Settings of the model part (hidden + softmax) on `model_devices` devices."""
+    m = model_devices
+    hidden = []
+    if m == 1:
+        hidden.append({})
+    if 1 < m <= layers and layers % m == 0:
+        hidden.append({"hlp": m, "lp": m})
+    if m > 1:
+        hidden.append({"kp_hidden_type": 1, "kp_hidden_dim1": m})
+        hidden += [{"kp_hidden_type": 2, "kp_hidden_dim1": d, "kp_hidden_dim2": m // d} for d in divisors(m)]
+    softmax = [{}] if m == 1 else [{"kp_softmax_type": 1, "kp_softmax_dim1": m}] + [
+        {"kp_softmax_type": 2, "kp_softmax_dim1": d, "kp_softmax_dim2": m // d} for d in divisors(m)]
+    for h in hidden:
+        for s in softmax:
+            yield {**h, **s}
+
+
+def strategies(devices: int, layers: int) -> Iterator[dict]:
+    for dp in divisors(devices):
+        for split in _splits(devices // dp, layers):
+            yield {"dp": dp, **split}
+
+
+_SINGLE = {"dp": 1, "lp": 1, "hlp": 1, **{f"kp_{n}_dim{i}": 1 for n in deepflow_config.KP_LAYERS for i in (1, 2)},
+           **{f"kp_{n}_type": -1 for n in deepflow_config.KP_LAYERS}}
+
+
+def search(cfg: dict, devices: int) -> tuple[list[Candidate], list[tuple[dict, str]]]:
+    """(candidates sorted by time, strategies the model rejects with the reason)."""
+    if devices < 1:
+        raise ConfigError(f"--devices must be >= 1, not {devices}")
+    ranked, rejected = [], []
+    for settings in strategies(devices, cfg["model_param"]["num_layers"]):
+        trial = copy.deepcopy(cfg)
+        trial["scheduling_param"].update(_SINGLE)
+        trial["scheduling_param"].update(settings)
+        trial["scheduling_param"]["topology"] = "mesh" if devices > 1 else trial["scheduling_param"]["topology"]
+        try:
+            deepflow_config.normalize(trial)
+        except ConfigError as exc:
+            rejected.append((settings, str(exc)))
+            continue
+        result = deepflow.evaluate(trial, deepflow_machine.derive(trial))
+        mem = result.memory_model_shard
+        ranked.append(Candidate(settings, result.time, mem.total / 2**30, mem.capacity / 2**30, mem.fits))
+    ranked.sort(key=lambda c: c.time_s)
+    return ranked, rejected
+
+
+def describe(settings: dict) -> str:
+    """'dp=2 hidden:RC 2x2 softmax:CR 4' from scheduling settings."""
+    parts = [f"dp={settings.get('dp', 1)}"]
+    if settings.get("hlp", 1) > 1:
+        parts.append(f"pipeline hlp={settings['hlp']}")
+    for layer in ("hidden", "softmax"):
+        kind = settings.get(f"kp_{layer}_type", -1)
+        if kind == 1:
+            parts.append(f"{layer}:CR {settings[f'kp_{layer}_dim1']}")
+        elif kind == 2:
+            parts.append(f"{layer}:RC {settings[f'kp_{layer}_dim1']}x{settings[f'kp_{layer}_dim2']}")
+    return " ".join(parts)

@@ -1,11 +1,71 @@
-"""`qbench fragmented` (not implemented yet)."""
+"""`qbench fragmented`: FragmentedLinear (train / eval / inference) against dense and structured baselines."""
+
+from __future__ import annotations
 
 import click
 
+from qbench.options import callback, device_option, out_options, parse_names, parse_positive_ints
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-def command() -> None:
-    """Not implemented yet."""
-    exc = click.ClickException("'qbench fragmented' is not implemented yet")
-    exc.exit_code = 2
-    raise exc
+EPILOG = """\b
+Examples:
+  qbench fragmented                                  # the seed's sweep on a GPU, a small one on the CPU
+  qbench fragmented --sizes 8192 --batch-sizes 16 --fragments 2,128 --dtype fp32,bf16
+  qbench fragmented --modes eval --baselines linear --format seed
+  qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --json
+"""
+TABLE_PARAMS = ("dtype", "in_features", "batch_size", "layer", "mode", "fragments")
+TABLE_METRICS = ("forward_ms", "forward_graph_ms", "backward_ms", "optimizer_ms", "backward_optimizer_ms",
+                 "peak_memory_mb", "parameters", "tflops")
+HEADERS = {"in_features": "size", "batch_size": "batch", "forward_graph_ms": "fwd graph",
+           "backward_optimizer_ms": "bwd+opt", "peak_memory_mb": "peak mem"}
+LAYER_NAMES = ("linear", "blockdiag", "lowrank")
+
+
+@click.command(epilog=EPILOG)
+@click.option("--sizes", callback=callback(parse_positive_ints), help="Square layer sizes (in = out). "
+              "[default: 2048,4096,8192 on a GPU, 256 on the CPU]")
+@click.option("--batch-sizes", callback=callback(parse_positive_ints), help="[default: 1,8,16; CPU: 1,8]")
+@click.option("--fragments", callback=callback(parse_positive_ints),
+              help="Fragment counts N; each must divide every size. [default: 2,8,32,128; CPU: 2,8]")
+@click.option("--modes", default="train,eval,inference", show_default=True,
+              callback=callback(parse_names(("train", "eval", "inference"))))
+@click.option("--baselines", default="linear,blockdiag,lowrank", show_default=True,
+              callback=callback(parse_names(LAYER_NAMES + ("none",))), help="Baselines, or 'none'.")
+@click.option("--dtype", "dtypes", default="fp32", show_default=True,
+              callback=callback(parse_names(("fp32", "bf16", "fp16"))), help="One or more, e.g. fp32,bf16.")
+@click.option("--bias", is_flag=True, help="Give every layer biases (the seed's layer had none).")
+@click.option("--steps", type=click.IntRange(min=1), help="Timed steps per configuration. [default: 50; CPU: 3]")
+@click.option("--warmup", type=click.IntRange(min=0), help="Untimed steps first. [default: 10; CPU: 1]")
+@click.option("--no-graph", is_flag=True, help="Skip the CUDA-graph replay of the forward.")
+@click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
+              help="'seed' prints the original report layout (Forward time / Backward time / ...).")
+@device_option
+@out_options
+def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
+            device, out, append, force, as_json) -> None:
+    """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
+    selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
+    a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
+    from qbench import report
+    from qbench.benches import fragmented as bench
+    from qbench.commands.common import run_and_store
+
+    config = bench.resolve(bench.FragmentedConfig(
+        sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
+        steps, warmup, not no_graph, device))
+    if config.device == "cpu":
+        report.notice(report.CPU_NOTICE)
+    run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
+                  append=append, force=force, as_json=as_json, table=_table(fmt))
+
+
+def _table(fmt: str):
+    from rich.text import Text
+
+    from qbench import report
+    from qbench.benches.fragmented import format_seed
+
+    if fmt == "seed":
+        return lambda records: Text(format_seed(records))
+    return lambda records: report.records_table(records, TABLE_PARAMS, TABLE_METRICS,
+                                                title="FragmentedLinear", headers=HEADERS)

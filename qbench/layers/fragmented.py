@@ -22,12 +22,14 @@ torch is imported at module level: this module is only imported by benches and t
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels.fragmented import select_scale
+from kernels.grouped_gemm import grouped_matmul
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
 
@@ -105,11 +107,7 @@ class FragmentedLinear(nn.Module):
         return torch.addmm(expert_out, c, self.compressed_net.weight.t())
 
     def _soft(self, x: torch.Tensor) -> torch.Tensor:
-        b = x.shape[0]
-        p = torch.softmax(self.scores(x), dim=1).to(x.dtype)[:, :, None]  # [B, N, 1]
-        xf = x.view(b, self.num_fragments, self.fragment_size)
-        u = (xf * p).view(b, self.in_features)  # expert input: x scaled by its fragment's p
-        v = (xf * (1 - p)).view(b, self.in_features)  # low-rank input: x * (1 - p)
+        u, v, _ = SelectScale.apply(x, self.selector_weights, False)  # x * p, x * (1 - p)
         expert = u @ self.expert_weights.view(self.in_features, self.out_features)
         return self._low_rank(expert, v)
 
@@ -121,34 +119,47 @@ class FragmentedLinear(nn.Module):
         return batch < self.num_fragments
 
     def _hard(self, x: torch.Tensor) -> torch.Tensor:
-        b = x.shape[0]
-        idx = self.scores(x).argmax(dim=1)  # argmax of the scores is argmax of their softmax
-        sel = (idx[:, None] == self.fragment_ids).to(x.dtype)[:, :, None]  # one-hot [B, N, 1]
-        xf = x.view(b, self.num_fragments, self.fragment_size)
-        u = (xf * sel).view(b, self.in_features)  # x kept only on its selected fragment
-        v = x - u  # exact: x with the selected fragment zeroed
-        if self.use_grouped(b):
+        # u: x kept only on its selected fragment, v: x with it zeroed; idx [B] the selection
+        u, v, idx = SelectScale.apply(x, self.selector_weights, True)
+        if self.use_grouped(x.shape[0]):
             expert = GroupedExperts.apply(x, idx, self.expert_weights)
         else:
             expert = u @ self.expert_weights.view(self.in_features, self.out_features)
         return self._low_rank(expert, v)
 
 
-def grouped_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """The shared grouped GEMM (kernels/grouped_gemm.py) when present, else the same math in torch.
+class SelectScale(torch.autograd.Function):
+    """(u, v, idx) = (x * p, x * (1 - p), argmax) with p the soft or hard selection over fragments,
+    in one kernel (kernels/fragmented.py). x [B, in], S [N, F]. Backward, for p = softmax(scores):
+    dp_f = <du_f - dv_f, x_f>, dscore = p * (dp - <p, dp>), dx = du p + dv (1 - p) + dscore S,
+    dS = dscore^T x; for the hard selection p is constant (argmax has no gradient), as in the
+    reference, so S gets none."""
 
-    x [T, K] rows sorted by group, w [G, K, N], offsets int64 [G+1] -> [T, N] in x.dtype."""
-    if importlib.util.find_spec("kernels.grouped_gemm") is not None:
-        from kernels.grouped_gemm import grouped_matmul as shared
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, s: torch.Tensor, hard: bool):
+        u, v, p, idx = select_scale(x, s, hard)
+        ctx.hard = hard
+        ctx.save_for_backward(x, s, p)
+        idx = idx if hard else p.new_empty(0, dtype=torch.int64)
+        ctx.mark_non_differentiable(idx)
+        return u, v, idx
 
-        return shared(x, w, offsets)
-    out = x.new_empty(x.shape[0], w.shape[2])
-    bounds = offsets.tolist()  # host copy: this fallback is for CPU runs only
-    for g in range(w.shape[0]):
-        lo, hi = bounds[g], bounds[g + 1]
-        if hi > lo:
-            out[lo:hi] = (x[lo:hi].float() @ w[g].float()).to(x.dtype)
-    return out
+    @staticmethod
+    def backward(ctx, du, dv, _):
+        x, s, p = ctx.saved_tensors
+        b, (n, f) = x.shape[0], s.shape
+        xf = x.view(b, n, f).float()
+        du = torch.zeros_like(xf) if du is None else du.reshape(b, n, f).float()
+        dv = torch.zeros_like(xf) if dv is None else dv.reshape(b, n, f).float()
+        pe = p[:, :, None]
+        dx = du * pe + dv * (1 - pe)
+        ds = None
+        if not ctx.hard:
+            dp = ((du - dv) * xf).sum(-1)  # [B, N]
+            dscore = p * (dp - (p * dp).sum(1, keepdim=True))
+            dx = dx + dscore[:, :, None] * s.float()
+            ds = torch.einsum("bn,bnf->nf", dscore, xf).to(s.dtype) if ctx.needs_input_grad[1] else None
+        return dx.to(x.dtype).view(x.shape), ds, None
 
 
 class GroupedExperts(torch.autograd.Function):

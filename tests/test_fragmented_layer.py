@@ -1,0 +1,261 @@
+"""FragmentedLinear against a direct implementation of the reference math (float64, sample by
+sample), on odd, non-power-of-two and single-row shapes in every supported dtype."""
+
+import re
+
+import pytest
+import torch
+
+from kernels.fragmented import select_scale, select_scale_reference
+from qbench.layers.fragmented import (
+    BlockDiagonalLinear,
+    FragmentedLinear,
+    LowRankLinear,
+    fragmented_parameter_count,
+    reference_output,
+)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# relative error bound of a low-precision layer against float64 on the same rounded values
+TOL = {"fp32": 1e-5, "bf16": 3e-2, "fp16": 4e-3}  # fp32: K <= 256 sums; bf16/fp16: a few roundings of 2^-8 / 2^-11
+# (in, out, N, c, batch): odd sizes, F = 1, N = 1, single rows, out = 1
+SHAPES = [(96, 40, 3, 5, 7), (64, 33, 64, 2, 1), (256, 130, 8, 8, 5), (32, 1, 1, 1, 1), (120, 24, 5, 3, 11)]
+
+
+def direct(x, layer, hard):
+    """The reference definition, one sample at a time in float64 (the original per-sample gather)."""
+    n, f = layer.num_fragments, layer.fragment_size
+    S = layer.selector_weights.double()
+    W = layer.expert_weights.double()
+    C, E = layer.compressor.weight.double(), layer.compressed_net.weight.double()
+    rows = []
+    for xb in x.double():
+        frags = xb.view(n, f)
+        p = torch.softmax((frags * S).sum(1), dim=0)
+        if hard:
+            k = int(p.argmax())
+            expert = frags[k] @ W[k]
+            keep = torch.ones(n, dtype=torch.float64).index_fill(0, torch.tensor([k]), 0.0)
+        else:
+            expert = sum(p[k] * (frags[k] @ W[k]) for k in range(n))
+            keep = 1 - p
+        masked = (frags * keep[:, None]).reshape(-1)
+        rows.append(expert + E @ (C @ masked))
+    out = torch.stack(rows)
+    if layer.has_bias:
+        out = out + layer.expert_bias.double() + layer.compressed_bias.double()
+    return out
+
+
+def relerr(out, ref, rows=None):
+    d = out.double() - ref
+    if rows is not None:
+        d, ref = d[rows], ref[rows]
+    return float(d.norm() / ref.norm())
+
+
+def first_mismatches(out, ref, tol, k=3):
+    bad = ((out.double() - ref).abs() > tol * ref.abs().max()).nonzero()[:k].tolist()
+    return [(i, j, float(out[i, j]), float(ref[i, j])) for i, j in bad]
+
+
+def clear_rows(layer, x, gap=1e-3):
+    """Rows whose top-2 selector scores are not a near-tie (where rounding may pick either)."""
+    s = layer.scores(x).double()
+    if s.shape[1] == 1:
+        return torch.ones(s.shape[0], dtype=torch.bool)
+    top = s.topk(2, dim=1).values
+    return top[:, 0] - top[:, 1] > gap
+
+
+def make(shape, dtype, bias=False, seed=0):
+    inp, out, n, c, b = shape
+    torch.manual_seed(seed)
+    layer = FragmentedLinear(inp, out, n, c, bias=bias, dtype=DTYPES[dtype])
+    if bias:
+        with torch.no_grad():
+            layer.expert_bias.normal_()
+            layer.compressed_bias.normal_()
+    return layer, torch.randn(b, inp, dtype=DTYPES[dtype])
+
+
+def read_seed_groups(fixtures_dir):
+    """{size: (linear parameters, {fragments: parameters})} from the seed excerpt."""
+    text = (fixtures_dir / "fragmented_seed_excerpt.txt").read_text()
+    groups = {}
+    for block in text.split("Benchmarking with input_size=")[1:]:
+        size = int(block.split(",")[0])
+        params = [int(v) for v in re.findall(r"Parameters: (\d+)", block)]
+        frags = [int(v) for v in re.findall(r"Fragments: (\d+)", block)]
+        groups[size] = (params[0], dict(zip(frags, params[1:])))
+    return groups
+
+
+def test_parameter_counts_match_the_seed(fixtures_dir):
+    groups = read_seed_groups(fixtures_dir)
+    assert sorted(groups) == [2048, 4096, 8192]
+    for size, (linear_count, by_n) in groups.items():
+        assert sum(p.numel() for p in torch.nn.Linear(size, size, device="meta").parameters()) == linear_count
+        for n, expected in by_n.items():
+            layer = FragmentedLinear(size, size, n, device="meta")
+            assert sum(p.numel() for p in layer.parameters()) == expected, (size, n)
+            assert fragmented_parameter_count(size, size) == expected
+        names = dict(layer.named_parameters())
+        assert names["selector_weights"].shape == (n, size // n)
+        assert names["expert_weights"].shape == (n, size // n, size)
+        assert names["compressor.weight"].shape == (size // 32, size)
+        assert names["compressed_net.weight"].shape == (size, size // 32)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_train_mode_matches_reference(shape, dtype):
+    layer, x = make(shape, dtype, bias=shape[0] == 120)
+    layer.train()
+    with torch.no_grad():
+        out = layer(x)
+    ref = direct(x, layer, hard=False)
+    assert out.dtype == x.dtype and out.shape == ref.shape
+    err = relerr(out, ref)
+    assert err <= TOL[dtype], f"rel err {err:.2e}; first mismatches {first_mismatches(out, ref, TOL[dtype])}"
+    assert relerr(reference_output(layer, x, hard=False).float(), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("shape", SHAPES)
+def test_eval_mode_matches_reference_on_both_paths(shape, dtype):
+    layer, x = make(shape, dtype, bias=shape[0] == 120, seed=1)
+    layer.eval()
+    ref = direct(x, layer, hard=True)
+    rows = clear_rows(layer, x)
+    assert rows.sum() >= 1
+    for path in ("dense", "grouped"):
+        layer.eval_path = path
+        with torch.no_grad():
+            out = layer(x)
+        err = relerr(out, ref, rows)
+        assert err <= TOL[dtype], f"{path}: {err:.2e}; first {first_mismatches(out[rows], ref[rows], TOL[dtype])}"
+    infer = layer.infer(x)
+    assert not infer.requires_grad and relerr(infer, ref, rows) <= TOL[dtype]
+    assert relerr(reference_output(layer, x, hard=True).float(), ref, rows) <= 1e-6
+
+
+def forced_layer(choices, n=5, f=6, out=7, dtype=torch.float32):
+    """A layer and input whose hard selection is `choices` (uneven loads, some fragments empty):
+    selector weights are all ones and each row's chosen fragment gets a large positive offset."""
+    torch.manual_seed(2)
+    layer = FragmentedLinear(n * f, out, n, 2, dtype=dtype).eval()
+    with torch.no_grad():
+        layer.selector_weights.fill_(1.0)
+    x = torch.randn(len(choices), n, f, dtype=dtype)
+    x[torch.arange(len(choices)), torch.tensor(choices)] += 4.0  # score gap >= ~4 * f over noise
+    return layer, x.reshape(len(choices), n * f)
+
+
+def test_grouped_path_on_uneven_loads_with_empty_fragments():
+    choices = [0, 0, 0, 0, 3, 3, 1, 0, 3]  # fragments 2 and 4 get no samples
+    layer, x = forced_layer(choices)
+    assert layer.scores(x).argmax(1).tolist() == choices
+    ref = direct(x, layer, hard=True)
+    grads = {}
+    for path in ("grouped", "dense"):
+        layer.eval_path = path
+        layer.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_()
+        out = layer(xr)
+        assert relerr(out, ref) <= 1e-6, first_mismatches(out, ref, 1e-6)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        grads[path] = (xr.grad, layer.expert_weights.grad, layer.compressor.weight.grad)
+        assert layer.selector_weights.grad is None  # argmax has no gradient, as in the reference
+    for g, d in zip(grads["grouped"], grads["dense"]):
+        assert torch.allclose(g, d, rtol=1e-5, atol=1e-6), (g - d).abs().max()
+    empty = grads["grouped"][1][[2, 4]]
+    assert torch.count_nonzero(empty) == 0  # fragments without samples get no weight gradient
+
+
+def test_single_sample_and_all_in_one_fragment():
+    for choices in ([4], [2, 2, 2]):
+        layer, x = forced_layer(choices)
+        layer.eval_path = "grouped"
+        assert relerr(layer(x), direct(x, layer, hard=True)) <= 1e-6
+
+
+def direct_autograd(layer, x, hard):
+    """float64 leaf copies of the parameters and x, and the direct reference output built on them."""
+    leaves = {k: v.detach().double().requires_grad_() for k, v in layer.named_parameters()}
+    xd = x.detach().double().requires_grad_()
+    twin = FragmentedLinear(layer.in_features, layer.out_features, layer.num_fragments,
+                            layer.compressed_features, device="meta")
+    twin.has_bias = layer.has_bias
+    for name, value in leaves.items():
+        owner, attr = (twin, name) if "." not in name else (getattr(twin, name.split(".")[0]), "weight")
+        owner._parameters[attr] = value
+    return leaves, xd, direct(xd, twin, hard)
+
+
+@pytest.mark.parametrize("shape", [(96, 40, 3, 5, 7), (64, 33, 64, 2, 1), (120, 24, 5, 3, 2)])
+@pytest.mark.parametrize("hard", [False, True])
+def test_gradients_match_reference(shape, hard):
+    layer, x = make(shape, "fp32", bias=True, seed=3)
+    layer.train(not hard)
+    leaves, xd, ref = direct_autograd(layer, x, hard)
+    weight = torch.randn_like(ref)
+    (ref * weight).sum().backward()
+    paths = ("dense", "grouped") if hard else ("auto",)
+    for path in paths:
+        layer.eval_path = path
+        layer.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_()
+        (layer(xr) * weight.float()).sum().backward()
+        got = dict(layer.named_parameters())
+        for name, leaf in leaves.items():
+            if hard and name == "selector_weights":
+                assert got[name].grad is None
+                continue
+            err = relerr(got[name].grad, leaf.grad)
+            assert err <= 1e-5, f"{path} d{name}: rel err {err:.2e}"
+        assert relerr(xr.grad, xd.grad) <= 1e-5, f"{path} dx"
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n,f,b", [(3, 7, 5), (1, 33, 1), (16, 2, 4), (5, 24, 9)])
+def test_select_scale_kernel_matches_torch(n, f, b, dtype):
+    torch.manual_seed(n * 100 + f)
+    x = torch.randn(b, n * f, dtype=DTYPES[dtype])
+    s = torch.randn(n, f, dtype=DTYPES[dtype])
+    for hard in (False, True):
+        got, want = select_scale(x, s, hard), select_scale_reference(x, s, hard)
+        if hard:
+            assert torch.equal(got[3], want[3])
+        for name, a, e in zip("uvp", got[:3], want[:3]):
+            assert a.dtype == e.dtype and a.shape == e.shape
+            assert torch.allclose(a.float(), e.float(), rtol=1e-2 if dtype != "fp32" else 1e-5, atol=1e-5), (
+                f"{name} hard={hard}: first {(a.float() - e.float()).abs().argmax()}")
+
+
+def test_bad_shapes_are_clear_errors():
+    with pytest.raises(ValueError, match="not divisible"):
+        FragmentedLinear(100, 10, 3)
+    with pytest.raises(ValueError, match="compressed_features"):
+        FragmentedLinear(16, 16, 2)  # in/32 = 0
+    with pytest.raises(ValueError, match="positive"):
+        FragmentedLinear(64, 0, 2)
+    with pytest.raises(ValueError, match="expects 64"):
+        FragmentedLinear(64, 8, 2)(torch.randn(2, 65))
+    with pytest.raises(ValueError, match="divide"):
+        BlockDiagonalLinear(64, 30, 4)
+
+
+def test_block_diagonal_and_low_rank_baselines():
+    torch.manual_seed(4)
+    bd = BlockDiagonalLinear(96, 48, 3, bias=True)
+    with torch.no_grad():
+        bd.bias.normal_()
+    x = torch.randn(5, 96)
+    dense = torch.block_diag(*bd.weight.double())  # [96, 48]
+    assert relerr(bd(x), x.double() @ dense + bd.bias.double()) <= 1e-6
+    assert sum(p.numel() for p in bd.parameters()) == 96 * 48 // 3 + 48
+    lr = LowRankLinear(96, 48, 3)
+    assert sum(p.numel() for p in lr.parameters()) == (96 + 48) * 3
+    ref = x.double() @ lr.down.weight.double().t() @ lr.up.weight.double().t()
+    assert relerr(lr(x), ref) <= 1e-6

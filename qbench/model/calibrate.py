@@ -67,22 +67,27 @@ def measure(cfg: CalibrateConfig) -> Iterator[dict]:
 
     for dtype in cfg.dtypes:
         for n in cfg.sizes:
-            op = _operands(torch, dtype, n, cfg.device)
-            if op is None:
+            params = {"workload": "calibrate", "op": "matmul", "dtype": dtype, "n": n}
+            try:
+                op = _operands(torch, dtype, n, cfg.device)
+                if op is None:
+                    continue
+                t = time_fn(op[0], device=cfg.device, budget_ms=cfg.budget_ms)
+            except (RuntimeError, TypeError) as exc:  # an op this torch build or GPU lacks
+                yield store.make_record("model", params, status="skipped", error=str(exc).splitlines()[0][:200],
+                                        device=cfg.device)
                 continue
-            t = time_fn(op[0], device=cfg.device, budget_ms=cfg.budget_ms)
-            unit = units.TOPS if dtype == "int8" else units.TFLOPS
-            yield store.make_record("model", {"workload": "calibrate", "op": "matmul", "dtype": dtype, "n": n},
-                                    {"time_ms": t.median, "rate": op[1] / t.median / 1e9},
-                                    units={"time_ms": units.MS, "rate": unit},
+            rate, unit = ("tops", units.TOPS) if dtype == "int8" else ("tflops", units.TFLOPS)
+            yield store.make_record("model", params, {"time_ms": t.median, rate: op[1] / t.median / 1e9},
+                                    units={"time_ms": units.MS, rate: unit},
                                     samples={"time_ms": t.samples_ms}, device=cfg.device)
     numel = cfg.copy_mb * 2**20 // 4
     src = torch.randn(numel, device=cfg.device)
     dst = torch.empty_like(src)
     t = time_fn(lambda: dst.copy_(src), device=cfg.device, budget_ms=cfg.budget_ms)
     yield store.make_record("model", {"workload": "calibrate", "op": "copy", "dtype": "fp32", "n": numel},
-                            {"time_ms": t.median, "rate": 2 * numel * 4 / t.median / 1e9},
-                            units={"time_ms": units.MS, "rate": units.GBPS},
+                            {"time_ms": t.median, "gbps": 2 * numel * 4 / t.median / 1e6},
+                            units={"time_ms": units.MS, "gbps": units.GBPS},
                             samples={"time_ms": t.samples_ms}, device=cfg.device)
     tiny = torch.zeros(1, device=cfg.device)
     t = time_fn(lambda: tiny.add_(1), device=cfg.device, budget_ms=cfg.budget_ms, flush_l2=False)
@@ -108,12 +113,13 @@ def calibrated_hardware(records: list[dict], base: hardware.Hardware) -> hardwar
     """Best measured rate per dtype, copy bandwidth and launch time, over `base`."""
     peaks: dict[str, float] = {}
     hbm, launch = base.hbm_tbps, None
-    for rec in records:
+    for rec in (r for r in records if r["status"] == "ok"):
         p, m = rec["params"], rec["metrics"]
         if p["op"] == "matmul":
-            peaks[p["dtype"]] = max(peaks.get(p["dtype"], 0.0), m["rate"])
+            rate = m.get("tflops", m.get("tops"))
+            peaks[p["dtype"]] = max(peaks.get(p["dtype"], 0.0), rate)
         elif p["op"] == "copy":
-            hbm = m["rate"] / 1e3
+            hbm = m["gbps"] / 1e3
         elif p["op"] == "launch":
             launch = m["time_ms"] * 1e3
     notes = {"method": "cuBLAS matmul best median over sizes; copy read+write; smallest kernel time"}

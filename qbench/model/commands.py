@@ -144,4 +144,5 @@ def run_calibrate(device, file, out, append, force, as_json) -> None:
 
 
 def _calibration_table(records):
-    return report.records_table(records, ["op", "dtype", "n"], ["time_ms", "rate"], title="Calibration")
+    return report.records_table(records, ["op", "dtype", "n"], ["time_ms", "tflops", "tops", "gbps"],
+                                  title="Calibration")

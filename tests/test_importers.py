@@ -301,3 +301,46 @@ def test_import_command_bad_input_is_one_line_exit_2(tmp_path, capsys, args):
         main([a.format(**names) for a in args] + ["--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+
+
+# ---- compare: a seed file against a stored GPU run --------------------------------------------
+
+
+def gpu_switchback_run(path: Path, rows: list[dict], seed: int = 0) -> Path:
+    """A small stored switchback run on another GPU, at three of the seed's shapes, with fresh
+    random times (qbench.store, as a bench would write it)."""
+    import random
+
+    rng = random.Random(seed)
+    records = []
+    for row in rows:
+        params = {k: row[k] for k in ("batch_size", "dim_in", "dim_out", "wm", "switch")} | {"dtype": "fp16"}
+        samples = {k: [row[k] * rng.uniform(0.3, 0.6) for _ in range(12)] for k in ("time_standard", "time_global")}
+        metrics = {k: statistics.median(v) for k, v in samples.items()}
+        records.append(store.make_record("switchback", params, metrics, units=dict.fromkeys(metrics, units.MS),
+                                         samples=samples, device="cuda"))  # fmt: skip
+    env = {"gpu_name": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "driver": "580", "cuda": "13.0"}
+    with store.RunWriter(path, env) as writer:
+        for rec in records:
+            writer.write(rec)
+    return path
+
+
+@pytest.mark.parametrize("cross_env", [False, True])
+def test_compare_seed_file_with_a_gpu_run(tmp_path, capsys, cross_env):
+    rows = [seed_json_lines()[i] for i in (3, 40, 101)]
+    run = gpu_switchback_run(tmp_path / "h200", rows)
+    _, candidates = store.load_run(run)
+    args = ["compare", str(BNB), str(run), "--metric", "time_global", "--json"] + (["--cross-env"] if cross_env else [])
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 0
+    assert "gpu_name 'NVIDIA A100' -> 'NVIDIA H200'" in " ".join(captured.err.split())
+    compared = [r for r in json.loads(captured.out)["rows"] if r["metric"] == "time_global"]
+    assert len(compared) == len(rows)
+    expected = {r["case"]: r["metrics"]["time_global"] for r in candidates}
+    for row in compared:
+        assert close(row["ratio"], expected[row["case"]] / row["reference_value"]), row
+        assert (row["marker"] == "x") != cross_env  # not comparable unless --cross-env
+        assert "different hardware" in row["note"]

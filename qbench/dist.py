@@ -1,0 +1,210 @@
+"""Process launch for multi-rank work: self-spawned ranks, or one rank of a torchrun job.
+
+`launch(fn, args, world_size=..., backend=..., device=...)` runs the generator function
+fn(ctx, *args) on every rank and yields what rank 0 yields, as it comes:
+- under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set) this process is one rank of a job that may span
+  nodes; the process group comes from torchrun's env:// rendezvous; ranks other than 0 yield nothing;
+- otherwise it spawns `world_size` processes on this machine (one per GPU with NCCL, CPU processes
+  with gloo) over a free loopback port, and relays rank 0's items through a queue.
+Failures never hang: a rank that raises sends its error and exits; the launcher then terminates the
+others and raises RankFailure naming that rank and its error. Collectives carry a timeout, so a rank
+stuck on a dead peer also ends. torch is imported only inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+# Multicast over NVLink is off on the lent multi-GPU machines (and harmless to disable elsewhere).
+NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+POLL_S = 0.2  # how often the launcher looks at its ranks while waiting for items
+GRACE_S = 5.0  # time a terminated rank gets before it is killed
+
+
+class RankFailure(RuntimeError):
+    """A rank raised or died; the message names the rank and its error."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str  # "cuda:<local_rank>" or "cpu"
+
+    @property
+    def is_primary(self) -> bool:
+        return self.rank == 0
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """(rank, world_size, local_rank) when started by torchrun, else None."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def is_primary() -> bool:
+    """False only on the ranks > 0 of a torchrun job (they must not write results)."""
+    env = torchrun_env()
+    return env is None or env[0] == 0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _init(rank: int, world_size: int, local_rank: int, backend: str, device: str, timeout_s: float) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    for key, value in NCCL_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world_size)))
+    kwargs = {"device_id": torch.device(device)} if device.startswith("cuda") else {}
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs
+    )
+    return RankContext(rank, world_size, local_rank, backend, device)
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _worker(rank, world_size, port, backend, device, timeout_s, fn, args, channel) -> None:
+    """Body of one spawned rank: run fn, send rank 0's items, report an error and exit 1 on failure."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    try:
+        ctx = _init(rank, world_size, rank, backend, device, timeout_s)
+        for item in fn(ctx, *args):
+            if rank == 0:
+                channel.put(("item", rank, item))
+        channel.put(("done", rank, None))
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
+        channel.put(("error", rank, _describe(exc)))
+        channel.close()
+        channel.join_thread()
+        os._exit(1)  # skip interpreter teardown: a peer may be stuck in a collective with us
+    _shutdown()
+
+
+def _describe(exc: BaseException) -> str:
+    last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+    where = f" (at {os.path.basename(last[0].filename)}:{last[0].lineno})" if last else ""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}{where}"
+
+
+def launch(
+    fn: Callable[..., Iterator[Any]],
+    args: tuple = (),
+    *,
+    world_size: int,
+    backend: str,
+    device: str,
+    timeout_s: float = 600.0,
+) -> Iterator[Any]:
+    """Run fn(ctx, *args) on every rank; yield rank 0's items. See the module docstring."""
+    env = torchrun_env()
+    if env is not None:
+        yield from _run_torchrun(fn, args, env, backend, device, timeout_s)
+    else:
+        yield from _run_spawned(fn, args, world_size, backend, device, timeout_s)
+
+
+def _run_torchrun(fn, args, env, backend, device, timeout_s) -> Iterator[Any]:
+    rank, world_size, local_rank = env
+    ctx = _init(rank, world_size, local_rank, backend, device, timeout_s)
+    try:
+        for item in fn(ctx, *args):
+            if ctx.is_primary:
+                yield item
+    finally:
+        _shutdown()
+
+
+def _run_spawned(fn, args, world_size, backend, device, timeout_s) -> Iterator[Any]:
+    import torch.multiprocessing as mp
+
+    spawn = mp.get_context("spawn")
+    channel = spawn.Queue()
+    port = free_port()
+    procs = [
+        spawn.Process(target=_worker, args=(r, world_size, port, backend, device, timeout_s, fn, args, channel))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        yield from _relay(procs, channel)
+    finally:
+        _stop(procs)
+
+
+def _relay(procs, channel) -> Iterator[Any]:
+    """Yield rank 0's items until every rank is done; raise RankFailure on the first failure."""
+    done: set[int] = set()
+    while len(done) < len(procs):
+        try:
+            kind, rank, payload = channel.get(timeout=POLL_S)
+        except queue_mod.Empty:
+            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                time.sleep(POLL_S)  # its error message may still be in flight
+                _raise_first_error(channel, dead)
+            continue
+        if kind == "item":
+            yield payload
+        elif kind == "done":
+            done.add(rank)
+        else:
+            raise RankFailure(f"rank {rank} failed: {payload}")
+
+
+def _raise_first_error(channel, dead) -> None:
+    try:
+        kind, rank, payload = channel.get(timeout=1.0)
+        if kind == "error":
+            raise RankFailure(f"rank {rank} failed: {payload}")
+    except queue_mod.Empty:
+        pass
+    rank, code = dead[0]
+    raise RankFailure(f"rank {rank} exited with code {code} without reporting an error")
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -1,0 +1,176 @@
+"""Distributed mixture-of-experts layer (expert parallel) and the seeds' attention + MoE model.
+
+Per rank: T tokens [T, d], E = L x W experts (L local, W ranks), top-k.
+    logits = x Wg + bg  [T, E] (fp32 when fp32_gate)  ->  top-k (or a forced choice), softmax over the k
+    -> capacity / drops (moe_routing)  ->  dispatch all-to-all with uneven splits  ->  expert FFN
+    y = act(x W1 + b1) W2 + b2 of the L local experts, one grouped GEMM per product (moe_experts)
+    -> combine all-to-all  ->  out[t] = sum_j weight[t, j] * y[t, j]   (dropped assignments add 0)
+Options: overlap degree D (chunked pipeline of dispatch / experts / combine), hot-expert replication
+(the N globally most-loaded experts computed locally on every rank with their owners' weights),
+grouped GEMM backend. Expert parameters carry `expert = True` so data parallelism can skip them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from qbench.layers import moe_comm as comm
+from qbench.layers.moe_experts import ExpertConfig, expert_parallel, replicate
+from qbench.layers.moe_routing import route
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    model_dim: int
+    hidden_size: int
+    num_local_experts: int
+    top_k: int = 2
+    activation: str = "gelu"
+    capacity_factor: float = 0.0
+    fp32_gate: bool = False
+    overlap_degree: int = 1
+    replicate_hot: int = 0
+    gemm: str = "auto"
+
+
+class MoELayer(nn.Module):
+    def __init__(self, opts: MoEOptions, *, rank: int, world_size: int, dtype, device, seed: int = 0,
+                 group=None):
+        super().__init__()
+        self.opts, self.rank, self.world_size, self.group = opts, rank, world_size, group
+        L, d, h = opts.num_local_experts, opts.model_dim, opts.hidden_size
+        self.num_experts = L * world_size
+        gate_dtype = torch.float32 if opts.fp32_gate else dtype
+        self.gate = nn.Linear(d, self.num_experts, device=device, dtype=gate_dtype)
+        self.w1 = nn.Parameter(torch.empty(L, d, h, device=device, dtype=dtype))
+        self.b1 = nn.Parameter(torch.empty(L, h, device=device, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(L, h, d, device=device, dtype=dtype))
+        self.b2 = nn.Parameter(torch.empty(L, d, device=device, dtype=dtype))
+        for p in (self.w1, self.b1, self.w2, self.b2):
+            p.expert = True
+        self.reset_parameters(seed)
+        self.timer = None
+        self.forced = None  # expert ids [T, k] for the next forward (forced routing), or None
+        self.last: dict = {}  # routing, plan and counts of the last forward (for stats and checks)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """Gate identical on every rank (seed); expert e drawn from seed + e, so weights do not
+        depend on the world size. Scale 1/sqrt(fan_in) keeps activations O(1)."""
+        dev = self.w1.device
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        d, h = self.opts.model_dim, self.opts.hidden_size
+        self.gate.weight.copy_(torch.randn(self.gate.weight.shape, generator=gen, device=dev) / d**0.5)
+        self.gate.bias.copy_(torch.randn(self.gate.bias.shape, generator=gen, device=dev) * 0.1)
+        for l in range(self.opts.num_local_experts):
+            gen.manual_seed(seed + 7919 * (1 + self.rank * self.opts.num_local_experts + l))
+            self.w1[l].copy_(torch.randn(d, h, generator=gen, device=dev) / d**0.5)
+            self.b1[l].copy_(torch.randn(h, generator=gen, device=dev) * 0.1)
+            self.w2[l].copy_(torch.randn(h, d, generator=gen, device=dev) / h**0.5)
+            self.b2[l].copy_(torch.randn(d, generator=gen, device=dev) * 0.1)
+
+    def _phase(self, name: str):
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+
+    def forward(self, x):
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        with self._phase("gate"):
+            logits = self.gate(x2.to(self.gate.weight.dtype))
+            routing = route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced)
+        with self._phase("plan"):
+            plan, hot_idx, hot_offsets, hot_total, rows = self._plan(routing)
+        out = self._experts(x2, routing, plan, rows, hot_idx, hot_offsets, hot_total)
+        return out.reshape(shape)
+
+    def _plan(self, routing):
+        """Host counts (one sync; two with replication), the chunk plans and the row maps."""
+        dev = routing.flat_e.device
+        kept = routing.kept
+        hot: list[int] = []
+        if self.opts.replicate_hot > 0:
+            total = kept.clone()
+            dist.all_reduce(total, group=self.group)
+            hot = comm.hottest(total.tolist(), self.opts.replicate_hot)
+        kept_host = kept.tolist()
+        L, W = self.opts.num_local_experts, self.world_size
+        per_expert = [0 if e in hot else (routing.capacity if routing.padded else kept_host[e])
+                      for e in range(L * W)]
+        seg = [per_expert[r * L:(r + 1) * L] for r in range(W)]
+        recv = comm.exchange_counts(seg, dev, self.group)
+        D = self.opts.overlap_degree
+        chunks = [comm.chunk_plan(seg, recv, D, i, dev) for i in range(D)]
+        plan = comm.StepPlan(W, L, D, seg, recv, chunks, hot)
+        rows = comm.send_rows(routing, seg, D, L, hot, dev)
+        hot_idx, hot_offsets, hot_total = comm.hot_rows(routing, hot, kept_host, dev)
+        self.last = {"routing": routing, "plan": plan, "kept": kept_host}
+        return plan, hot_idx, hot_offsets, hot_total, rows
+
+    def _experts(self, x2, routing, plan, rows, hot_idx, hot_offsets, hot_total):
+        T, d = x2.shape
+        k = self.opts.top_k
+        tokens = torch.arange(k * T, device=x2.device) % T
+        gathered = x2.index_select(0, tokens)  # [kT, d] the token of every assignment
+        send = _scatter_rows(gathered, rows, plan.send_rows)
+        hot_x = _scatter_rows(gathered, hot_idx, hot_total)
+        weights = (self.w1, self.b1, self.w2, self.b2)
+        replicas = (None,) * 4
+        if plan.hot:
+            replicas = replicate(weights, plan.hot, self.opts.num_local_experts, self.rank, self.group)
+        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, comm.A2AExchange(self.group), self.timer)
+        back, hot_y = expert_parallel(send, hot_x, weights, replicas, plan, hot_offsets, cfg)
+        with self._phase("combine"):
+            zero = back.new_zeros((1, d))
+            source = torch.cat([back, hot_y, zero])
+            where = torch.where(rows >= 0, rows, torch.where(hot_idx >= 0, plan.send_rows + hot_idx,
+                                                             plan.send_rows + hot_total))
+            y = source.index_select(0, where).view(k, T, d)
+            w = routing.weights.t().to(y.dtype).unsqueeze(-1)
+            return (y * w).sum(0)
+
+
+def _scatter_rows(src, rows, total: int):
+    """Buffer [total, d] with src[a] at rows[a] (rows < 0 skipped); unused rows are zero (padding)."""
+    buf = src.new_zeros((total + 1, src.shape[1]))
+    target = torch.where(rows >= 0, rows, torch.full_like(rows, total))
+    return buf.index_copy(0, target, src)[:total]
+
+
+class MultiHeadSelfAttention(nn.Module):
+    """The seeds' attention block: four d x d projections without bias, scaled dot-product attention."""
+
+    def __init__(self, dim: int, heads: int, *, dtype, device):
+        super().__init__()
+        self.heads = heads
+        for name in ("linear_q", "linear_k", "linear_v", "linear_o"):
+            setattr(self, name, nn.Linear(dim, dim, bias=False, dtype=dtype, device=device))
+
+    def forward(self, x):  # x [B, S, d]
+        B, S, d = x.shape
+        split = lambda t: t.view(B, S, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.linear_q(x)), split(self.linear_k(x)), split(self.linear_v(x))
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.linear_o(att.transpose(1, 2).reshape(B, S, d))
+
+
+class ExampleModel(nn.Module):
+    """The seeds' ExampleModel: attention, then the MoE layer (no residual, as in the seed)."""
+
+    def __init__(self, moe: MoELayer, heads: int):
+        super().__init__()
+        d = moe.opts.model_dim
+        self.attn = MultiHeadSelfAttention(d, heads, dtype=moe.w1.dtype, device=moe.w1.device)
+        self._moe_layer = moe
+
+    def forward(self, x):  # [B, S, d]
+        return self._moe_layer(self.attn(x))
+
+
+def expert_parameter_names(model: nn.Module) -> list[str]:
+    """Names of expert parameters, which data-parallel all-reduce must skip."""
+    return [name for name, p in model.named_parameters() if getattr(p, "expert", False)]

@@ -1,0 +1,221 @@
+"""qbench plot: a non-empty figure for each bench from small run directories built here with
+qbench.store (fresh random values), from imported seed files, and for several runs side by side;
+the helpers that aggregate records for the panels are checked against hand computations."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from qbench import plots, store, units
+from qbench.cli import main
+from qbench.errors import QbenchUsageError
+from qbench.plots_switchback import by_dim, focus_batch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write(path: Path, records: list[dict], gpu: str = "NVIDIA H200") -> Path:
+    with store.RunWriter(path, {"gpu_name": gpu, "torch": "2.11.0"}) as writer:
+        for rec in records:
+            writer.write(rec)
+    return path
+
+
+def switchback_records(rng: random.Random) -> list[dict]:
+    """Odd sizes, both projections, two M, two dtypes; totals are sums of the drawn components."""
+    records = []
+    for dim, batch, switch, dtype in [
+        (d, b, s, t) for d in (96, 1000) for b in (24, 32768) for s in (False, True) for t in ("fp16", "bf16")
+    ]:
+        params = {
+            "batch_size": batch,
+            "dim_in": dim * 4 if switch else dim,
+            "dim_out": dim if switch else dim * 4,
+            "wm": 4,
+            "switch": switch,
+            "dtype": dtype,
+        }
+        parts = {
+            k: rng.uniform(0.01, 1.0)
+            for k in (
+                "standard_fwd",
+                "standard_gw",
+                "standard_gx",
+                "global_fwd",
+                "global_bwd",
+                "x_quantize_rowwise",
+                "g_quantize_rowwise",
+            )
+        }
+        metrics = dict(parts, time_standard=parts["standard_fwd"] + parts["standard_gw"] + parts["standard_gx"])
+        metrics["time_global"] = metrics["time_standard"] * rng.uniform(0.6, 1.3)
+        metrics["speedup_global"] = metrics["time_standard"] / metrics["time_global"]
+        metrics["pct_saved_global"] = 100 * (1 - metrics["time_global"] / metrics["time_standard"])
+        metrics["speedup_fp8"] = rng.uniform(0.8, 1.6)
+        unit_of = {
+            k: units.SPEEDUP if k.startswith("speedup") else units.PERCENT_SAVED if k.startswith("pct") else units.MS
+            for k in metrics
+        }
+        records.append(store.make_record("switchback", params, metrics, units=unit_of, device="cuda"))
+    return records
+
+
+def moe_records(rng: random.Random) -> list[dict]:
+    records = []
+    for experts in (3, 8, 24):
+        params = {
+            "world_size": 2,
+            "dtype": "float32",
+            "model_dim": 96,
+            "hidden_size": 200,
+            "samples": 77,
+            "num_local_experts": experts,
+            "top_k": 2,
+            "a2a_ffn_overlap_degree": 1,
+        }
+        steps = [rng.uniform(1, 2) for _ in range(11)]
+        metrics = {
+            "step_time": sorted(steps)[5],
+            "forward_time": rng.uniform(0.3, 0.6),
+            "backward_time": 0.4,
+            "tflops": rng.uniform(1, 5),
+            "blocks_rank0": 40,
+            "remote_blocks_rank0": 9,
+            "blocks_rank1": 31,
+            "remote_blocks_rank1": 4,
+        }
+        unit_of = {k: units.COUNT if "blocks" in k else units.TFLOPS if k == "tflops" else units.MS for k in metrics}
+        records.append(store.make_record("moe", params, metrics, units=unit_of, samples={"step_time": steps}))
+    return records
+
+
+def fragmented_records(rng: random.Random) -> list[dict]:
+    records = []
+    for size, batch in ((96, 1), (1000, 7)):
+        for layer, mode, fragments in (
+            ("linear", "train", 0),
+            ("fragmented", "train", 3),
+            ("fragmented", "eval", 3),
+            ("blockdiag", "train", 4),
+            ("lowrank", "train", 0),
+        ):
+            params = {
+                "in_features": size,
+                "out_features": size,
+                "batch_size": batch,
+                "layer": layer,
+                "mode": mode,
+                "fragments": fragments,
+                "dtype": "fp32",
+            }
+            metrics = {
+                "forward_ms": rng.uniform(0.05, 2),
+                "backward_ms": rng.uniform(0.05, 2),
+                "peak_memory_mb": rng.uniform(1, 100),
+            }
+            unit_of = {"forward_ms": units.MS, "backward_ms": units.MS, "peak_memory_mb": units.MB}
+            records.append(store.make_record("fragmented", params, metrics, units=unit_of))
+    return records
+
+
+def model_records(rng: random.Random) -> list[dict]:
+    parts = {k: rng.uniform(0.001, 10) for k in ("Cf", "Cb", "softmax_f", "softmax_b")}
+    memory = {k: rng.uniform(1, 40) for k in ("embedding_memory_gb", "hidden_memory_gb", "weight_memory_gb")}
+    metrics = {
+        "time_s": sum(parts.values()) * 3,
+        **parts,
+        **memory,
+        "memory_capacity_gb": 80.0,
+        "total_memory_gb": memory["embedding_memory_gb"] + memory["hidden_memory_gb"],
+    }
+    unit_of = {k: units.GB if k.endswith("_gb") else units.S for k in metrics}
+    return [store.make_record("model", {"workload": "lstm"}, metrics, units=unit_of)]
+
+
+BUILDERS = {
+    "switchback": switchback_records,
+    "moe": moe_records,
+    "fragmented": fragmented_records,
+    "model": model_records,
+}
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f"{path}: {len(data)} bytes"
+
+
+@pytest.mark.parametrize("bench", sorted(BUILDERS))
+def test_plot_each_bench_from_a_stored_run(tmp_path, bench):
+    run = write(tmp_path / bench, BUILDERS[bench](random.Random()))
+    out = plots.plot_run([run])
+    assert out == run / f"{bench}.png"
+    assert_png(out)
+
+
+@pytest.mark.parametrize(
+    "name", ["seed_bnb_info.jsonl", "seed_moe_mixmoe_trimmed.log", "seed_fragmented_report.txt", "seed_deepflow.txt"]
+)
+def test_plot_imported_seed_files(tmp_path, name):
+    assert_png(plots.plot_run([FIXTURES / name], tmp_path / "seed.png"))
+
+
+def test_several_runs_side_by_side_and_vector_formats(tmp_path):
+    rng = random.Random()
+    runs = [write(tmp_path / "a", moe_records(rng)), write(tmp_path / "b", moe_records(rng), gpu="NVIDIA H100")]
+    assert_png(plots.plot_run(runs + [FIXTURES / "seed_moe_baseline.log"], tmp_path / "side.png"))
+    svg = plots.plot_run(runs, tmp_path / "side.svg")
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+    assert plots.plot_run(runs, tmp_path / "side.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_mixed_benches_in_one_figure(tmp_path):
+    rng = random.Random()
+    runs = [write(tmp_path / "sb", switchback_records(rng)), write(tmp_path / "fr", fragmented_records(rng))]
+    assert_png(plots.plot_run(runs, tmp_path / "mixed.png"))
+
+
+def test_by_dim_averages_up_and_down_projections():
+    records = switchback_records(random.Random())
+    fp16 = [r for r in records if r["params"]["dtype"] == "fp16"]
+    dims, values = by_dim(fp16, "time_global", 32768)
+    assert dims == [96, 1000]
+    for dim, got in zip(dims, values):
+        pair = [
+            r["metrics"]["time_global"]
+            for r in fp16
+            if r["params"]["batch_size"] == 32768 and min(r["params"]["dim_in"], r["params"]["dim_out"]) == dim
+        ]
+        assert len(pair) == 2 and abs(got - sum(pair) / 2) < 1e-12
+    assert focus_batch(fp16) == 32768 and focus_batch([r for r in fp16 if r["params"]["batch_size"] == 24]) == 24
+
+
+def test_one_dtype_keeps_a_single_dtype():
+    records = switchback_records(random.Random())
+    kept, dtype = plots.one_dtype(records)
+    assert dtype == "fp16" and {r["params"]["dtype"] for r in kept} == {"fp16"} and len(kept) == len(records) // 2
+
+
+def test_bad_input(tmp_path, capsys):
+    run = write(tmp_path / "m", model_records(random.Random()))
+    with pytest.raises(QbenchUsageError, match="unknown figure format"):
+        plots.plot_run([run], tmp_path / "figure.jpg")
+    empty = write(tmp_path / "failed", [store.make_record("moe", {"world_size": 2}, status="error", error="boom")])
+    with pytest.raises(QbenchUsageError, match="no successful records"):
+        plots.plot_run([empty])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", str(run), "--out", str(tmp_path / "x.bmp")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_plot_command_writes_the_file(tmp_path):
+    run = write(tmp_path / "f", fragmented_records(random.Random()))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", str(run), "--out", str(tmp_path / "out" / "f.png")])
+    assert exit_info.value.code == 0
+    assert_png(tmp_path / "out" / "f.png")

@@ -11,6 +11,7 @@ from qbench.plots import no_data, value
 TOTALS = ("time_s", "time_per_step")  # whole-run times: not components
 MEMORY_BY_LAYER = ("embedding_memory_gb", "hidden_memory_gb", "softmax_memory_gb", "projection_memory_gb")
 MEMORY_BY_KIND = ("weight_memory_gb", "activation_memory_gb", "pointwise_memory_gb")
+COLOURS = {name: f"C{i}" for i, name in enumerate(MEMORY_BY_LAYER + MEMORY_BY_KIND)}
 CAPACITY_KEYS = ("memory_capacity_gb", "memory_size_gb")
 
 
@@ -56,14 +57,15 @@ def memory_panel(ax, records, env) -> None:
     for x, names in enumerate((MEMORY_BY_LAYER, MEMORY_BY_KIND)):
         bottom = 0.0
         for name in names:
-            height = value(rec, name) or 0.0
-            ax.bar(x, height, 0.6, bottom=bottom, label=name.removesuffix("_memory_gb"))
-            bottom += height
+            height = value(rec, name)
+            if height:
+                ax.bar(x, height, 0.6, bottom=bottom, label=name.removesuffix("_memory_gb"), color=COLOURS[name])
+                bottom += height
     cap = capacity(rec, env)
     if cap:
         ax.axhline(cap, color="red", linestyle="--", label=f"capacity {cap:g} GB")
     total = value(rec, "total_memory_gb")
-    title = f"memory per data shard: {total:g} GB" if total is not None else "memory per data shard"
+    title = f"memory per data shard: {total:.1f} GB" if total is not None else "memory per data shard"
     if total is not None and cap:
         title += f" = {total / cap:.1f}x capacity"
     ax.set_xticks([0, 1], ["by layer", "by kind"])

@@ -35,7 +35,8 @@ def direct(x, layer, hard):
         if hard:
             k = int(p.argmax())
             expert = frags[k] @ W[k]
-            keep = torch.ones(n, dtype=torch.float64).index_fill(0, torch.tensor([k]), 0.0)
+            keep = torch.ones(n, dtype=torch.float64, device=xb.device)
+            keep[k] = 0.0
         else:
             expert = sum(p[k] * (frags[k] @ W[k]) for k in range(n))
             keep = 1 - p
@@ -48,13 +49,14 @@ def direct(x, layer, hard):
 
 
 def relerr(out, ref, rows=None):
-    d = out.double() - ref
+    d = out.detach().double() - ref.detach()
     if rows is not None:
         d, ref = d[rows], ref[rows]
     return float(d.norm() / ref.norm())
 
 
 def first_mismatches(out, ref, tol, k=3):
+    out, ref = out.detach().cpu(), ref.detach().cpu()
     bad = ((out.double() - ref).abs() > tol * ref.abs().max()).nonzero()[:k].tolist()
     return [(i, j, float(out[i, j]), float(ref[i, j])) for i, j in bad]
 
@@ -63,20 +65,24 @@ def clear_rows(layer, x, gap=1e-3):
     """Rows whose top-2 selector scores are not a near-tie (where rounding may pick either)."""
     s = layer.scores(x).double()
     if s.shape[1] == 1:
-        return torch.ones(s.shape[0], dtype=torch.bool)
+        return torch.ones(s.shape[0], dtype=torch.bool, device=x.device)
     top = s.topk(2, dim=1).values
     return top[:, 0] - top[:, 1] > gap
 
 
-def make(shape, dtype, bias=False, seed=0):
+def make(shape, dtype, bias=False, seed=0, device="cpu"):
     inp, out, n, c, b = shape
     torch.manual_seed(seed)
-    layer = FragmentedLinear(inp, out, n, c, bias=bias, dtype=DTYPES[dtype])
+    layer = FragmentedLinear(inp, out, n, c, bias=bias, dtype=DTYPES[dtype], device=device)
     if bias:
         with torch.no_grad():
             layer.expert_bias.normal_()
             layer.compressed_bias.normal_()
-    return layer, torch.randn(b, inp, dtype=DTYPES[dtype])
+    return layer, torch.randn(b, inp, dtype=DTYPES[dtype], device=device)
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+GPU_SHAPES = SHAPES + [(2048, 512, 128, 64, 16), (4096, 256, 2, 128, 9)]  # grouped / dense eval paths
 
 
 def read_seed_groups(fixtures_dir):
@@ -107,10 +113,13 @@ def test_parameter_counts_match_the_seed(fixtures_dir):
         assert names["compressed_net.weight"].shape == (size, size // 32)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("shape", SHAPES)
-def test_train_mode_matches_reference(shape, dtype):
-    layer, x = make(shape, dtype, bias=shape[0] == 120)
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_train_mode_matches_reference(shape, dtype, device):
+    if device == "cpu" and shape not in SHAPES:
+        pytest.skip("large shape: GPU only")
+    layer, x = make(shape, dtype, bias=shape[0] == 120, device=device)
     layer.train()
     with torch.no_grad():
         out = layer(x)
@@ -121,10 +130,13 @@ def test_train_mode_matches_reference(shape, dtype):
     assert relerr(reference_output(layer, x, hard=False).float(), ref) <= 1e-6
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("shape", SHAPES)
-def test_eval_mode_matches_reference_on_both_paths(shape, dtype):
-    layer, x = make(shape, dtype, bias=shape[0] == 120, seed=1)
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_eval_mode_matches_reference_on_both_paths(shape, dtype, device):
+    if device == "cpu" and shape not in SHAPES:
+        pytest.skip("large shape: GPU only")
+    layer, x = make(shape, dtype, bias=shape[0] == 120, seed=1, device=device)
     layer.eval()
     ref = direct(x, layer, hard=True)
     rows = clear_rows(layer, x)
@@ -185,7 +197,7 @@ def direct_autograd(layer, x, hard):
     leaves = {k: v.detach().double().requires_grad_() for k, v in layer.named_parameters()}
     xd = x.detach().double().requires_grad_()
     twin = FragmentedLinear(layer.in_features, layer.out_features, layer.num_fragments,
-                            layer.compressed_features, device="meta")
+                            layer.compressed_features, device=x.device)
     twin.has_bias = layer.has_bias
     for name, value in leaves.items():
         owner, attr = (twin, name) if "." not in name else (getattr(twin, name.split(".")[0]), "weight")
@@ -193,10 +205,11 @@ def direct_autograd(layer, x, hard):
     return leaves, xd, direct(xd, twin, hard)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(96, 40, 3, 5, 7), (64, 33, 64, 2, 1), (120, 24, 5, 3, 2)])
 @pytest.mark.parametrize("hard", [False, True])
-def test_gradients_match_reference(shape, hard):
-    layer, x = make(shape, "fp32", bias=True, seed=3)
+def test_gradients_match_reference(shape, hard, device):
+    layer, x = make(shape, "fp32", bias=True, seed=3, device=device)
     layer.train(not hard)
     leaves, xd, ref = direct_autograd(layer, x, hard)
     weight = torch.randn_like(ref)
@@ -217,12 +230,13 @@ def test_gradients_match_reference(shape, hard):
         assert relerr(xr.grad, xd.grad) <= 1e-5, f"{path} dx"
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("n,f,b", [(3, 7, 5), (1, 33, 1), (16, 2, 4), (5, 24, 9)])
-def test_select_scale_kernel_matches_torch(n, f, b, dtype):
+@pytest.mark.parametrize("n,f,b", [(3, 7, 5), (1, 33, 1), (16, 2, 4), (5, 24, 9), (128, 64, 3)])
+def test_select_scale_kernel_matches_torch(n, f, b, dtype, device):
     torch.manual_seed(n * 100 + f)
-    x = torch.randn(b, n * f, dtype=DTYPES[dtype])
-    s = torch.randn(n, f, dtype=DTYPES[dtype])
+    x = torch.randn(b, n * f, dtype=DTYPES[dtype], device=device)
+    s = torch.randn(n, f, dtype=DTYPES[dtype], device=device)
     for hard in (False, True):
         got, want = select_scale(x, s, hard), select_scale_reference(x, s, hard)
         if hard:

@@ -89,15 +89,16 @@ def _number(text: str) -> float | int:
 
 
 # DeepFlow's labels -> (metric name, unit)
+# Metric names as `qbench model lstm` writes them, so an imported summary joins its records.
 DEEPFLOW_MEMORY = {
-    "Total Memory": "total_memory_gb",
-    "Embedding Memory": "embedding_memory_gb",
-    "Hidden Memory": "hidden_memory_gb",
-    "Softmax Memory": "softmax_memory_gb",
-    "Projection Memory": "projection_memory_gb",
-    "Weight Memory": "weight_memory_gb",
-    "Activation Memory": "activation_memory_gb",
-    "Pointwise Memory": "pointwise_memory_gb",
+    "Total Memory": "memory_total_gb",
+    "Embedding Memory": "memory_embedding_gb",
+    "Hidden Memory": "memory_hidden_gb",
+    "Softmax Memory": "memory_softmax_gb",
+    "Projection Memory": "memory_projection_gb",
+    "Weight Memory": "memory_weight_gb",
+    "Activation Memory": "memory_activation_gb",
+    "Pointwise Memory": "memory_pointwise_gb",
 }
 DEEPFLOW_HARDWARE = {
     "Throughput": "throughput_tflops",
@@ -123,14 +124,17 @@ def read_deepflow(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         metrics["time_per_step"], unit_of["time_per_step"] = _number(m.group(1)), units.S
     for line in lines:
         if COMPONENT_LINE.match(line):
-            for name, value in re.findall(r"(\w+):;?\s*" + NUMBER, line):
-                metrics[name], unit_of[name] = _number(value), units.S
+            for name, value in re.findall(r"(\w+):;?\s*" + NUMBER, line):  # Cf -> cf_s, softmax_f -> softmax_f_s
+                metrics[f"{name.lower()}_s"], unit_of[f"{name.lower()}_s"] = _number(value), units.S
     if m := next((re.match(r"#Parameters: ([\d.]+) Billion", x) for x in lines if x.startswith("#Parameters")), None):
         metrics["parameters"], unit_of["parameters"] = round(float(m.group(1)) * 1e9), units.COUNT
     _deepflow_memory(lines, metrics, unit_of)
+    hardware = _deepflow_hardware(lines)
+    if "memory_size_gb" in hardware:
+        metrics["memory_capacity_gb"], unit_of["memory_capacity_gb"] = hardware["memory_size_gb"], units.GB
     params = {"workload": "lstm", **_parallelism(lines)}
-    env = {"gpu_name": None, "hardware": _deepflow_hardware(lines), "timing": "analytical model (no measurement)"}
-    return env, [store.make_record("model", params, metrics, units=unit_of, device="cpu")]
+    env = {"gpu_name": None, "hardware": hardware, "timing": "analytical model (no measurement)"}
+    return env, [store.make_record("model", params, metrics, units=unit_of, device="model")]
 
 
 def _deepflow_memory(lines: list[str], metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
@@ -140,8 +144,8 @@ def _deepflow_memory(lines: list[str], metrics: dict[str, Any], unit_of: dict[st
             name = DEEPFLOW_MEMORY.get(m.group(1))
             if name and name not in metrics:
                 metrics[name], unit_of[name] = _number(m.group(2)), units.GB
-        elif (m := re.match(r"Memory Overflow Rate .*: " + NUMBER, line)) and "memory_overflow_rate" not in metrics:
-            metrics["memory_overflow_rate"], unit_of["memory_overflow_rate"] = _number(m.group(1)), units.RATIO
+        elif (m := re.match(r"Memory Overflow Rate .*: " + NUMBER, line)) and "overflow_rate" not in metrics:
+            metrics["overflow_rate"], unit_of["overflow_rate"] = _number(m.group(1)), units.RATIO
 
 
 def _deepflow_hardware(lines: list[str]) -> dict[str, Any]:

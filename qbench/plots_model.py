@@ -9,8 +9,8 @@ from qbench import units
 from qbench.plots import no_data, value
 
 TOTALS = ("time_s", "time_per_step")  # whole-run times: not components
-MEMORY_BY_LAYER = ("embedding_memory_gb", "hidden_memory_gb", "softmax_memory_gb", "projection_memory_gb")
-MEMORY_BY_KIND = ("weight_memory_gb", "activation_memory_gb", "pointwise_memory_gb")
+MEMORY_BY_LAYER = ("memory_embedding_gb", "memory_hidden_gb", "memory_softmax_gb", "memory_projection_gb")
+MEMORY_BY_KIND = ("memory_weight_gb", "memory_activation_gb", "memory_pointwise_gb")
 COLOURS = {name: f"C{i}" for i, name in enumerate(MEMORY_BY_LAYER + MEMORY_BY_KIND)}
 CAPACITY_KEYS = ("memory_capacity_gb", "memory_size_gb")
 
@@ -59,12 +59,12 @@ def memory_panel(ax, records, env) -> None:
         for name in names:
             height = value(rec, name)
             if height:
-                ax.bar(x, height, 0.6, bottom=bottom, label=name.removesuffix("_memory_gb"), color=COLOURS[name])
+                ax.bar(x, height, 0.6, bottom=bottom, label=name[len("memory_") : -len("_gb")], color=COLOURS[name])
                 bottom += height
     cap = capacity(rec, env)
     if cap:
         ax.axhline(cap, color="red", linestyle="--", label=f"capacity {cap:g} GB")
-    total = value(rec, "total_memory_gb")
+    total = value(rec, "memory_total_gb")
     title = f"memory per data shard: {total:.1f} GB" if total is not None else "memory per data shard"
     if total is not None and cap:
         title += f" = {total / cap:.1f}x capacity"

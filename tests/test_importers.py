@@ -230,25 +230,22 @@ def test_deepflow_summary():
     text = DEEPFLOW.read_text()
     assert rec["bench"] == "model" and rec["params"]["workload"] == "lstm"
     assert f"Time: {metrics['time_s']:.8f}" in text and rec["units"]["time_s"] == units.S
-    components = (
-        "Cf",
-        "Cb",
-        "R",
-        "softmax_f",
-        "softmax_b",
-        "embedding_f",
-        "embedding_b",
-        "projection_f",
-        "projection_b",
-    )
-    assert all(rec["units"][c] == units.S and repr(metrics[c]) in text for c in components)
-    by_layer = sum(metrics[f"{k}_memory_gb"] for k in ("embedding", "hidden", "softmax", "projection"))
-    by_kind = sum(metrics[f"{k}_memory_gb"] for k in ("weight", "activation", "pointwise"))
+    printed = ("Cf", "Cb", "R", "softmax_f", "softmax_b", "embedding_f", "embedding_b", "projection_f")
+    # named as `qbench model lstm` names them (Cf -> cf_s), values exactly as printed
+    missing = [
+        c for c in printed if rec["units"][f"{c.lower()}_s"] != units.S or repr(metrics[f"{c.lower()}_s"]) not in text
+    ]
+    assert not missing, missing
+    by_layer = sum(metrics[f"memory_{k}_gb"] for k in ("embedding", "hidden", "softmax", "projection"))
+    by_kind = sum(metrics[f"memory_{k}_gb"] for k in ("weight", "activation", "pointwise"))
     assert (
-        abs(by_layer - metrics["total_memory_gb"]) < 0.2 and abs(by_kind - metrics["total_memory_gb"]) < 0.2
+        abs(by_layer - metrics["memory_total_gb"]) < 0.2 and abs(by_kind - metrics["memory_total_gb"]) < 0.2
     )  # 0.1 GB print rounding x parts
-    assert env["hardware"]["memory_size_gb"] == 26.8 and env["hardware"]["throughput_tflops"] == 6.5
-    assert round(metrics["total_memory_gb"] / env["hardware"]["memory_size_gb"], 1) == metrics["memory_overflow_rate"]
+    assert (
+        env["hardware"]["memory_size_gb"] == metrics["memory_capacity_gb"] == 26.8
+        and env["hardware"]["throughput_tflops"] == 6.5
+    )
+    assert round(metrics["memory_total_gb"] / env["hardware"]["memory_size_gb"], 1) == metrics["overflow_rate"]
     assert metrics["parameters"] == 38_370_000_000
 
 

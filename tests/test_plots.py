@@ -123,14 +123,14 @@ def fragmented_records(rng: random.Random) -> list[dict]:
 
 
 def model_records(rng: random.Random) -> list[dict]:
-    parts = {k: rng.uniform(0.001, 10) for k in ("Cf", "Cb", "softmax_f", "softmax_b")}
-    memory = {k: rng.uniform(1, 40) for k in ("embedding_memory_gb", "hidden_memory_gb", "weight_memory_gb")}
+    parts = {k: rng.uniform(0.001, 10) for k in ("cf_s", "cb_s", "softmax_f_s", "softmax_b_s")}
+    memory = {k: rng.uniform(1, 40) for k in ("memory_embedding_gb", "memory_hidden_gb", "memory_weight_gb")}
     metrics = {
         "time_s": sum(parts.values()) * 3,
         **parts,
         **memory,
         "memory_capacity_gb": 80.0,
-        "total_memory_gb": memory["embedding_memory_gb"] + memory["hidden_memory_gb"],
+        "memory_total_gb": memory["memory_embedding_gb"] + memory["memory_hidden_gb"],
     }
     unit_of = {k: units.GB if k.endswith("_gb") else units.S for k in metrics}
     return [store.make_record("model", {"workload": "lstm"}, metrics, units=unit_of)]

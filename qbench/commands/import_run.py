@@ -20,7 +20,7 @@ COLUMNS = {
         ("in_features", "batch_size", "layer", "mode", "fragments"),
         ("forward_ms", "backward_optimizer_ms", "peak_memory_mb"),
     ),
-    "model": (("workload",), ("time_s", "Cf", "Cb", "softmax_f", "softmax_b", "total_memory_gb")),
+    "model": (("workload",), ("time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s", "memory_total_gb")),
 }
 FORMAT_CHOICES = ("auto", "bnb-jsonl", "moe-log", "fragmented-report", "deepflow")
 

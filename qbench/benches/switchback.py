@@ -1,0 +1,201 @@
+"""`qbench switchback`: int8 SwitchBack matmuls and quantizers against the 16-bit linear layer.
+
+For each (batch_size = M tokens, dim_in = K, dim_out = N) the bench times every component of the
+original bitsandbytes benchmark (keys and totals named exactly as in its info.jsonl; see
+../shared reference switchback.md), adds speed-ups, % time saved, throughput of every component, the
+relative error of each int8 matmul against the 16-bit result, the module-level forward+backward of
+SwitchBackLinear against nn.Linear, and two peers: fp8 SwitchBack (torch._scaled_mm, rowwise scales)
+and cuBLAS int8 (torch._int_mm + a scale epilogue). Peers live in benches/switchback_peers.py.
+
+Correctness comes first: quantizers are compared with their references and every int8 matmul with
+the worst-case quantization bound on a sample of rows; a failure gives an "error" record, untimed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from qbench import store, units
+from qbench.benches import switchback_components as comp
+
+BENCH = "switchback"
+# The seed's (dim_in, dim_out) up-projections; each also runs transposed (the down-projection).
+SEED_PAIRS = ((1024, 4096), (1280, 5120), (1408, 5632), (1408, 6144), (1664, 6656), (1664, 8192),
+              (2048, 8192), (4096, 16384), (8096, 32384))
+GPU_BATCHES = tuple(2**i for i in range(10, 18))  # 1024 ... 131072 tokens, as the original
+CPU_DIMS = (64, 96)
+CPU_BATCHES = (64, 256)
+VARIANTS = ("global", "rowwise", "fp8", "int8_cublas", "module")
+TIME_BUDGET_MS = {"cuda": 100.0, "cpu": 5.0}  # per component: enough repeats for stable medians
+MAX_SAMPLES = 50  # raw samples kept per total (keeps a committed run small)
+
+
+@dataclass(frozen=True)
+class SwitchbackConfig:
+    dims: tuple[int, ...] | None = None
+    pairs: tuple[tuple[int, int], ...] | None = None
+    wm: float = 4.0
+    batch_sizes: tuple[int, ...] | None = None
+    dtype: str = "fp16"
+    variants: tuple[str, ...] = VARIANTS
+    repeat: int | None = None
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch_size: int
+    dim_in: int
+    dim_out: int
+    wm: float
+    switch: bool
+
+    def params(self, dtype: str) -> dict:
+        return {"batch_size": self.batch_size, "dim_in": self.dim_in, "dim_out": self.dim_out,
+                "wm": self.wm, "switch": self.switch, "dtype": dtype}
+
+
+def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
+    """Fill the device and the device-dependent defaults (seed sweep on a GPU, small on the CPU)."""
+    from qbench.timing import resolve_device
+
+    device = resolve_device(config.device)
+    if device == "cuda" and config.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            from qbench.errors import QbenchUsageError
+
+            raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible")
+    batches = config.batch_sizes or (GPU_BATCHES if device == "cuda" else CPU_BATCHES)
+    dims = config.dims if config.dims or config.pairs else (None if device == "cuda" else CPU_DIMS)
+    return replace(config, device=device, batch_sizes=batches, dims=dims)
+
+
+def _pairs(config: SwitchbackConfig) -> list[tuple[int, int, float, bool]]:
+    """(dim_in, dim_out, wm, switch): up-projection then its transpose, per dim or pair."""
+    if config.pairs:
+        base = [(i, o) for i, o in config.pairs]
+        return [(i, o, round(max(i, o) / min(i, o), 4), i > o) for i, o in base]
+    ups = [(d, round(config.wm * d)) for d in config.dims] if config.dims else list(SEED_PAIRS)
+    out = []
+    for i, o in ups:
+        wm = round(o / i, 4) if not config.dims else config.wm
+        out += [(i, o, wm, False), (o, i, wm, True)]
+    return out
+
+
+def plan(config: SwitchbackConfig) -> list[Shape]:
+    return [Shape(m, i, o, wm, switch) for m in config.batch_sizes for i, o, wm, switch in _pairs(config)]
+
+
+def run(config: SwitchbackConfig) -> Iterator[dict]:
+    """One record per planned shape, in plan order (the store writes each as it comes)."""
+    for shape in plan(config):
+        yield measure(shape, config)
+
+
+def measure(shape: Shape, config: SwitchbackConfig) -> dict:
+    params = shape.params(config.dtype)
+    note = comp.memory_note(shape, config)
+    if note:
+        return store.make_record(BENCH, params, status="skipped", error=note, device=config.device)
+    try:
+        ops = comp.Operands.make(shape, config)
+        failure = comp.check(ops, config.variants)
+        if failure:
+            return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
+        budget = config.repeat is None and TIME_BUDGET_MS[config.device] or None
+        timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget)
+        metrics = derive(shape, timings, comp.relative_errors(ops, config.variants), config)
+    except comp.OutOfMemory as exc:
+        return store.make_record(BENCH, params, status="skipped", error=str(exc), device=config.device)
+    finally:
+        comp.release()
+    samples = {k: total_samples(timings, comp.TOTALS[k]) for k in comp.TOTALS if k in metrics}
+    return store.make_record(BENCH, params, metrics, units=units_of(metrics), samples=samples,
+                             device=config.device)
+
+
+def total_samples(timings: dict, keys: tuple[str, ...]) -> list[float]:
+    """Samples of a total: the i-th samples of its components summed (repeats are independent)."""
+    if not all(k in timings for k in keys):
+        return []
+    n = min(MAX_SAMPLES, *(len(timings[k].samples_ms) for k in keys))
+    return [sum(timings[k].samples_ms[i] for k in keys) for i in range(n)]
+
+
+def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig) -> dict:
+    """Medians, the seed's totals, speed-ups, % saved, throughput, errors and the roofline fraction."""
+    m = {k: t.median for k, t in timings.items()}
+    for total, keys in comp.TOTALS.items():
+        if all(k in m for k in keys):
+            m[total] = sum(m[k] for k in keys)
+    base = m["time_standard"]
+    for name in ("global", "rowwise", "fp8", "int8_cublas"):
+        if f"time_{name}" in m:
+            m[f"speedup_{name}"] = base / m[f"time_{name}"]
+            if name in ("global", "rowwise"):
+                m[f"pct_saved_{name}"] = 100.0 * (base - m[f"time_{name}"]) / base
+    if "module_switchback_ms" in m:
+        m["speedup_module"] = m["module_linear_ms"] / m["module_switchback_ms"]
+    m.update(comp.throughputs(shape, m))
+    m.update(relerrs)
+    fraction = comp.roofline_fraction(shape, m, config)
+    if fraction is not None:
+        m["roofline_fraction"] = fraction
+    return m
+
+
+def units_of(metrics: dict) -> dict:
+    def unit(name: str) -> str:
+        for suffix, u in (("_tflops", units.TFLOPS), ("_tops", units.TOPS), ("_gbps", units.GBPS)):
+            if name.endswith(suffix):
+                return u
+        if name.startswith("speedup_"):
+            return units.SPEEDUP
+        if name.startswith("pct_saved_"):
+            return units.PERCENT_SAVED
+        if name.startswith("relerr_"):
+            return units.REL_ERROR
+        return units.FRACTION_OF_ROOFLINE if name == "roofline_fraction" else units.MS
+
+    return {name: unit(name) for name in metrics}
+
+
+TABLE_TOTALS = {"time_standard": "16-bit", "time_global": "global", "time_rowwise": "rowwise"}
+TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_rowwise": "x row", "speedup_fp8": "x fp8",
+                  "speedup_int8_cublas": "x i8mm", "speedup_module": "x module"}
+
+
+def table(records: list[dict]):
+    """Per shape: the three totals (ms), the speed-ups, and the slowest component of time_global."""
+    from rich.table import Table
+
+    from qbench.report import format_value, speedup_style
+
+    t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
+    for name in ("M", "in", "out", *TABLE_TOTALS.values(), *TABLE_SPEEDUPS.values(), "slowest", "status"):
+        t.add_column(name, justify="right")
+    for rec in records:
+        p, m = rec["params"], rec["metrics"]
+        cells = [str(p["batch_size"]), str(p["dim_in"]), str(p["dim_out"])]
+        cells += [format_value(m.get(k)) for k in TABLE_TOTALS]
+        for k in TABLE_SPEEDUPS:
+            style = speedup_style(m.get(k))
+            text = format_value(m.get(k), units.SPEEDUP)
+            cells.append(f"[{style}]{text}[/{style}]" if style else text)
+        status = rec["status"] if rec["status"] == "ok" else f"{rec['status']}: {(rec['error'] or '')[:50]}"
+        t.add_row(*cells, slowest(m), status)
+    return t
+
+
+def slowest(metrics: dict) -> str:
+    parts = [(metrics[k], k) for k in comp.TOTALS["time_global"] if metrics.get(k) is not None]
+    if not parts:
+        return "-"
+    value, name = max(parts)
+    total = metrics.get("time_global") or math.nan
+    return f"{name.replace('_quantize', '_q')} {100 * value / total:.0f}%"

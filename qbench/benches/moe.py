@@ -1,0 +1,230 @@
+"""`qbench moe`: distributed mixture-of-experts step time, TFLOP/s and per-phase breakdown.
+
+run(config) validates the configuration (before any process starts), launches the ranks
+(qbench.dist: self-spawned, or one rank of a torchrun job) and yields one record per configuration
+of the sweep (local experts x overlap degree x replication x routing x GEMM backend). Each
+configuration is checked against the dense reference first; a mismatch is an error record, not timed.
+
+Metrics (times in ms: median over steps of the max over ranks):
+  step_time, forward_time, backward_time, <phase>_time (gate, plan, dispatch, experts, combine,
+  backward_a2a, backward_experts), tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
+  per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
+  tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert
+  and per-rank load (max / mean), dropped_tokens, roofline_fraction (expert GEMMs + 4 all-to-alls).
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from qbench import units
+from qbench.errors import QbenchUsageError
+from qbench.store import make_record
+
+BENCH = "moe"
+ROUTINGS_HELP = "randn, rand-skew, uniform, zipf:S, trace:FILE"
+
+
+@dataclass(frozen=True)
+class MoEBenchConfig:
+    world_size: int
+    backend: str  # nccl | gloo
+    device: str  # cuda | cpu
+    dtype: str = "float16"
+    model_dim: int = 1024
+    hidden_size: int = 4096
+    samples: int = 8192  # tokens per rank
+    batch_size: int = 16
+    num_local_experts: tuple[int, ...] = (8,)
+    top_k: int = 2
+    activation: str = "gelu"
+    capacity_factor: float = 0.0
+    fp32_gate: bool = False
+    overlap_degrees: tuple[int, ...] = (1,)
+    replicate_hot: tuple[int, ...] = (0,)
+    routings: tuple[str, ...] = ("randn",)
+    gemms: tuple[str, ...] = ("auto",)
+    model: str = "layer"
+    num_steps: int = 100
+    warmup: int = 10
+    eval: bool = False
+    seed: int = 0
+    timeout_s: float = 600.0
+
+
+def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
+    """Usage errors before anything starts (QbenchUsageError: one line, exit 2)."""
+    from qbench.layers.moe_routing import load_trace, parse_routing
+
+    if config.device == "cuda" and visible_gpus is not None and config.world_size > visible_gpus:
+        raise QbenchUsageError(f"--world-size {config.world_size} needs {config.world_size} GPUs but "
+                               f"{visible_gpus} are visible; lower it or use --device cpu")
+    if config.backend == "nccl" and config.device != "cuda":
+        raise QbenchUsageError("--backend nccl needs --device cuda; use gloo on the CPU")
+    for L in config.num_local_experts:
+        if config.top_k > L * config.world_size:
+            raise QbenchUsageError(f"--top-k {config.top_k} exceeds the {L * config.world_size} experts")
+    if config.model == "attn-moe" and config.samples % config.batch_size:
+        raise QbenchUsageError(f"--samples {config.samples} is not a multiple of --batch-size {config.batch_size}")
+    if config.model == "attn-moe" and config.model_dim % 64:
+        raise QbenchUsageError(f"--model attn-moe needs --model-dim divisible by 64, not {config.model_dim}")
+    for text in config.routings:
+        try:
+            spec = parse_routing(text)
+            if spec.kind == "trace":
+                for L in config.num_local_experts:
+                    load_trace(spec.trace, config.top_k, L * config.world_size)
+        except ValueError as exc:
+            raise QbenchUsageError(str(exc)) from None
+
+
+def cases(config: MoEBenchConfig) -> list[dict[str, Any]]:
+    grid = itertools.product(config.num_local_experts, config.overlap_degrees, config.replicate_hot,
+                             config.routings, config.gemms)
+    return [dict(num_local_experts=L, a2a_ffn_overlap_degree=D, replicate_hot=N, routing=r, gemm=g)
+            for L, D, N, r, g in grid]
+
+
+def run(config: MoEBenchConfig) -> Iterator[dict]:
+    from qbench import dist
+
+    gpus = dist.visible_gpus() if config.device == "cuda" and dist.torchrun_env() is None else None
+    validate(config, gpus)
+    yield from dist.launch(rank_main, (config,), world_size=config.world_size, backend=config.backend,
+                           device=config.device, timeout_s=config.timeout_s)
+
+
+def rank_main(ctx, config: MoEBenchConfig) -> Iterator[dict]:
+    """Every rank runs every configuration; rank 0's records are the ones kept."""
+    for case in cases(config):
+        yield one_case(ctx, config, case)
+
+
+def params_of(config: MoEBenchConfig, case: dict[str, Any], world_size: int) -> dict[str, Any]:
+    return {"world_size": world_size, "dtype": config.dtype, "model_dim": config.model_dim,
+            "hidden_size": config.hidden_size, "samples": config.samples, "batch_size": config.batch_size,
+            "num_local_experts": case["num_local_experts"], "top_k": config.top_k,
+            "a2a_ffn_overlap_degree": case["a2a_ffn_overlap_degree"], "routing": case["routing"],
+            "capacity_factor": config.capacity_factor, "model": config.model,
+            "replicate_hot": case["replicate_hot"], "gemm": case["gemm"], "activation": config.activation,
+            "fp32_gate": config.fp32_gate, "eval": config.eval, "backend": config.backend}
+
+
+def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
+    from qbench.layers import moe_run
+
+    device = "cuda" if ctx.device.startswith("cuda") else "cpu"
+    case = dict(case, gemm=resolve_gemm(case["gemm"], device))
+    params = params_of(config, case, ctx.world_size)
+    error = None
+    try:
+        model, moe, x, dy = moe_run.build(ctx, config, case)
+    except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
+        error = f"{type(exc).__name__}: {exc}"
+    if not moe_run.agree(error is None, ctx.device):  # every rank skips together (no stray collective)
+        return make_record(BENCH, params, status="error", error=error or "failed on another rank", device=device)
+    try:
+        ok, detail = moe_run.check(ctx, moe, x)
+    except Exception as exc:  # noqa: BLE001 - e.g. a GEMM backend that rejects these shapes on every rank
+        ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not moe_run.agree(ok, ctx.device) or not ok:
+        return make_record(BENCH, params, status="error", error=f"reference check failed: {detail}", device=device)
+    stats = moe_run.routing_stats(ctx, model, moe, x)
+    samples = moe_run.time_steps(ctx, config, model, moe, x, dy)
+    memory = moe_run.peak_memory_mb(ctx)
+    metrics, unit_of = summarize(config, case, ctx.world_size, samples, stats, memory, device)
+    metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
+    unit_of["check_max_rel_error"] = units.REL_ERROR
+    keep = ("step_time", "forward_time", "backward_time")
+    return make_record(BENCH, params, metrics, units=unit_of, device=device,
+                       samples={k: v for k, v in samples.items() if k in keep})
+
+
+def resolve_gemm(gemm: str, device: str) -> str:
+    """'auto' runs the Triton grouped GEMM (the torch reference on a CPU without the interpreter)."""
+    return gemm if gemm != "auto" else ("triton" if device == "cuda" else "auto")
+
+
+def seed_flops(config: MoEBenchConfig) -> float:
+    """The seeds' count per GPU and step: samples * d * h * 4 * k * 3 (1 instead of 3 in eval)."""
+    passes = 1 if config.eval else 3
+    return config.samples * config.model_dim * config.hidden_size * 4 * config.top_k * passes
+
+
+def full_flops(config: MoEBenchConfig, stats: dict, world_size: int, num_experts: int) -> float:
+    """Rows actually computed (padding included, drops excluded) per GPU, plus the gate."""
+    passes = 1 if config.eval else 3
+    rows = stats["computed_rows"] / world_size
+    experts = rows * config.model_dim * config.hidden_size * 4
+    gate = config.samples * config.model_dim * num_experts * 2
+    return (experts + gate) * passes
+
+
+def summarize(config, case, world_size, samples, stats, memory, device):
+    metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v}
+    unit_of = {k: units.MS for k in metrics}
+    step = metrics["step_time"]
+    E = case["num_local_experts"] * world_size
+    metrics["tflops"] = seed_flops(config) / (step * 1e-3) / 1e12
+    metrics["tflops_full"] = full_flops(config, stats, world_size, E) / (step * 1e-3) / 1e12
+    unit_of.update(tflops=units.TFLOPS, tflops_full=units.TFLOPS)
+    metrics.update(stats)
+    unit_of.update(expert_load_max_over_mean=units.RATIO, rank_load_max_over_mean=units.RATIO,
+                   dropped_tokens=units.COUNT, computed_rows=units.COUNT, sent_rows=units.COUNT)
+    if memory is not None:
+        metrics["peak_memory_mb"], unit_of["peak_memory_mb"] = memory, units.MB
+    floor = floor_ms(config, stats, world_size, E, device)
+    if floor is not None:
+        metrics["floor_ms"], unit_of["floor_ms"] = floor, units.MS
+        metrics["roofline_fraction"] = floor / step
+        unit_of["roofline_fraction"] = units.FRACTION_OF_ROOFLINE
+    return metrics, unit_of
+
+
+def floor_ms(config, stats, world_size: int, num_experts: int, device: str) -> float | None:
+    """Floor of one step: the expert GEMMs (and gate) at peak + four all-to-alls over NVLink."""
+    if device != "cuda":
+        return None
+    try:
+        import torch
+
+        from qbench.model.hardware import preset_for_gpu
+        from qbench.model.roofline import collective_ms
+        from qbench.model.roofline import floor_ms as gemm_floor
+    except ImportError:
+        return None
+    hardware = preset_for_gpu(torch.cuda.get_device_name())
+    if hardware is None:
+        return None
+    bytes_per = 4 if config.dtype == "float32" else 2
+    flops = full_flops(config, stats, world_size, num_experts)
+    a2a_bytes = stats["sent_rows"] * config.model_dim * bytes_per
+    transfers = 2 if config.eval else 4
+    comm = transfers * collective_ms(a2a_bytes, world_size, hardware, kind="all_to_all")
+    return gemm_floor(flops, 0.0, hardware, config.dtype) + comm
+
+
+def seed_lines(record: dict) -> list[str]:
+    """The seeds' log lines for one record: [Benchmark] header, STEP-i lines, [Summary]."""
+    p, s = record["params"], record.get("samples", {})
+    device = "cuda:0" if record.get("device") == "cuda" else "cpu"
+    lines = [f"[Benchmark] world_size = {p['world_size']}, dtype = {p['dtype']}, model_dim = {p['model_dim']}, "
+             f"hidden_size = {p['hidden_size']}, samples = {p['samples']}, num_local_experts = "
+             f"{p['num_local_experts']}, topK = {p['top_k']}, a2a_ffn_overlap_degree = "
+             f"{p['a2a_ffn_overlap_degree']}, device = `{device}`"]
+    steps = s.get("step_time", [])
+    fwd = s.get("forward_time", [0.0] * len(steps))
+    bwd = s.get("backward_time", [0.0] * len(steps))
+    flops = p["samples"] * p["model_dim"] * p["hidden_size"] * 4 * p["top_k"] * (1 if p.get("eval") else 3)
+    for i, (t, f, b) in enumerate(zip(steps, fwd, bwd)):
+        lines.append(f"STEP-{i}: step_time = {t:.6f} ms, foward_time = {f:.6f}, backward_time = {b:.6f}, "
+                     f"perf = {flops / (t * 1e-3) / 1e12:.2f} tflops.")
+    if steps:
+        mean = lambda v: sum(v) / len(v) if v else 0.0  # noqa: E731
+        lines.append(f"[Summary] Average synchronized step_time = {mean(steps)} ms, "
+                     f"forward = {mean(fwd)}, backward = {mean(bwd)}.")
+    return lines

@@ -1,0 +1,122 @@
+"""One rank's side of `qbench moe`: build, check against the reference, time, and count.
+
+Per configuration every rank builds the same layer (or attention + MoE model under DDP, expert
+parameters excluded from its all-reduce), checks it against the dense reference (all ranks agree on
+the verdict before anything is timed), collects routing statistics in one untimed step, then times
+steps with qbench.timing.time_ranks (barrier, synchronize, max over ranks per step) and a PhaseTimer
+for forward / backward and the layer's phases (gate, plan, dispatch, experts, combine, backward).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
+from qbench.layers.moe_reference import check_layer
+from qbench.layers.moe_routing import forced_choices, load_trace, make_input, parse_routing
+from qbench.timing import PhaseTimer, max_over_ranks, time_ranks
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
+
+
+def build(ctx, config, case: dict[str, Any]):
+    """(model, moe layer, x, dy) for one configuration on this rank."""
+    dtype = DTYPES[config.dtype]
+    opts = MoEOptions(config.model_dim, config.hidden_size, case["num_local_experts"], config.top_k,
+                      config.activation, config.capacity_factor, config.fp32_gate,
+                      case["a2a_ffn_overlap_degree"], case["replicate_hot"], case["gemm"])
+    moe = MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
+                   seed=config.seed)
+    spec = parse_routing(case["routing"])
+    gen = torch.Generator(device=ctx.device).manual_seed(config.seed * 1009 + ctx.rank + 1)
+    x = make_input(spec, config.samples, config.model_dim, generator=gen, device=ctx.device, dtype=dtype)
+    dy = torch.randn(x.shape, generator=gen, device=ctx.device).to(dtype)
+    trace = load_trace(spec.trace, config.top_k, moe.num_experts) if spec.kind == "trace" else None
+    moe.forced = forced_choices(spec, config.samples, config.top_k, moe.num_experts, rank=ctx.rank,
+                                step=0, trace=trace, device=ctx.device)
+    model = moe
+    if config.model == "attn-moe":
+        model = ExampleModel(moe, max(1, config.model_dim // HEAD_DIM))
+        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, expert_parameter_names(model))
+        ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        x, dy = (t.view(config.batch_size, -1, config.model_dim) for t in (x, dy))
+    return model, moe, x, dy
+
+
+def agree(ok: bool, device: str) -> bool:
+    """True only when every rank says True (so that all ranks skip or time together)."""
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def check(ctx, moe, x) -> tuple[bool, str]:
+    """The MoE layer on its own tokens against the dense reference; a fresh dy for the check."""
+    x2 = x.reshape(-1, x.shape[-1])
+    gen = torch.Generator(device=x2.device).manual_seed(4242 + ctx.rank)
+    dy = torch.randn(x2.shape, generator=gen, device=x2.device).to(x2.dtype)
+    result = check_layer(moe, x2, dy)
+    moe.zero_grad(set_to_none=True)
+    return agree(result.ok, ctx.device), result.describe()
+
+
+@torch.no_grad()
+def routing_stats(ctx, model, moe, x) -> dict[str, float]:
+    """One untimed forward: per-expert load (max/mean, global), per-rank load, dropped assignments."""
+    model(x)
+    routing, plan = moe.last["routing"], moe.last["plan"]
+    counts = routing.counts.clone().to(torch.float64)
+    dist.all_reduce(counts)
+    rank_rows = torch.zeros(ctx.world_size, dtype=torch.float64, device=counts.device)
+    rank_rows[ctx.rank] = plan.recv_rows + sum(moe.last["kept"][e] for e in plan.hot)
+    dist.all_reduce(rank_rows)
+    dropped = torch.tensor([float((~routing.keep).sum())], dtype=torch.float64, device=counts.device)
+    dist.all_reduce(dropped)
+    return {"expert_load_max_over_mean": float(counts.max() / counts.mean()),
+            "rank_load_max_over_mean": float(rank_rows.max() / rank_rows.mean().clamp_min(1)),
+            "dropped_tokens": float(dropped.item()),
+            "computed_rows": float(rank_rows.sum().item()),
+            "sent_rows": float(plan.send_rows)}
+
+
+def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
+    """Per-step samples (ms, max over ranks): step_time, forward_time, backward_time, <phase>_time."""
+    device = "cuda" if ctx.device.startswith("cuda") else "cpu"
+    timer = PhaseTimer(device)
+    moe.timer = timer
+    opt = torch.optim.SGD(model.parameters(), lr=1e-5)
+
+    def step(i: int) -> None:
+        if config.eval:
+            with torch.no_grad(), timer.phase("forward"):
+                model(x)
+        else:
+            opt.zero_grad(set_to_none=True)
+            with timer.phase("forward"):
+                out = model(x)
+            with timer.phase("backward"):
+                out.backward(dy)
+            opt.step()
+        timer.next_step()
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    timing = time_ranks(step, steps=config.num_steps, warmup=config.warmup, device=device,
+                        on_warmup_end=timer.discard)
+    moe.timer = None
+    samples = {"step_time": list(timing.samples_ms)}
+    for name, values in timer.results_ms().items():
+        samples[f"{name}_time"] = max_over_ranks(values)
+    return samples
+
+
+def peak_memory_mb(ctx) -> float | None:
+    if not ctx.device.startswith("cuda"):
+        return None
+    return max(max_over_ranks([torch.cuda.max_memory_allocated() / 2**20]))

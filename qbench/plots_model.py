@@ -63,7 +63,7 @@ def memory_panel(ax, records, env) -> None:
                 bottom += height
     cap = capacity(rec, env)
     if cap:
-        ax.axhline(cap, color="red", linestyle="--", label=f"capacity {cap:g} GB")
+        ax.axhline(cap, color="red", linestyle="--", label=f"capacity {cap:.1f} GB")
     total = value(rec, "memory_total_gb")
     title = f"memory per data shard: {total:.1f} GB" if total is not None else "memory per data shard"
     if total is not None and cap:

@@ -9,8 +9,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 timeout 90 python3 -m pytest -q -x tests/test_grouped_gemm.py 2>&1 | tail -3
 moe() { name=$1; shift; timeout "$LIMIT" python3 -m qbench moe --world-size 4 --out "$OUT/runs/moe-$name" "$@" \
           > "$OUT/runs/$name.log" 2>&1; echo "== $name rc=$?"; tail -25 "$OUT/runs/$name.log"; }
-LIMIT=170 moe overlap --a2a-ffn-overlap-degree 1,2,4 --num-steps 50 --seed-format
-LIMIT=120 moe replicate --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 30 --warmup 5
-LIMIT=120 moe experts --num-local-experts 8,16,32,64 --num-steps 30 --warmup 5
-LIMIT=90 moe gemm --dtype bfloat16 --gemm triton,torch --num-steps 30 --warmup 5
+LIMIT=150 moe overlap --a2a-ffn-overlap-degree 1,2,4 --num-steps 50 --seed-format
+LIMIT=110 moe replicate --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 30 --warmup 5
+LIMIT=110 moe experts --num-local-experts 8,16,32,64 --num-steps 30 --warmup 5
+LIMIT=80 moe gemm --dtype bfloat16 --gemm triton,torch --num-steps 30 --warmup 5
 tar czf "$OUT/moe_runs.tar.gz" -C "$OUT" runs

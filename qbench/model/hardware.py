@@ -136,7 +136,7 @@ def from_dict(data: dict[str, Any], *, source: str = "custom", where: str = "har
             raise ValueError(f"{where}: {key} must be a positive number, not {merged[key]!r}")
     if not merged["peak_tflops"] or min(merged["peak_tflops"].values()) <= 0:
         raise ValueError(f"{where}: peak_tflops must give a positive rate per dtype")
-    merged.setdefault("source", source)
+    merged["source"] = data.get("source", source)  # a custom file over a preset is no longer a datasheet
     return Hardware(**merged)
 
 

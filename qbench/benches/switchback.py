@@ -22,8 +22,9 @@ from qbench.benches import switchback_components as comp
 
 BENCH = "switchback"
 # The seed's (dim_in, dim_out) up-projections; each also runs transposed (the down-projection).
-SEED_PAIRS = ((1024, 4096), (1280, 5120), (1408, 5632), (1408, 6144), (1664, 6656), (1664, 8192),
-              (2048, 8192), (4096, 16384), (8096, 32384))
+# (dim_in, dim_out, wm as the seed records it: 6144 = round(1408 * 4.3637), 8192 = round(1664 * 4.9231))
+SEED_PAIRS = ((1024, 4096, 4), (1280, 5120, 4), (1408, 5632, 4), (1408, 6144, 4.3637), (1664, 6656, 4),
+              (1664, 8192, 4.9231), (2048, 8192, 4), (4096, 16384, 4), (8096, 32384, 4))
 GPU_BATCHES = tuple(2**i for i in range(10, 18))  # 1024 ... 131072 tokens, as the original
 CPU_DIMS = (64, 96)
 CPU_BATCHES = (64, 256)
@@ -79,12 +80,9 @@ def _pairs(config: SwitchbackConfig) -> list[tuple[int, int, float, bool]]:
     if config.pairs:
         base = [(i, o) for i, o in config.pairs]
         return [(i, o, round(max(i, o) / min(i, o), 4), i > o) for i, o in base]
-    ups = [(d, round(config.wm * d)) for d in config.dims] if config.dims else list(SEED_PAIRS)
-    out = []
-    for i, o in ups:
-        wm = round(o / i, 4) if not config.dims else config.wm
-        out += [(i, o, wm, False), (o, i, wm, True)]
-    return out
+    wm = int(config.wm) if float(config.wm).is_integer() else config.wm
+    ups = [(d, round(config.wm * d), wm) for d in config.dims] if config.dims else list(SEED_PAIRS)
+    return [p for i, o, r in ups for p in ((i, o, r, False), (o, i, r, True))]
 
 
 def plan(config: SwitchbackConfig) -> list[Shape]:

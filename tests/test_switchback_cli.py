@@ -1,0 +1,96 @@
+"""End-to-end `qbench switchback` on the CPU: records with the seed's keys and totals, the table,
+the CPU notice, and one-line usage errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from qbench import store
+from qbench.benches import switchback as bench
+from qbench.benches.switchback_components import TOTALS
+
+SEED_KEYS = ("standard_fwd", "standard_gw", "standard_gx", "rowwise_fwd", "rowwise_bwd", "global_fwd",
+             "global_bwd", "x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_rowwise",
+             "w_quantize_colwise_transpose", "w_quantize_global", "w_quantize_global_transpose", "cast_x",
+             "cast_g", "cast_w", "time_standard", "time_rowwise", "time_global")
+
+
+def qbench(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "qbench", "switchback", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env=_env())
+
+
+def _env():
+    import os
+
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # the CLI on a CPU runs the torch references
+    env["COLUMNS"] = "200"
+    return env
+
+
+def test_cpu_run_writes_seed_compatible_records(tmp_path):
+    out = tmp_path / "run"
+    res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "say nothing about GPU performance" in res.stderr
+    assert "SwitchBack int8 vs 16-bit" in res.stdout
+    env, records = store.load_run(out)
+    assert [(r["params"]["dim_in"], r["params"]["dim_out"], r["params"]["switch"]) for r in records] == [
+        (48, 192, False), (192, 48, True)]
+    for rec in records:
+        assert rec["status"] == "ok", rec["error"]
+        assert set(rec["params"]) == {"batch_size", "dim_in", "dim_out", "wm", "switch", "dtype"}
+        m = rec["metrics"]
+        assert all(k in m and m[k] > 0 for k in SEED_KEYS), [k for k in SEED_KEYS if k not in m]
+        for total, keys in TOTALS.items():
+            if total in m:
+                assert math.isclose(m[total], sum(m[k] for k in keys), rel_tol=1e-12), total
+        assert math.isclose(m["speedup_global"], m["time_standard"] / m["time_global"], rel_tol=1e-12)
+        assert math.isclose(m["pct_saved_rowwise"], 100 * (1 - m["time_rowwise"] / m["time_standard"]),
+                            rel_tol=1e-9)
+        assert 1e-4 < m["relerr_global_fwd"] < 0.05 and 1e-4 < m["relerr_rowwise_bwd"] < 0.05
+        assert rec["units"]["speedup_global"] == "x" and rec["units"]["global_fwd_tops"] == "TOP/s"
+        assert len(rec["samples"]["time_global"]) == 3 and rec["device"] == "cpu"
+        assert m["module_switchback_ms"] > 0 and m["module_linear_ms"] > 0
+
+
+def test_pairs_json_and_bf16(tmp_path):
+    res = qbench("--pairs", "40x72", "--batch-sizes", "24", "--dtype", "bf16", "--variants", "global",
+                 "--repeat", "2", "--json", "--out", str(tmp_path / "r"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (rec,) = json.loads(res.stdout)
+    assert rec["params"] == {"batch_size": 24, "dim_in": 40, "dim_out": 72, "wm": 1.8, "switch": False,
+                             "dtype": "bf16"}
+    assert "time_global" in rec["metrics"] and "time_rowwise" not in rec["metrics"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dims", "10,x"], "is not an integer"),
+    (["--pairs", "10by20"], "IN x OUT pair"),
+    (["--dims", "8", "--pairs", "8x16"], "not both"),
+    (["--variants", "global,int4"], "unknown int4"),
+    (["--dtype", "fp32"], "fp32"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    res = qbench(*args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_help_ends_with_examples(tmp_path):
+    res = qbench("--help", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout.rstrip().splitlines()[-1].strip().startswith("qbench switchback")
+
+
+def test_plan_covers_up_and_down_projections_of_the_seed_pairs():
+    config = bench.SwitchbackConfig(batch_sizes=(8192,), device="cuda")
+    shapes = bench.plan(config)
+    assert len(shapes) == 18
+    assert {(s.dim_in, s.dim_out) for s in shapes} >= {(1024, 4096), (4096, 1024), (8096, 32384), (32384, 8096)}
+    assert {s.wm for s in shapes} == {4, 4.3637, 4.9231}  # as the seed records them

@@ -8,7 +8,18 @@ from typing import Any
 from qbench.plots import dim_ticks, no_data, value
 
 # Phase metrics a record may carry (ms, medians over steps); drawn stacked when present.
-PHASES = ("gate_time", "dispatch_time", "experts_time", "combine_time")
+# (qbench moe: each the median over steps of the max over ranks, so their sum need not equal step_time;
+# the rest of the step is drawn as "other").
+PHASES = (
+    "gate_time",
+    "plan_time",
+    "dispatch_time",
+    "experts_time",
+    "combine_time",
+    "backward_a2a_time",
+    "backward_experts_time",
+)
+LOAD = ("expert_load_max_over_mean", "rank_load_max_over_mean", "block_imbalance")
 KEY_PARAMS = ("world_size", "num_local_experts", "top_k", "routing", "capacity_factor", "replicate_hot", "dtype")
 
 
@@ -32,6 +43,8 @@ def breakdown_panel(ax, records, env) -> None:
         ax.bar([x - (width / 2 if has_phases else 0) for x in xs], heights, width, bottom=bottom, label=name)
         bottom = [b + h for b, h in zip(bottom, heights)]
     if has_phases:
+        other = [max(0.0, (value(r, "step_time") or 0) - b) for r, b in zip(records, bottom)]
+        ax.bar([x - width / 2 for x in xs], other, width, bottom=bottom, color="0.8", label="other")
         ax.bar([x + width / 2 for x in xs], [value(r, "step_time") or 0 for r in records], width, label="step_time")
     summaries = [(x, value(r, "summary_step_time")) for x, r in zip(xs, records)]
     summaries = [(x, s) for x, s in summaries if s is not None]
@@ -52,7 +65,9 @@ def experts_panel(ax, records, env) -> None:
         return no_data(ax, "no step_time / experts in these records")
     points.sort()
     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="C0", label="step time (ms)")
-    ax.set(xscale="log", xlabel="experts per rank (incl. replicated slots)", ylabel="step time (ms)")
+    replicated = any(value(r, "experts_per_rank") is not None for r in records)
+    xlabel = "experts per rank" + (" (incl. replicated slots)" if replicated else " (num_local_experts)")
+    ax.set(xscale="log", xlabel=xlabel, ylabel="step time (ms)")
     ax.set_title("step time and TFLOP/s vs experts per rank")
     if any(p[2] is not None for p in points):
         twin = ax.twinx()
@@ -69,7 +84,7 @@ def ranks_panel(ax, records, env) -> None:
     ]
     rows = [(r, ranks) for r, ranks in rows if ranks]
     if not rows:
-        return no_data(ax, "no per-rank load in these records")
+        return load_panel(ax, records)
     width = 0.8 / max(len(ranks) for _, ranks in rows)
     for g, (rec, ranks) in enumerate(rows):
         for i, rank in enumerate(ranks):
@@ -86,6 +101,21 @@ def ranks_panel(ax, records, env) -> None:
             )
     ax.set_xticks(range(len(rows)), labels([r for r, _ in rows]), fontsize=7)
     ax.set(ylabel="token blocks per rank", title="load per rank (bars: rank 0, 1, ...)")
+    ax.legend(fontsize=7)
+
+
+def load_panel(ax, records) -> None:
+    """Load imbalance (busiest / mean) per configuration, for records without per-rank counts."""
+    names = [n for n in LOAD if any(value(r, n) is not None for r in records)]
+    if not names:
+        return no_data(ax, "no load metrics in these records")
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [g + (i - (len(names) - 1) / 2) * width for g in range(len(records))]
+        ax.bar(xs, [value(r, name) or 0 for r in records], width * 0.9, label=name)
+    ax.axhline(1, color="0.5", linewidth=0.8)
+    ax.set_xticks(range(len(records)), labels(records), fontsize=7)
+    ax.set(ylabel="busiest / mean", title="load imbalance")
     ax.legend(fontsize=7)
 
 

@@ -93,6 +93,19 @@ def moe_records(rng: random.Random) -> list[dict]:
     return records
 
 
+def moe_phase_records(rng: random.Random) -> list[dict]:
+    """As `qbench moe` writes them: phase times and load imbalance instead of per-rank block counts."""
+    records = []
+    for record in moe_records(rng):
+        metrics = {k: v for k, v in record["metrics"].items() if "blocks" not in k}
+        phases = ("gate", "plan", "dispatch", "experts", "combine", "backward_a2a", "backward_experts")
+        metrics.update({f"{p}_time": rng.uniform(0.01, 0.2) for p in phases})
+        metrics.update(expert_load_max_over_mean=rng.uniform(1, 3), rank_load_max_over_mean=rng.uniform(1, 2))
+        unit_of = {k: units.RATIO if "load" in k else record["units"].get(k, units.MS) for k in metrics}
+        records.append(store.make_record("moe", record["params"], metrics, units=unit_of))
+    return records
+
+
 def fragmented_records(rng: random.Random) -> list[dict]:
     records = []
     for size, batch in ((96, 1), (1000, 7)):
@@ -139,6 +152,7 @@ def model_records(rng: random.Random) -> list[dict]:
 BUILDERS = {
     "switchback": switchback_records,
     "moe": moe_records,
+    "moe-phases": moe_phase_records,
     "fragmented": fragmented_records,
     "model": model_records,
 }
@@ -151,9 +165,10 @@ def assert_png(path: Path) -> None:
 
 @pytest.mark.parametrize("bench", sorted(BUILDERS))
 def test_plot_each_bench_from_a_stored_run(tmp_path, bench):
-    run = write(tmp_path / bench, BUILDERS[bench](random.Random()))
+    records = BUILDERS[bench](random.Random())
+    run = write(tmp_path / bench, records)
     out = plots.plot_run([run])
-    assert out == run / f"{bench}.png"
+    assert out == run / f"{records[0]['bench']}.png"
     assert_png(out)
 
 

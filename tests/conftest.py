@@ -6,6 +6,7 @@ time, unless a GPU is present (nvidia-smi on PATH) or the variable is already se
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ if "TRITON_INTERPRET" not in os.environ and shutil.which("nvidia-smi") is None:
     os.environ["TRITON_INTERPRET"] = "1"
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# spawned worker processes import helper modules of tests/ by their plain name
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):

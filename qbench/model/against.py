@@ -92,8 +92,10 @@ def table(rows: list[Row], hw: Hardware):
     from qbench.report import format_value
 
     t = Table(title=f"Roofline on {hw.name} ({hw.source})", header_style="bold")
+    widest = max((len(r.metric) for r in rows), default=6)
     for col in ("bench", "case", "metric", "measured ms", "floor ms", "bound", "AI flop/B", "of roofline"):
-        t.add_column(col, justify="left" if col in ("bench", "case", "metric", "bound") else "right")
+        t.add_column(col, justify="left" if col in ("bench", "case", "metric", "bound") else "right",
+                     overflow="fold", no_wrap=col != "case", min_width=widest if col == "metric" else None)
     for r in rows:
         frac = f"{100 * r.fraction:.0f}%"
         if r.fraction > 1:

@@ -20,9 +20,10 @@ SCALE_BYTES = 2  # a per-row scale stored in 16 bits at least (lower bound on wh
 
 
 def gemm(m: float, k: float, n: float, dtype: str, hw: Hardware, *, out_bytes: float | None = None) -> Floor:
-    """C[m,n] = A[m,k] B[k,n]: 2mkn flops; A and B read once, C written once."""
+    """C[m,n] = A[m,k] B[k,n]: 2mkn flops; A and B read once, C written once (an 8-bit GEMM writes at
+    least a 16-bit result: int8 accumulates in int32, fp8 outputs bf16)."""
     e = DTYPE_BYTES[canonical_dtype(dtype)]
-    out = e if out_bytes is None else out_bytes
+    out = (max(e, 2) if out_bytes is None else out_bytes)
     return analyze(2 * m * k * n, (m * k + k * n) * e + m * n * out, hw, dtype)
 
 

@@ -1,0 +1,150 @@
+"""`qbench model` end to end: DeepFlow's report on stdout, records, sweeps, search, floors, --against,
+calibration on the CPU, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qbench import store
+from qbench.cli import main
+from tests.helpers import write_run
+from tests.test_model_roofline import moe_record, switchback_record
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SEED_CONFIG = str(FIXTURES / "deepflow_seed_config.yaml")
+SEED_REPORT = FIXTURES / "deepflow_seed_summary.txt"
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_lstm_debug_prints_the_seed_report_then_a_summary(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, "--debug", "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    want = SEED_REPORT.read_text().splitlines()
+    got = out.splitlines()[: len(want)]
+    bad = [(i + 1, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    assert not bad, f"first mismatches (line, got, want): {bad[:3]}"
+    assert "Time per step" in out and "does NOT fit" in out
+    _, records = store.load_run(tmp_path / "r")
+    (rec,) = records
+    assert rec["bench"] == "model" and rec["params"]["workload"] == "lstm"
+    assert f"{rec['metrics']['time_s']:.8f}" == "302.88817584"
+    assert rec["metrics"]["softmax_b_s"] == pytest.approx(143.5923132573369, rel=1e-15)
+    assert rec["units"]["time_s"] == "s" and rec["metrics"]["fits"] == 0
+
+
+def test_lstm_set_and_sweep(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG,
+                             "--set", "scheduling_param.topology=mesh", "--set", "model_param.batch_size=64",
+                             "--sweep", "scheduling_param.dp=1,2,4",
+                             "--out", str(tmp_path / "s"))
+    assert code == 0, err
+    _, records = store.load_run(tmp_path / "s")
+    assert [r["params"]["dp"] for r in records] == [1, 2, 4]
+    assert all(r["params"]["batch_size"] == 64 for r in records)
+    times = [r["metrics"]["time_s"] for r in records]
+    assert times[0] != times[1] != times[2]
+    assert "Time:" not in out  # a sweep prints the table, not three DeepFlow reports
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sweep", "scheduling_param.dp=1,2"], "scheduling_param.topology: 'ring'"),
+    (["--set", "model_param.layer_size=0"], "model_param.layer_size must be a positive integer"),
+    (["--set", "model_param.batch"], "write SECTION.KEY=VALUE"),
+    (["--set", "foo.bar=1"], "unknown key 'foo.bar'"),
+])
+def test_lstm_bad_input_is_one_line_exit_2(capsys, tmp_path, args, needle):
+    code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, *args, "--out", str(tmp_path / "x"))
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_config_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "model", "lstm", "--config", str(tmp_path / "none.yaml"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_search_ranks_strategies_and_marks_memory(capsys):
+    code, out, err = run_cli(capsys, "model", "search", "--config", SEED_CONFIG, "--devices", "4", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    times = [c["time_s"] for c in data["ranked"]]
+    assert times == sorted(times) and len(times) > 5
+    assert any(c["settings"]["dp"] == 4 for c in data["ranked"])
+    assert any(not c["fits"] for c in data["ranked"])  # 38 B parameters in 27 GiB devices: nothing fits
+    assert all(r["reason"] for r in data["rejected"])
+    code, out, _ = run_cli(capsys, "model", "search", "--config", SEED_CONFIG, "--devices", "2")
+    assert code == 0 and "strategies" in out
+
+
+def test_gemm_and_floors_commands(capsys):
+    code, out, err = run_cli(capsys, "model", "gemm", "--m", "8192", "--k", "4096", "--n", "4096", "--dtype",
+                             "int8", "--gpu", "h200", "--json")
+    assert code == 0, err
+    f = json.loads(out)["gemm"]
+    assert f["flops"] == 2 * 8192 * 4096 * 4096 and f["bytes_moved"] == 8192 * 4096 * 3 + 4096 * 4096
+    assert f["bound"] == "compute" and round(f["ridge"]) == 412
+    code, out, err = run_cli(capsys, "model", "floors", "moe", "world_size=4", "dtype=float16", "model_dim=1024",
+                             "hidden_size=4096", "samples=8192", "num_local_experts=8", "top_k=2")
+    assert code == 0 and "step_time" in out, err
+    code, _, err = run_cli(capsys, "model", "floors", "switchback", "batch_size=1024")
+    assert code == 2 and "missing parameter dim_in" in err
+
+
+def test_against_stored_runs(capsys, tmp_path):
+    import random
+
+    rng = random.Random(3)
+    sb = write_run(tmp_path / "sb", [switchback_record(4096, 1024, 4096, "bf16", 1.5)[0]])
+    code, out, err = run_cli(capsys, "model", "--against", str(sb), "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert {r["metric"] for r in rows} >= {"standard_fwd", "global_fwd", "time_standard"}
+    assert all(r["fraction"] == pytest.approx(1 / 1.5) for r in rows)
+    moe = write_run(tmp_path / "moe", [moe_record(rng, 2.0)])
+    code, out, err = run_cli(capsys, "model", "--against", str(moe), "--gpu", "h200")
+    assert code == 0 and "step_time" in out and "50%" in out, err
+    code, _, err = run_cli(capsys, "model", "--against", str(tmp_path / "missing"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_against_with_the_committed_calibration(capsys, tmp_path):
+    cal = Path(__file__).parents[1] / "results" / "model-calibration-h200.yaml"
+    if not cal.exists():
+        pytest.skip("no committed calibration file")
+    sb = write_run(tmp_path / "sb", [switchback_record(4096, 1024, 4096, "bf16", 3.0)[0]])
+    code, out, err = run_cli(capsys, "model", "--against", str(sb), "--calibrated", str(cal), "--json")
+    assert code == 0, err
+    rows = {r["metric"]: r for r in json.loads(out)}
+    # measured ceilings are below the datasheet: the same time reads closer to its (higher) floor
+    assert rows["standard_fwd"]["fraction"] > 1 / 3
+
+
+def test_calibrate_on_cpu(capsys, tmp_path):
+    target = tmp_path / "cal.yaml"
+    code, out, err = run_cli(capsys, "model", "calibrate", "--device", "cpu", "--file", str(target),
+                             "--out", str(tmp_path / "c"))
+    assert code == 0, err
+    assert "CPU" in err and target.exists()
+    from qbench.model import hardware
+
+    dev = hardware.load(target)
+    assert dev.source == "calibrated" and dev.peak("fp32") > 0 and dev.hbm_tbps > 0
+
+
+def test_group_help_and_examples(capsys):
+    code, out, _ = run_cli(capsys, "model")
+    assert code == 0 and "Examples:" in out and "--against" in out
+    for sub in ("lstm", "search", "gemm", "floors", "calibrate"):
+        code, out, _ = run_cli(capsys, "model", sub, "--help")
+        assert code == 0 and "Examples:" in out, sub

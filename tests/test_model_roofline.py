@@ -187,3 +187,23 @@ def test_against_errors(tmp_path):
         against.against(bare)
     with pytest.raises(QbenchUsageError, match="unknown GPU"):
         against.against(bare, gpu="v100")
+
+
+def test_moe_floor_uses_routing_statistics_when_present():
+    """computed_rows (all ranks) / n x rank imbalance = the busiest rank's rows; sent_rows sets the
+    all-to-all bytes. Measured = that rank's ideal time reads exactly 1."""
+    n, d, h, T, k, experts, e = 4, 1024, 4096, 2048, 2, 2, 2
+    computed, imb, sent = 4 * 2048 * 2 * 0.9, 1.5, 3000.0
+    rows = computed / n * imb
+    gate = ideal_ms(2 * T * d * experts * n, (T * d + d * experts * n + T * experts * n) * e, H200, "bf16")
+    ffn = 2 * ideal_ms(2 * rows * d * h, (rows * (d + h) + experts * d * h) * e, H200, "bf16")
+    a2a = 2 * ((n - 1) / n * sent * d * e / 450e9 * 1e3 + 5e-3)
+    params = {"world_size": n, "dtype": "bfloat16", "model_dim": d, "hidden_size": h, "samples": T,
+              "num_local_experts": experts, "top_k": k, "a2a_ffn_overlap_degree": 1}
+    metrics = {"forward_time": gate + ffn + a2a, "computed_rows": computed, "rank_load_max_over_mean": imb,
+               "sent_rows": sent}
+    (row,) = against.rows_for([store.make_record("moe", params, metrics)], H200)
+    assert row.fraction == pytest.approx(1.0, rel=1e-9)
+    # overlapped all-to-all and FFN: the floor is the larger of the two, so the same time reads lower
+    (over,) = against.rows_for([store.make_record("moe", {**params, "a2a_ffn_overlap_degree": 2}, metrics)], H200)
+    assert over.floor_ms == pytest.approx(max(gate + ffn, a2a), rel=1e-9)

@@ -96,20 +96,24 @@ def fragmented(params: Mapping, metrics: Mapping, hw: Hardware) -> dict[str, Flo
 
 
 def moe(params: Mapping, metrics: Mapping, hw: Hardware) -> dict[str, Floor]:
-    """Floors of one MoE-bench record per rank: gate GEMM, two expert GEMMs over the rank's tokens
-    (x the measured load imbalance when the record has one), and the dispatch + combine all-to-alls,
-    of which (n-1)/n leaves the rank. Overlapped (a2a_ffn_overlap_degree > 1): max of compute and
-    network; otherwise their sum."""
+    """Floors of one MoE-bench record for the busiest rank (a step ends when the last rank does): gate
+    GEMM, two expert GEMMs over the rows that rank computes, and the dispatch + combine all-to-alls, of
+    which (n-1)/n leaves the rank. Rows come from the record's routing statistics when it has them
+    (computed_rows over all ranks x rank_load_max_over_mean), else T x k (x the capacity factor when
+    below 1). Overlapped (a2a_ffn_overlap_degree > 1): max of compute and network, else their sum."""
     n, dt = int(params["world_size"]), params["dtype"]
     d, h, T, k = params["model_dim"], params["hidden_size"], params["samples"], params["top_k"]
     experts = int(params["num_local_experts"])
     e = DTYPE_BYTES[canonical_dtype(dt)]
-    imbalance = max(1.0, float(metrics.get("imbalance") or metrics.get("load_imbalance") or 1.0))
     cf = float(params.get("capacity_factor") or 0)
-    rows = T * k * (min(1.0, cf) if cf > 0 else 1.0) * imbalance  # tokens this rank's experts process
+    if metrics.get("computed_rows"):
+        rows = metrics["computed_rows"] / n * max(1.0, float(metrics.get("rank_load_max_over_mean") or 1.0))
+    else:
+        rows = T * k * (min(1.0, cf) if cf > 0 else 1.0)
+    sent = metrics.get("sent_rows") or T * k  # rows one rank dispatches
     gate = gemm(T, d, experts * n, dt, hw)
     ffn = combine([analyze(2 * rows * d * h, (rows * d + rows * h + experts * d * h) * e, hw, dt)] * 2, hw)
-    a2a = 2 * collective_ms(T * k * d * e, n, hw, kind="all_to_all")  # dispatch + combine
+    a2a = 2 * collective_ms(sent * d * e, n, hw, kind="all_to_all")  # dispatch + combine
     overlap = int(params.get("a2a_ffn_overlap_degree") or 1) > 1
     compute = combine([gate, ffn], hw)
     fwd = _with_network(compute, a2a, overlap)

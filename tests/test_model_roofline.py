@@ -99,6 +99,9 @@ def switchback_record(M, K, N, dtype, slack):
         "x_quantize_rowwise": ideal_ms(0, M * K * e + M * K + M * 2, H200, dtype),
         "w_quantize_global": ideal_ms(0, N * K * e + N * K + 2, H200, dtype),
         "cast_g": ideal_ms(0, M * N * e + M * N, H200, dtype),
+        # peers: fp8 _scaled_mm writes bf16 with rowwise scales; cuBLAS int8 writes int32
+        "fp8_fwd": ideal_ms(2 * M * K * N, M * K + N * K + M * N * 2 + (M + N) * 2, H200, "fp8"),
+        "int8_cublas_bwd": ideal_ms(2 * M * K * N, M * N + N * K + M * K * 4, H200, "int8"),
     }
     m["time_standard"] = m["standard_fwd"] + m["standard_gw"] + m["standard_gx"]
     metrics = {k: v * slack for k, v in m.items()}

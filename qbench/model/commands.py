@@ -99,8 +99,10 @@ def show_floors(workload: str, params: dict, gpu, calibrated, as_json: bool) -> 
         click.echo(json.dumps({k: f.to_dict() for k, f in result.items()}, indent=2))
         return
     table = Table(title=f"{workload} floors on {hw.name}", header_style="bold")
+    widest = max(len(name) for name in result)
     for col in ("metric", "GFLOP", "MB moved", "flop/B", "ridge", "bound", "floor ms"):
-        table.add_column(col, justify="left" if col in ("metric", "bound") else "right")
+        table.add_column(col, justify="left" if col in ("metric", "bound") else "right", no_wrap=True,
+                         min_width=widest if col == "metric" else None)
     for name, f in result.items():
         table.add_row(name, f"{f.flops / 1e9:.3f}", f"{f.bytes_moved / 1e6:.3f}", report.format_value(f.intensity),
                       f"{f.ridge:.0f}", f.bound, f"{f.floor_ms:.4f}")

@@ -61,6 +61,7 @@ def switchback(params: Mapping, hw: Hardware) -> dict[str, Floor]:
     f["w_quantize_colwise_transpose"] = _stream(N * K * e, N * K + K * SCALE_BYTES, hw)
     f["w_quantize_global"] = _stream(N * K * e, N * K + SCALE_BYTES, hw)
     f["w_quantize_global_transpose"] = f["w_quantize_global"]
+    f.update(_switchback_peers(M, K, N, e, hw))
     f["time_standard"] = combine([f["standard_fwd"], f["standard_gx"], f["standard_gw"]], hw)
     f["time_rowwise"] = combine([f[k] for k in ("x_quantize_rowwise", "g_quantize_rowwise",
                                                 "w_quantize_colwise_transpose", "w_quantize_rowwise",
@@ -68,7 +69,27 @@ def switchback(params: Mapping, hw: Hardware) -> dict[str, Floor]:
     f["time_global"] = combine([f[k] for k in ("x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_global",
                                                "w_quantize_global_transpose", "standard_gw", "global_fwd",
                                                "global_bwd")], hw)
+    f["time_fp8"] = combine([f[k] for k in ("fp8_quantize_x", "fp8_quantize_g", "fp8_quantize_w",
+                                            "fp8_quantize_w_t", "standard_gw", "fp8_fwd", "fp8_bwd")], hw)
+    f["time_int8_cublas"] = combine([f[k] for k in ("x_quantize_rowwise", "g_quantize_rowwise",
+                                                    "w_quantize_rowwise", "w_quantize_colwise_transpose",
+                                                    "standard_gw", "int8_cublas_fwd", "int8_cublas_bwd")], hw)
+    f["module_linear_ms"] = f["time_standard"]  # forward + backward of nn.Linear: the three GEMMs
+    f["module_switchback_ms"] = f["time_global"]
     return f
+
+
+def _switchback_peers(M, K, N, e, hw: Hardware) -> dict[str, Floor]:
+    """fp8 SwitchBack (torch._scaled_mm, bf16 output) and cuBLAS int8 (torch._int_mm, int32 output)."""
+    out = {
+        "fp8_fwd": analyze(2 * M * K * N, M * K + N * K + M * N * 2 + (M + N) * SCALE_BYTES, hw, "fp8"),
+        "fp8_bwd": analyze(2 * M * K * N, M * N + N * K + M * K * 2 + (M + N) * SCALE_BYTES, hw, "fp8"),
+        "int8_cublas_fwd": analyze(2 * M * K * N, M * K + N * K + M * N * 4, hw, "int8"),
+        "int8_cublas_bwd": analyze(2 * M * K * N, M * N + N * K + M * K * 4, hw, "int8"),
+    }
+    for name, rows, cols in (("x", M, K), ("g", M, N), ("w", N, K), ("w_t", N, K)):
+        out[f"fp8_quantize_{name}"] = _stream(rows * cols * e, rows * cols, hw)
+    return out
 
 
 def fragmented(params: Mapping, metrics: Mapping, hw: Hardware) -> dict[str, Floor]:

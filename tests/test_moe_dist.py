@@ -1,0 +1,90 @@
+"""The distributed MoE layer over gloo at world sizes 1, 2 and 4 against the dense reference, the
+failure path of the launcher, a two-node torchrun launch over loopback, and the command end to end."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qbench import dist
+from tests import test_moe_workers as moe_workers  # spawned ranks import it by this name too
+
+pytestmark = pytest.mark.dist
+ROOT = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_layer_matches_dense_reference(world_size):
+    results = list(dist.launch(moe_workers.check_cases, world_size=world_size, backend="gloo", device="cpu"))
+    assert len(results) == len(moe_workers.CASES)
+    bad = [(case, text) for case, ok, text, _, _ in results if not ok]
+    assert not bad, f"{len(bad)} cases differ from the reference; first: {bad[0]}"
+    for case, _, _, dropped, rows in results:
+        assert rows["sent"] == rows["received"], (case, rows)  # token conservation across ranks
+        if case[1] == 0.0:
+            assert dropped == 0, case  # dropless drops nothing
+    capped = [r for r in results if r[0][1] != 0.0]
+    assert any(r[3] > 0 for r in capped), "no case dropped tokens: the capacity path was not exercised"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_replication_gives_the_same_outputs_and_gradients(world_size):
+    [(hot, errors)] = list(dist.launch(moe_workers.replication_equal, world_size=world_size,
+                                       backend="gloo", device="cpu"))
+    assert len(hot) == 3
+    # fp32, same weights: only the summation order of the replicas' gradients differs
+    assert max(errors) < 1e-5, f"replication changed results: {errors}"
+
+
+def test_failing_rank_ends_the_run_with_its_error():
+    start = time.monotonic()
+    with pytest.raises(dist.RankFailure, match="rank 1 failed: ValueError: deliberate failure on rank 1"):
+        list(dist.launch(moe_workers.fail_on_rank, (1,), world_size=2, backend="gloo", device="cpu", timeout_s=60))
+    assert time.monotonic() - start < 60
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(ROOT.parent), OMP_NUM_THREADS="1")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    return env
+
+
+def test_command_runs_and_prints_seed_lines(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "2", "--num-local-experts", "2",
+           "--model-dim", "64", "--hidden-size", "24", "--samples", "24", "--num-steps", "3", "--warmup", "1",
+           "--a2a-ffn-overlap-degree", "2", "--model", "attn-moe", "--batch-size", "2",
+           "--seed-format", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert record["status"] == "ok" and record["params"]["model"] == "attn-moe"
+    assert len(record["samples"]["step_time"]) == 3
+    from qbench.importers_moe import STEP, SUMMARY
+
+    steps = [line for line in proc.stdout.splitlines() if STEP.search(line)]
+    assert len(steps) == 3 and any(SUMMARY.search(line) for line in proc.stdout.splitlines())
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_two_node_torchrun_launch_over_loopback(tmp_path):
+    port = str(dist.free_port())
+    out = tmp_path / "run"
+    procs = []
+    for node in (0, 1):
+        cmd = ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "qbench", "moe",
+               "--num-local-experts", "2", "--model-dim", "16", "--hidden-size", "24", "--samples", "16",
+               "--num-steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
+    results = [p.communicate(timeout=240) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-2000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["params"]["world_size"] == 2 and records[0]["status"] == "ok"

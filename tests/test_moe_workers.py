@@ -1,0 +1,65 @@
+"""Rank bodies for the distributed MoE tests (no tests here: spawned ranks import this module)."""
+
+import torch
+
+CASES = [  # (dtype, capacity factor, overlap degree, replicated experts, routing)
+    (torch.float32, 0.0, 1, 0, "randn"),
+    (torch.float32, 1.0, 2, 0, "rand-skew"),
+    (torch.float32, -0.5, 3, 2, "zipf:1.5"),
+    (torch.float32, 0.0, 2, 2, "rand-skew"),
+    (torch.float16, 0.0, 1, 1, "uniform"),
+    (torch.bfloat16, 1.5, 2, 1, "randn"),
+]
+TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes
+
+
+def _layer(ctx, dtype, cf, degree, hot, seed=1):
+    from qbench.layers.moe import MoELayer, MoEOptions
+
+    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, capacity_factor=cf, overlap_degree=degree, replicate_hot=hot)
+    return MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device="cpu", seed=seed)
+
+
+def _inputs(ctx, layer, routing, dtype, salt):
+    from qbench.layers.moe_routing import forced_choices, make_input, parse_routing
+
+    gen = torch.Generator().manual_seed(1000 * salt + ctx.rank)
+    spec = parse_routing(routing)
+    x = make_input(spec, TOKENS, DIM, generator=gen, device="cpu", dtype=dtype)
+    layer.forced = forced_choices(spec, TOKENS, 2, layer.num_experts, rank=ctx.rank, step=salt)
+    return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype)
+
+
+def check_cases(ctx):
+    """Each case against the dense reference; yields (case, ok, description, dropped, rows)."""
+    from qbench.layers.moe_reference import check_layer
+
+    for salt, (dtype, cf, degree, hot, routing) in enumerate(CASES):
+        layer = _layer(ctx, dtype, cf, degree, hot)
+        x, dy = _inputs(ctx, layer, routing, dtype, salt)
+        result = check_layer(layer, x, dy)
+        yield (str(dtype), cf, degree, hot, routing), result.ok, result.describe(), result.dropped, result.conservation
+
+
+def replication_equal(ctx):
+    """Outputs and gradients with and without replication (fp32, same weights and inputs)."""
+    outs = []
+    for hot in (0, 3):
+        layer = _layer(ctx, torch.float32, 0.0, 2, hot)
+        x, dy = _inputs(ctx, layer, "rand-skew", torch.float32, 99)
+        x.requires_grad_()
+        out = layer(x)
+        out.backward(dy)
+        outs.append([out.detach(), x.grad] + [p.grad for p in layer.parameters()])
+        hot_list = layer.last["plan"].hot
+    yield hot_list, [float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(*outs)]
+
+
+def fail_on_rank(ctx, bad_rank):
+    """Rank `bad_rank` raises mid-run while the others wait in a collective."""
+    import torch.distributed as dist
+
+    if ctx.rank == bad_rank:
+        raise ValueError(f"deliberate failure on rank {bad_rank}")
+    dist.barrier()
+    yield "unreachable"

@@ -90,7 +90,10 @@ def _routings(value):
 def command(**kw) -> None:
     """Distributed mixture-of-experts layer: step time (max over ranks), forward/backward and phase
     breakdown, TFLOP/s by the seeds' formula, load balance and drops, checked against a dense reference."""
+    from qbench.benches.moe import validate
+
     config = build_config(kw)
+    validate(config)  # usage errors before any notice, process or record
     records = _records(config)
     from qbench import dist
 

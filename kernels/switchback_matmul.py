@@ -121,7 +121,15 @@ _autotuned = triton.autotune(
 )(_kernel_even_k)
 
 
-def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
+def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None, impl="auto"):
+    """impl: "tma" (persistent, descriptor-fed; Hopper+), "pointer", or "auto" (tma where supported)."""
+    if impl != "pointer" and not interpreting():
+        from kernels import switchback_matmul_tma as tma
+
+        if impl == "tma" or tma.supported(a, b, out_dtype):
+            if config is None:
+                return tma.launch_autotuned(a, sa, b, sb, bias, out_dtype, per_column)
+            return tma.launch(a, sa, b, sb, bias, out_dtype, per_column, config)
     M, K = a.shape
     N = b.shape[0]
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
@@ -153,20 +161,21 @@ def _check(a, sa, b, sb, bias, per_column):
     return a.contiguous(), sa.float().contiguous(), b.contiguous(), sb.float().contiguous()
 
 
-def int8_matmul_rowwise_global(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None):
+def int8_matmul_rowwise_global(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None, impl="auto"):
     """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (one scale s_b [1]) -> [M, N] in out_dtype."""
     a, sa, b, sb = _check(a, sa, b, sb, bias, per_column=False)
     if not use_triton(a, b, sa, sb):
         return int8_matmul_reference(a, sa, b, sb, bias, out_dtype)
-    return _launch(a, sa, b, sb, bias, out_dtype, per_column=False, config=config)
+    return _launch(a, sa, b, sb, bias, out_dtype, per_column=False, config=config, impl=impl)
 
 
-def int8_matmul_rowwise_columnwise(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None):
+def int8_matmul_rowwise_columnwise(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None,
+                                   impl="auto"):
     """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (row scales of B, s_b [N]) -> [M, N]."""
     a, sa, b, sb = _check(a, sa, b, sb, bias, per_column=True)
     if not use_triton(a, b, sa, sb):
         return int8_matmul_reference(a, sa, b, sb, bias, out_dtype)
-    return _launch(a, sa, b, sb, bias, out_dtype, per_column=True, config=config)
+    return _launch(a, sa, b, sb, bias, out_dtype, per_column=True, config=config, impl=impl)
 
 
 def int8_matmul_reference(a, sa, b, sb, bias=None, out_dtype=torch.float16):

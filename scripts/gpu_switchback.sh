@@ -44,24 +44,25 @@ t = time_fn(lambda: torch._int_mm(aq, bq.t()), device="cuda", budget_ms=300)
 print(f"torch._int_mm {2 * M * N * K / t.median / 1e9:.0f} TOP/s")
 configs = [(128, 256, 128, 3, 8), (128, 256, 128, 4, 8), (256, 128, 128, 3, 8), (128, 256, 64, 4, 8),
            (128, 256, 64, 5, 8), (128, 128, 128, 4, 8), (128, 128, 128, 4, 4), (128, 128, 64, 5, 4),
-           (256, 128, 64, 4, 8), (64, 256, 128, 4, 4)]
+           (256, 128, 64, 4, 8), (64, 256, 128, 4, 4), (128, 256, 128, 2, 8), (128, 128, 64, 6, 8)]
 for shape in ((M, K, N), (M, N, K), (8192, 1024, 4096), (131072, 4096, 16384)):
     m_, k_, n_ = shape
     a2 = torch.randint(-127, 128, (m_, k_), device="cuda", dtype=torch.int8)
     b2 = torch.randint(-127, 128, (n_, k_), device="cuda", dtype=torch.int8)
     s1 = torch.rand(m_, device="cuda"); s2 = torch.rand(1, device="cuda")
-    res = []
-    for c in configs:
-        try:
-            t = time_fn(lambda: sm.int8_matmul_rowwise_global(a2, s1, b2, s2, None, torch.float16, config=c),
-                        device="cuda", budget_ms=100)
-            res.append((2 * m_ * n_ * k_ / t.median / 1e9, c))
-        except Exception as exc:  # noqa: BLE001
-            print("config", c, "failed:", type(exc).__name__, str(exc)[:100])
-    t = time_fn(lambda: sm.int8_matmul_rowwise_global(a2, s1, b2, s2, None, torch.float16), device="cuda",
-                budget_ms=200)
-    print(f"int8 {shape}: autotuned {2 * m_ * n_ * k_ / t.median / 1e9:.0f} TOP/s;",
-          " ".join(f"{c}:{v:.0f}" for v, c in sorted(res, reverse=True)[:6]))
+    for impl in ("pointer", "tma"):
+        res = []
+        for c in configs:
+            try:
+                t = time_fn(lambda: sm.int8_matmul_rowwise_global(a2, s1, b2, s2, None, torch.float16, config=c,
+                            impl=impl), device="cuda", budget_ms=100)
+                res.append((2 * m_ * n_ * k_ / t.median / 1e9, c))
+            except Exception as exc:  # noqa: BLE001
+                print(impl, "config", c, "failed:", type(exc).__name__, str(exc)[:80])
+        t = time_fn(lambda: sm.int8_matmul_rowwise_global(a2, s1, b2, s2, None, torch.float16, impl=impl),
+                    device="cuda", budget_ms=200)
+        print(f"int8 {impl} {shape}: autotuned {2 * m_ * n_ * k_ / t.median / 1e9:.0f} TOP/s;",
+              " ".join(f"{c}:{v:.0f}" for v, c in sorted(res, reverse=True)[:5]))
 PY
 }
 

@@ -130,12 +130,13 @@ def test_int8_matmul_rejects_mismatched_shapes():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["pointer", "tma"])
 @pytest.mark.parametrize("per_column", [False, True])
-def test_int8_matmul_autotuned_large_odd_shape(per_column):
-    """The autotuned path (CUDA only): a shape with ragged M, N and K tiles."""
+def test_int8_matmul_autotuned_large_odd_shape(per_column, impl):
+    """The autotuned paths (CUDA only): ragged M, N and K tiles (K % 128 = 80, M % 128 = 104)."""
     a, b, aq, sa, bq, sb = _operands(1000, 1408, 8096 // 4 + 8, torch.float16, per_column)
     fn = sm.int8_matmul_rowwise_columnwise if per_column else sm.int8_matmul_rowwise_global
-    c = fn(aq, sa, bq, sb, None, torch.float16)
+    c = fn(aq, sa, bq, sb, None, torch.float16, impl=impl)
     ref = sm.int8_matmul_reference(aq, sa, bq, sb, None, torch.float16)
     bad = (c.float() - ref.float()).abs() > ULP[torch.float16] * ref.float().abs() + 1e-3
     assert not bad.any(), first_mismatches(c, ref, bad)

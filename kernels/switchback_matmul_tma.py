@@ -1,0 +1,122 @@
+"""Persistent, TMA-fed variant of the SwitchBack int8 matmul (Hopper and newer).
+
+Same math and contract as kernels/switchback_matmul.py:
+  C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b / 127^2  (+ bias [N]), int32 accumulation
+One program per SM walks output tiles in grouped order; operand tiles arrive through tensor
+descriptors (the bulk tensor copy engine on Hopper; out-of-range rows and the K tail read as zero,
+so the loop needs no masks) and the epilogue is stored through a descriptor too (clipped at the
+edges). Needs 16-byte aligned rows: K % 16 == 0 and N % 8 == 0 (fp16/bf16 output); the launcher in
+switchback_matmul.py falls back to the pointer kernel otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+QMAX_SQUARED = 127.0 * 127.0
+_INV_QMAX_SQUARED = tl.constexpr(1.0 / QMAX_SQUARED)
+
+
+@triton.jit
+def _int8_matmul_tma_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N, K,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, PER_COLUMN: tl.constexpr,
+                            HAS_BIAS: tl.constexpr):
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_group = GROUP_M * num_n
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_PROGRAMS, flatten=True):
+        first_m = (tile // per_group) * GROUP_M
+        group_size = min(num_m - first_m, GROUP_M)
+        off_m = (first_m + (tile % per_group) % group_size) * BLOCK_M
+        off_n = ((tile % per_group) // group_size) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        for ki in range(k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])
+            b = b_desc.load([off_n, ki * BLOCK_K])
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+        rm = off_m + tl.arange(0, BLOCK_M)
+        rn = off_n + tl.arange(0, BLOCK_N)
+        sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
+        if PER_COLUMN:
+            sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
+        else:
+            sb = tl.load(sb_ptr + tl.zeros([1], dtype=tl.int32))[:, None]
+        c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
+        if HAS_BIAS:
+            c += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        c_desc.store([off_m, off_n], c.to(c_desc.dtype))
+
+
+def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Hopper or newer CUDA device, and rows aligned to 16 bytes for the descriptors."""
+    if not (a.is_cuda and torch.cuda.get_device_capability(a.device) >= (9, 0)):
+        return False
+    K, N = a.shape[1], b.shape[0]
+    return K % 16 == 0 and (N * torch.empty((), dtype=out_dtype).element_size()) % 16 == 0
+
+
+def launch(a, sa, b, sb, bias, out_dtype, per_column, config):
+    """config = (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, stages, warps = config
+    M, K = a.shape
+    N = b.shape[0]
+    c = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    programs = min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn))
+    _int8_matmul_tma_kernel[(programs,)](
+        TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
+        TensorDescriptor.from_tensor(c, [bm, bn]), sa, sb, bias if bias is not None else sa, M, N, K,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_PROGRAMS=sms, PER_COLUMN=per_column,
+        HAS_BIAS=bias is not None, num_stages=stages, num_warps=warps,
+    )
+    return c
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps); shared memory = stages * (BM + BN) * BK + BM * BN * 2
+CONFIGS = [(128, 256, 128, 3, 8), (128, 256, 64, 4, 8), (256, 128, 64, 4, 8), (128, 128, 128, 4, 8),
+           (64, 128, 128, 4, 4)]
+
+
+def _set_block_shapes(nargs):
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["b_desc"].block_shape = [bn, bk]
+    nargs["c_desc"].block_shape = [bm, bn]
+
+
+def _prune(configs, named_args, **kwargs):
+    """Large tiles only where M and N fill them (idle tiles waste whole SMs); keep at least one."""
+    M, N = named_args["M"], named_args["N"]
+    kept = [c for c in configs if (c.kwargs["BLOCK_M"] <= 64 or M >= 1024) and (c.kwargs["BLOCK_N"] <= 128
+                                                                                   or N >= 1024)]
+    return kept or [c for c in configs if c.kwargs["BLOCK_M"] == 64]
+
+
+_autotuned = triton.autotune(
+    configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w,
+                           pre_hook=_set_block_shapes) for bm, bn, bk, s, w in CONFIGS],
+    key=["M", "N", "K"], prune_configs_by={"early_config_prune": _prune},
+)(_int8_matmul_tma_kernel)
+
+
+def launch_autotuned(a, sa, b, sb, bias, out_dtype, per_column):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, K = a.shape
+    N = b.shape[0]
+    c = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    dummy = [1, 16]  # replaced by _set_block_shapes before each launch
+    grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+    _autotuned[grid](
+        TensorDescriptor.from_tensor(a, dummy), TensorDescriptor.from_tensor(b, dummy),
+        TensorDescriptor.from_tensor(c, [1, 8]), sa, sb, bias if bias is not None else sa, M, N, K,
+        NUM_PROGRAMS=sms, PER_COLUMN=per_column, HAS_BIAS=bias is not None,
+    )
+    return c

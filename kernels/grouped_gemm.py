@@ -68,8 +68,9 @@ def _grouped_fwd_kernel(
     n_tiles = tl.cdiv(N, BN)
     band = GROUP_M * n_tiles
     first_m = (pid // band) * GROUP_M
-    pid_m = first_m + (pid % band) % GROUP_M
-    pid_n = (pid % band) // GROUP_M
+    band_m = tl.minimum(tl.cdiv(T, BM) + G - first_m, GROUP_M)  # the last band may hold fewer row slots
+    pid_m = first_m + (pid % band) % band_m
+    pid_n = (pid % band) // band_m
     if pid_m >= total_m:
         return
     g = tl.sum((tile_end <= pid_m).to(tl.int32), 0)

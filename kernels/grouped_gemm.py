@@ -253,13 +253,19 @@ def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "aut
     return _launch_wgrad(x, dy, offsets, num_groups)
 
 
-def grouped_bias_grad(dy, offsets, num_groups: int):
-    """db[g] = sum of dy over the rows of group g -> [G, N] in dy.dtype (fp32 sums)."""
+def grouped_bias_grad(dy, offsets, num_groups: int, *, backend: str = "auto"):
+    """db[g] = sum of dy over the rows of group g -> [G, N] in dy.dtype (fp32 sums).
+
+    On the kernel backends this is the weight-gradient kernel with a column of ones (one streaming
+    read of dy on the tensor cores); the reference path adds rows into an fp32 buffer."""
     import torch
 
-    out = torch.zeros((num_groups, dy.shape[1]), dtype=torch.float32, device=dy.device)
-    out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]), dy.float())
-    return out.to(dy.dtype)
+    if backend == "reference" or (backend == "auto" and not use_triton(dy)):
+        out = torch.zeros((num_groups, dy.shape[1]), dtype=torch.float32, device=dy.device)
+        out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]), dy.float())
+        return out.to(dy.dtype)
+    ones = dy.new_ones((dy.shape[0], 16))  # 16: the narrowest tensor-core operand
+    return grouped_matmul_wgrad(ones, dy, offsets, num_groups, backend=backend)[:, 0, :]
 
 
 class _GroupedMatmul:
@@ -295,7 +301,7 @@ def _make_function():
             if ctx.needs_input_grad[1]:
                 dw = grouped_matmul_wgrad(x, dy, offsets, G, backend=ctx.backend)
             if ctx.has_bias and ctx.needs_input_grad[3]:
-                db = grouped_bias_grad(dy, offsets, G)
+                db = grouped_bias_grad(dy, offsets, G, backend=ctx.backend)
             return dx, dw, None, db, None
 
     return GroupedMatmulFn

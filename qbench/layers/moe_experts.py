@@ -58,11 +58,11 @@ def ffn_backward(dy, saved, offsets, w1, w2, cfg: ExpertConfig):
     x, pre, act = saved
     G = w1.shape[0]
     dw2 = grouped_matmul_wgrad(act, dy, offsets, G, backend=cfg.backend)
-    db2 = grouped_bias_grad(dy, offsets, G)
+    db2 = grouped_bias_grad(dy, offsets, G, backend=cfg.backend)
     dact = grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=cfg.backend)
     dpre = _act_backward(dact, pre, act, cfg.activation)
     dw1 = grouped_matmul_wgrad(x, dpre, offsets, G, backend=cfg.backend)
-    db1 = grouped_bias_grad(dpre, offsets, G)
+    db1 = grouped_bias_grad(dpre, offsets, G, backend=cfg.backend)
     dx = grouped_matmul_forward(dpre, w1.transpose(1, 2), offsets, backend=cfg.backend)
     return dx, dw1, db1, dw2, db2
 

@@ -98,7 +98,8 @@ def _scaled_tile_kernel(w_ptr, s_ptr, q_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_
                         PER_COLUMN: tl.constexpr, TRANSPOSE: tl.constexpr, INTERPRET: tl.constexpr):
     """Phase 2: quantize one [BLOCK_N, BLOCK_K] tile of W [N, K] with the global scale s_ptr[0] or the
     column scales s_ptr[k]; write it to Wq [N, K] or, with TRANSPOSE, to Wq^T [K, N]."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # last rows first: phase 1 read them last, so they are the ones still in L2
+    rows = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows[:, None] < N) & (cols[None, :] < K)
     w = tl.load(w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=mask, other=0.0)
@@ -195,10 +196,11 @@ def quantize_columnwise_transpose(w: torch.Tensor) -> tuple[torch.Tensor, torch.
         return quantize_columnwise_transpose_reference(w)
     N, K = w.shape
     s = torch.zeros(K, dtype=torch.float32, device=w.device)
-    block_n, block_k = 32, 128
+    block_n, block_k = 64, 128
     col_blocks = triton.cdiv(K, block_k)
-    # split the rows so that about 4 programs per SM run: K / 128 column strips alone are too few
-    splits = max(1, min(triton.cdiv(N, block_n), triton.cdiv(4 * _sm_count(w.device), col_blocks)))
+    # split the rows so that about 16 programs per SM run: K / 128 column strips alone are too few,
+    # and each program keeps one 16 KB load in flight, so many programs hide the memory latency
+    splits = max(1, min(triton.cdiv(N, block_n), triton.cdiv(16 * _sm_count(w.device), col_blocks)))
     rows_per_program = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
     grid = (col_blocks, triton.cdiv(N, rows_per_program))
     _colmax_kernel[grid](w, s, N, K, rows_per_program, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)

@@ -74,6 +74,16 @@ check)
         2>&1 | tail -12
     ;;
 full)
-    python3 -m qbench switchback --batch-sizes 8192,32768,131072 --out "$OUT/switchback-full" 2>&1 | tail -70
+    python3 -m pytest -q -x tests/test_switchback_kernels.py 2>&1 | tail -3 | tee "$OUT/probe.txt"
+    grep -q failed "$OUT/probe.txt" && exit 1
+    python3 -c "
+import torch
+from qbench.timing import time_fn
+buf = torch.empty(2**30, dtype=torch.uint8, device='cuda'); dst = torch.empty_like(buf)
+t = time_fn(lambda: dst.copy_(buf), device='cuda', budget_ms=200)
+print(f'copy {2 * buf.numel() / t.median / 1e6:.0f} GB/s (read + write, median of {len(t.samples_ms)})')
+" 2>&1 | tee -a "$OUT/probe.txt"
+    COLUMNS=200 python3 -m qbench switchback --batch-sizes 8192,32768,131072 --out "$OUT/switchback-full" 2>&1 \
+        | tail -62
     ;;
 esac

@@ -55,27 +55,6 @@ def run_lstm(config_path, debug, overrides, sweep, out, append, force, as_json) 
                   as_json=as_json, table=lambda recs: lstm_run.summary(recs, shares))
 
 
-def run_search(config_path, devices, overrides, top, as_json) -> None:
-    from rich.table import Table
-
-    from qbench.model import lstm_run, search
-
-    cfg = lstm_run.configs(build_run(config_path, False, overrides, None))[0]
-    ranked, rejected = search.search(cfg, devices)
-    if as_json:
-        click.echo(json.dumps({"ranked": [asdict(c) for c in ranked],
-                               "rejected": [{"settings": s, "reason": r} for s, r in rejected]}, indent=2))
-        return
-    table = Table(title=f"Parallelism strategies on {devices} devices (DeepFlow LSTM model)", header_style="bold")
-    for col in ("rank", "strategy", "time s", "memory GiB", "fits"):
-        table.add_column(col, justify="left" if col == "strategy" else "right")
-    for i, c in enumerate(ranked[:top], 1):
-        fits = "[green]yes[/green]" if c.fits else f"[red]no ({c.memory_gb / c.capacity_gb:.1f}x)[/red]"
-        table.add_row(str(i), search.describe(c.settings), f"{c.time_s:.4f}", f"{c.memory_gb:.1f}", fits)
-    table.caption = f"{len(ranked)} strategies; {len(rejected)} not expressible (e.g. dims that do not divide)"
-    report.stdout_console().print(table)
-
-
 def _hardware(gpu, calibrated):
     from qbench.model.against import choose_hardware
 

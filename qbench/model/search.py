@@ -6,7 +6,9 @@ pipeline of hlp stages over the layers (layer parallel, with inter-layer transfe
 of the LSTM GEMM (type 1 column-row over h1, type 2 row-column over h1 x h2), combined with a kernel
 split of the softmax GEMM over the same devices (DeepFlow counts devices per layer as the max over
 layers). Embedding and projection stay unsplit (the projection is left out of the time; the
-embedding has no time model). Only a mesh has a network model, so the search uses topology mesh.
+embedding has no time model). Topologies: mesh is DeepFlow's link rule, ring a bidirectional ring
+(qbench.model.search_run.network_ib). A dense transformer (qbench.model.transformer) is searched over
+dp x tp x pp instead.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Candidate:
     memory_gb: float  # per data shard per model shard, GiB
     capacity_gb: float
     fits: bool
+    topology: str = "mesh"
 
 
 def divisors(n: int) -> list[int]:
@@ -60,8 +63,10 @@ _SINGLE = {"dp": 1, "lp": 1, "hlp": 1, **{f"kp_{n}_dim{i}": 1 for n in deepflow_
            **{f"kp_{n}_type": -1 for n in deepflow_config.KP_LAYERS}}
 
 
-def search(cfg: dict, devices: int) -> tuple[list[Candidate], list[tuple[dict, str]]]:
-    """(candidates sorted by time, strategies the model rejects with the reason)."""
+def search(cfg: dict, devices: int, topologies=("mesh",)) -> tuple[list[Candidate], list[tuple[dict, str]]]:
+    """(candidates of every topology sorted by time, strategies the model rejects with the reason)."""
+    from qbench.model.search_run import lstm_point
+
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1, not {devices}")
     ranked, rejected = [], []
@@ -75,9 +80,32 @@ def search(cfg: dict, devices: int) -> tuple[list[Candidate], list[tuple[dict, s
         except ConfigError as exc:
             rejected.append((settings, str(exc)))
             continue
-        result = deepflow.evaluate(trial, deepflow_machine.derive(trial))
-        mem = result.memory_model_shard
-        ranked.append(Candidate(settings, result.time, mem.total / 2**30, mem.capacity / 2**30, mem.fits))
+        for topology in topologies:
+            p = lstm_point(trial, topology if devices > 1 else None)
+            ranked.append(Candidate(settings, p.time_s, p.memory_gb, p.capacity_gb, p.fits, topology))
+    ranked.sort(key=lambda c: c.time_s)
+    return ranked, rejected
+
+
+def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",)):
+    """Every dp x tp x pp = devices split of a transformer, per topology, sorted by time."""
+    from dataclasses import replace
+
+    from qbench.model import transformer
+    from qbench.model.search_run import transformer_point
+
+    ranked, rejected = [], []
+    for dp in divisors(devices):
+        for tp in divisors(devices // dp):
+            settings = {"dp": dp, "tp": tp, "pp": devices // (dp * tp)}
+            try:
+                x = transformer.validate(replace(shape, **settings))
+            except ValueError as exc:
+                rejected.append((settings, str(exc)))
+                continue
+            for topology in topologies:
+                p = transformer_point(cfg, x, topology)
+                ranked.append(Candidate(settings, p.time_s, p.memory_gb, p.capacity_gb, p.fits, topology))
     ranked.sort(key=lambda c: c.time_s)
     return ranked, rejected
 
@@ -85,6 +113,8 @@ def search(cfg: dict, devices: int) -> tuple[list[Candidate], list[tuple[dict, s
 def describe(settings: dict) -> str:
     """'dp=2 hidden:RC 2x2 softmax:CR 4' from scheduling settings."""
     parts = [f"dp={settings.get('dp', 1)}"]
+    if "tp" in settings:  # a transformer split
+        return f"dp={settings['dp']} tp={settings['tp']} pp={settings['pp']}"
     if settings.get("hlp", 1) > 1:
         parts.append(f"pipeline hlp={settings['hlp']}")
     for layer in ("hidden", "softmax"):

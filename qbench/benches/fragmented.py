@@ -175,17 +175,29 @@ def _sync_and_reset(device: str) -> None:
     gc.collect()
     if device == "cuda":
         torch.cuda.synchronize()
+        # cuBLAS workspaces are cached per stream and each CUDA-graph capture uses a new side stream:
+        # without this, every earlier configuration would leave ~32-64 MB counted in the next peak
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+            torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
 
-def _peak_mb(device: str) -> float | None:
+def _peak_mb(device: str, baseline: int = 0) -> float | None:
+    """Peak allocated MB since the last reset, less `baseline` bytes held before the model existed."""
     import torch
 
-    return torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+    return (torch.cuda.max_memory_allocated() - baseline) / 2**20 if device == "cuda" else None
 
 
-def measure_training(model, x, target, steps: int, warmup: int, device: str) -> tuple[dict, dict]:
+def _allocated(device: str) -> int:
+    import torch
+
+    return torch.cuda.memory_allocated() if device == "cuda" else 0
+
+
+def measure_training(model, x, target, steps: int, warmup: int, device: str, baseline: int = 0
+                     ) -> tuple[dict, dict]:
     """Training steps (forward, MSE loss, zero_grad, backward, Adam step) timed phase by phase.
     Returns ({phase: [ms per step]}, memory metrics)."""
     import torch
@@ -215,7 +227,7 @@ def measure_training(model, x, target, steps: int, warmup: int, device: str) -> 
     phases = timer.results_ms()
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0)
-    return phases, {"peak_memory_mb": _peak_mb(device), "optimizer_state_mb": state / 2**20}
+    return phases, {"peak_memory_mb": _peak_mb(device, baseline), "optimizer_state_mb": state / 2**20}
 
 
 def forward_fn(model, x, mode: str):
@@ -232,14 +244,15 @@ def forward_fn(model, x, mode: str):
     return infer
 
 
-def measure_inference(model, x, steps: int, warmup: int, device: str) -> tuple[dict, dict]:
+def measure_inference(model, x, steps: int, warmup: int, device: str, baseline: int = 0
+                      ) -> tuple[dict, dict]:
     """Forward calls under torch.inference_mode(), cold L2 before each (as inside a larger model)."""
     fn = forward_fn(model, x, "inference")
     for _ in range(warmup):
         fn()
     _sync_and_reset(device)
     fn()  # peak memory of one call, before the timer's L2-flush buffer exists
-    peak = _peak_mb(device)
+    peak = _peak_mb(device, baseline)
     timing = time_fn(fn, device=device, warmup=1, repeat=steps)
     return {"forward": list(timing.samples_ms)}, {"peak_memory_mb": peak}
 
@@ -331,6 +344,7 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
 
     device = config.device
     _sync_and_reset(device)
+    baseline = _allocated(device)  # anything still held from earlier configurations (normally 0)
     x, target = _inputs(case, device, config.seed)
     model = build(case, config.bias, device)
     metrics: dict = {"parameters": sum(p.numel() for p in model.parameters()),
@@ -348,9 +362,9 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
             metrics["selected_fragments"] = selected
     model.train(case.mode == "train")
     if case.mode == "inference":
-        phases, memory = measure_inference(model, x, config.steps, config.warmup, device)
+        phases, memory = measure_inference(model, x, config.steps, config.warmup, device, baseline)
     else:
-        phases, memory = measure_training(model, x, target, config.steps, config.warmup, device)
+        phases, memory = measure_training(model, x, target, config.steps, config.warmup, device, baseline)
     medians, samples = _phase_metrics(phases)
     metrics.update(medians)
     metrics.update(memory)

@@ -12,10 +12,11 @@ Parameters: in + in*out + in*c + c*out (+ 2*out with bias), independent of N.
 Fast paths (no per-sample copy of W_{f*}, which is what made the original eval mode slow and
 memory-hungry):
 - training mode: x scaled per fragment by p, then ONE dense matmul with W viewed as [in, out];
-- eval mode, batch >= N: x masked to its selected fragment, then the same single dense matmul
-  (every fragment is usually selected, so a grouped GEMM would read all of W anyway);
-- eval mode, batch < N: rows sorted by fragment and one grouped GEMM (kernels/grouped_gemm.py),
-  which reads only the selected fragments' weights; its backward is two dense matmuls.
+- eval mode, N small against the batch: x masked to its selected fragment, then the same single
+  dense matmul (most fragments are selected, so a grouped GEMM would read most of W anyway);
+- eval mode, N >= 4 x batch (fp32) or 16 x batch (16-bit): rows sorted by fragment and one grouped
+  GEMM (kernels/grouped_gemm.py) that reads only the selected fragments' weights; its backward is
+  two dense matmuls.
 `infer(x)` runs the eval path under torch.inference_mode() for real inference.
 torch is imported at module level: this module is only imported by benches and tests.
 """
@@ -112,11 +113,13 @@ class FragmentedLinear(nn.Module):
         return self._low_rank(expert, v)
 
     def use_grouped(self, batch: int) -> bool:
-        """Grouped GEMM when at most `batch` < N fragments can be selected (it then reads only their
-        weights); otherwise one dense matmul, which reads the same bytes with a faster kernel."""
+        """Grouped GEMM when the selected fragments are a small share of W (at most batch/N of it);
+        otherwise one dense matmul. The share must be small: on an H200 the grouped kernel's fixed
+        cost beat cuBLAS's dense skinny GEMM from 1/4 of W in fp32 but only from 1/16 in 16-bit."""
         if self.eval_path != "auto":
             return self.eval_path == "grouped"
-        return batch < self.num_fragments
+        share = 4 if self.expert_weights.element_size() >= 4 else 16
+        return share * batch <= self.num_fragments
 
     def _hard(self, x: torch.Tensor) -> torch.Tensor:
         # u: x kept only on its selected fragment, v: x with it zeroed; idx [B] the selection

@@ -17,7 +17,7 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from qbench.model import deepflow, deepflow_config, deepflow_machine
+from qbench.model import deepflow_config
 from qbench.model.deepflow_config import ConfigError
 
 

@@ -96,7 +96,7 @@ def run_search(opts: dict) -> None:
 
     cfg, shape, (batch, seq) = load_workload(opts["config_path"], opts["overrides"], opts["workload"], opts["shape"])
     budget = search_run.time_budget(opts["time_budget"], opts["tokens"], opts["hours"], batch, seq)
-    tops = tuple(opts["topologies"])
+    tops = tuple(opts["topologies"])[: 1 if opts["devices"] == 1 else None]  # one device has no network
     if shape is None:
         ranked, rejected = search.search(cfg, opts["devices"], tops)
     else:

@@ -94,3 +94,18 @@ def test_plan_covers_up_and_down_projections_of_the_seed_pairs():
     assert len(shapes) == 18
     assert {(s.dim_in, s.dim_out) for s in shapes} >= {(1024, 4096), (4096, 1024), (8096, 32384), (32384, 8096)}
     assert {s.wm for s in shapes} == {4, 4.3637, 4.9231}  # as the seed records them
+
+
+def test_seed_keys_and_totals_agree_with_the_original(fixtures_dir, tmp_path):
+    """Three lines of the original info.jsonl: our totals' definitions reproduce its totals from its
+    components, and a qbench record carries every one of its keys (params or metrics)."""
+    seed = [json.loads(line) for line in (fixtures_dir / "switchback_seed_lines.jsonl").read_text().splitlines()]
+    for line in seed:
+        for total in ("time_standard", "time_rowwise", "time_global"):
+            assert math.isclose(line[total], sum(line[k] for k in TOTALS[total]), rel_tol=1e-9), total
+    res = qbench("--dims", "32", "--batch-sizes", "16", "--variants", "global,rowwise", "--repeat", "1",
+                 "--json", "--out", str(tmp_path / "r"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rec = json.loads(res.stdout)[0]
+    missing = set(seed[0]) - set(rec["params"]) - set(rec["metrics"]) - {"repeat"}
+    assert not missing, missing

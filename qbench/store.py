@@ -93,29 +93,32 @@ def default_run_dir(bench: str, root: str | Path = "results") -> Path:
 class RunWriter:
     """Writes one run directory. Records are appended with one write + flush + fsync per line, so a
     crash loses at most the record being written; the CSV is regenerated on close().
+
+    The target is checked at construction (refusing a non-empty run without append/force), but the
+    directory is created only with the first record: input that fails validation inside a bench
+    leaves no empty run behind.
     """
 
     def __init__(self, path: str | Path, env: Mapping[str, Any], *, append: bool = False, force: bool = False):
         self.path = Path(path)
-        self._prepare(append, force)
+        self.env = dict(env)
+        self.append, self.force = append, force
+        check_writable(self.path, append, force)
         self.count = 0
-        if not (append and (self.path / ENV_FILE).exists()):
-            _write_json(self.path / ENV_FILE, env)
-        self._fh = open(self.path / RECORDS_FILE, "a", encoding="utf-8")
+        self._fh = None
 
-    def _prepare(self, append: bool, force: bool) -> None:
-        if self.path.exists() and not self.path.is_dir():
-            raise QbenchUsageError(f"{self.path} exists and is not a directory; choose another --out")
-        if self.path.is_dir() and any(self.path.iterdir()) and not (append or force):
-            raise QbenchUsageError(
-                f"run directory {self.path} is not empty; pass --append to add to it or --force to replace it"
-            )
-        if force and not append:
+    def _open(self) -> None:
+        if self.force and not self.append:
             for name in (ENV_FILE, RECORDS_FILE, CSV_FILE):
                 (self.path / name).unlink(missing_ok=True)
         self.path.mkdir(parents=True, exist_ok=True)
+        if not (self.append and (self.path / ENV_FILE).exists()):
+            _write_json(self.path / ENV_FILE, self.env)
+        self._fh = open(self.path / RECORDS_FILE, "a", encoding="utf-8")
 
     def write(self, record: Mapping[str, Any]) -> None:
+        if self._fh is None:
+            self._open()
         line = json.dumps(record, allow_nan=False, default=str)
         self._fh.write(line + "\n")
         self._fh.flush()
@@ -123,7 +126,7 @@ class RunWriter:
         self.count += 1
 
     def close(self) -> None:
-        if not self._fh.closed:
+        if self._fh is not None and not self._fh.closed:
             self._fh.close()
             export_csv(self.path)
 
@@ -132,6 +135,16 @@ class RunWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_writable(path: Path, append: bool, force: bool) -> None:
+    """Refuse a path that is a file, or a non-empty run directory without --append/--force."""
+    if path.exists() and not path.is_dir():
+        raise QbenchUsageError(f"{path} exists and is not a directory; choose another --out")
+    if path.is_dir() and any(path.iterdir()) and not (append or force):
+        raise QbenchUsageError(
+            f"run directory {path} is not empty; pass --append to add to it or --force to replace it"
+        )
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -102,3 +102,9 @@ def test_non_finite_metrics_are_stored_as_null(tmp_path):
 def test_bad_status_is_rejected():
     with pytest.raises(ValueError):
         store.make_record("toy", {}, {}, status="fine")
+
+
+def test_no_directory_is_created_until_the_first_record(tmp_path):
+    writer = store.RunWriter(tmp_path / "run", {})
+    writer.close()  # e.g. the bench rejected its input before measuring anything
+    assert not (tmp_path / "run").exists()

@@ -172,8 +172,8 @@ def gate(model, x, dtype: str) -> tuple[dict, str | None]:
 def _sync_and_reset(device: str) -> None:
     import torch
 
-    gc.collect()
     if device == "cuda":
+        gc.collect()  # frees the previous configuration's tensors before the peak is reset
         torch.cuda.synchronize()
         # cuBLAS workspaces are cached per stream and each CUDA-graph capture uses a new side stream:
         # without this, every earlier configuration would leave ~32-64 MB counted in the next peak

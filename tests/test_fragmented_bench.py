@@ -1,0 +1,158 @@
+"""`qbench fragmented` end to end on the CPU: records, the correctness gate, the seed layout, errors."""
+
+import json
+import re
+
+import pytest
+
+from qbench.benches import fragmented as bench
+from qbench.cli import main
+from qbench.store import load_run
+
+PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragments", "dtype"}
+
+
+def run_cli(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["fragmented", *args])
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def seed_numbers(text):
+    """[(section, fragments, forward, backward, peak, parameters)] in the order of a seed-style report."""
+    rows, section, frag = [], None, 0
+    for line in text.splitlines():
+        if line.startswith(("Linear Layer:", "FragmentedLinear")):
+            section, frag = line.rstrip(":"), 0
+        elif m := re.match(r"Fragments: (\d+)", line):
+            frag = int(m.group(1))
+        elif m := re.match(r"  Forward time: ([\d.]+)ms", line):
+            current = [section, frag, float(m.group(1))]
+        elif m := re.match(r"  (?:Backward time|Peak memory): ([\d.]+)", line):
+            current.append(float(m.group(1)))
+        elif m := re.match(r"  Parameters: (\d+)", line):
+            rows.append(tuple(current + [int(m.group(1))]))
+    return rows
+
+
+def test_cpu_run_writes_complete_records(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(["--sizes", "96", "--batch-sizes", "1,5", "--fragments", "3,4",
+                                 "--dtype", "fp32,bf16", "--steps", "2", "--warmup", "1", "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "CPU" in err
+    _, records = load_run(out)
+    # per dtype and batch: 3 modes x (linear, lowrank + 2 N x (fragmented, blockdiag))
+    assert len(records) == 2 * 2 * 3 * 6
+    for rec in records:
+        assert rec["status"] == "ok", rec["error"]
+        assert set(rec["params"]) == PARAMS
+        assert set(rec["metrics"]) <= set(rec["units"])
+        assert rec["metrics"]["forward_ms"] > 0 and len(rec["samples"]["forward_ms"]) == 2
+        if rec["params"]["mode"] == "inference":
+            assert "backward_ms" not in rec["metrics"]
+        else:
+            m = rec["metrics"]
+            assert m["backward_optimizer_ms"] >= m["backward_ms"] and m["optimizer_state_mb"] > 0
+    frag = [r for r in records if r["params"]["layer"] == "fragmented"]
+    assert all(r["metrics"]["rel_error_train"] <= bench.TOLERANCE[r["params"]["dtype"]] for r in frag)
+    counts = {r["params"]["layer"]: r["metrics"]["parameters"] for r in records if r["params"]["fragments"] in (0, 3)}
+    assert counts == {"linear": 96 * 96, "lowrank": 2 * 96 * 3, "blockdiag": 96 * 96 // 3,
+                      "fragmented": 96 + 96 * 96 + 2 * 96 * 3}
+
+
+def test_seed_format_reproduces_the_seed_layout(fixtures_dir):
+    """Records carrying the seed's own numbers print back as the seed's text, line for line."""
+    text = (fixtures_dir / "fragmented_seed_excerpt.txt").read_text()
+    records = []
+    for size_text, block in zip(re.findall(r"input_size=(\d+)", text), text.split("Benchmarking with")[1:]):
+        size, batch = int(size_text), int(re.search(r"batch_size=(\d+)", block).group(1))
+        for section, frag, fwd, bwd, peak, count in seed_numbers(block):
+            layer = "linear" if section.startswith("Linear") else "fragmented"
+            mode = "eval" if "Inference" in section else "train"
+            params = {"in_features": size, "out_features": size, "batch_size": batch, "layer": layer,
+                      "mode": mode, "fragments": frag, "dtype": "fp32"}
+            metrics = {"forward_ms": fwd, "backward_optimizer_ms": bwd, "peak_memory_mb": peak, "parameters": count}
+            records.append({"bench": "fragmented", "status": "ok", "params": params, "metrics": metrics})
+    assert len(records) == 3 * 9
+    header, body = bench.format_seed(records).split("\n", 1)
+    assert header == "#qbench fragmented, dtype=fp32"
+    assert body == text
+
+
+def test_seed_format_from_a_real_run(tmp_path, capsys):
+    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2,8", "--modes",
+                                 "train,eval", "--baselines", "linear", "--steps", "2", "--warmup", "0",
+                                 "--out", str(tmp_path / "r"), "--format", "seed"], capsys)
+    assert code == 0, err
+    assert "Benchmarking with input_size=64, output_size=64, batch_size=2" in stdout
+    _, records = load_run(tmp_path / "r")
+    printed = seed_numbers(stdout)
+    assert [(s, f) for s, f, *_ in printed] == [("Linear Layer", 0), ("FragmentedLinear (Train) Results", 2),
+                                               ("FragmentedLinear (Train) Results", 8),
+                                               ("FragmentedLinear (Inference) Results", 2),
+                                               ("FragmentedLinear (Inference) Results", 8)]
+    by_key = {(r["params"]["layer"], r["params"]["mode"], r["params"]["fragments"]): r for r in records}
+    keys = [("linear", "train", 0), ("fragmented", "train", 2), ("fragmented", "train", 8),
+            ("fragmented", "eval", 2), ("fragmented", "eval", 8)]
+    for (_, _, fwd, bwd, _, count), rec in zip(printed, [by_key[k] for k in keys]):
+        assert fwd == pytest.approx(rec["metrics"]["forward_ms"], abs=0.005)
+        assert bwd == pytest.approx(rec["metrics"]["backward_optimizer_ms"], abs=0.005)
+        assert count == rec["metrics"]["parameters"]
+
+
+def test_gate_records_a_wrong_layer_as_an_error_and_does_not_time_it(tmp_path, capsys, monkeypatch):
+    from qbench.layers.fragmented import FragmentedLinear
+
+    original = FragmentedLinear._hard
+    monkeypatch.setattr(FragmentedLinear, "_hard", lambda self, x: original(self, x) * 1.01)
+    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "3", "--fragments", "4", "--modes", "eval",
+                                 "--baselines", "none", "--steps", "1", "--out", str(tmp_path / "g"), "--json"], capsys)
+    assert code == 1
+    (rec,) = json.loads(stdout)
+    assert rec["status"] == "error" and "rel_error_eval" in rec["error"]
+    assert "forward_ms" not in rec["metrics"] and rec["metrics"]["rel_error_train"] < 1e-4
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sizes", "100", "--fragments", "3"], "not divisible"),
+    (["--sizes", "16", "--fragments", "2"], "below 32"),
+    (["--modes", "train,fast"], "unknown fast"),
+    (["--sizes", "64,x"], "not an integer"),
+    (["--dtype", "fp8"], "unknown fp8"),
+    (["--steps", "0"], "--steps"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
+    code, _, err = run_cli(args, capsys)
+    assert code == 2
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_ends_with_examples(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["fragmented", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert out.rstrip().splitlines()[-1].strip().startswith("qbench fragmented --sizes 4096")
+    assert "Examples:" in out
+
+
+def test_plan_orders_baselines_first_and_respects_choices():
+    config = bench.FragmentedConfig(sizes=(64,), batch_sizes=(1,), fragments=(2, 4), modes=("train",),
+                                    baselines=("blockdiag",), device="cpu")
+    cases = bench.plan(bench.resolve(config))
+    assert [(c.layer, c.fragments) for c in cases] == [("fragmented", 2), ("blockdiag", 2),
+                                                       ("fragmented", 4), ("blockdiag", 4)]
+
+
+def test_forward_cost_counts_useful_work():
+    train = bench.Case(8192, 16, "fragmented", "train", 2, "fp32")
+    hard = bench.Case(8192, 16, "fragmented", "eval", 128, "bf16")
+    linear = bench.Case(8192, 16, "linear", "train", 0, "fp32")
+    flops, moved = bench.forward_cost(train, None)
+    assert flops == 2 * 16 * (8192 * 8192 + 2 * 8192 * 256 + 8192)
+    assert moved == 4 * (8192 * 8192 + 2 * 8192 * 256 + 8192 + 16 * 2 * 8192)
+    # hard selection of 5 distinct fragments reads 5/128 of the expert weights
+    assert bench.forward_cost(hard, 5)[1] == 2 * (5 * 8192 * 64 + 2 * 8192 * 256 + 8192 + 16 * 2 * 8192)
+    assert bench.forward_cost(linear, None)[0] == 2 * 16 * 8192 * 8192

@@ -24,11 +24,11 @@ reference definition (qbench.layers.fragmented.reference_output); a mismatch is 
 from __future__ import annotations
 
 import gc
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from qbench import units
+from qbench.benches.fragmented_seed import format_seed  # noqa: F401  (re-exported: `--format seed`)
 from qbench.errors import QbenchUsageError
 from qbench.store import make_record
 from qbench.timing import PhaseTimer, resolve_device, time_fn
@@ -395,51 +395,3 @@ def torch_oom_errors() -> tuple[type[BaseException], ...]:
     import torch
 
     return (torch.cuda.OutOfMemoryError, RuntimeError)
-
-
-# --- the original report layout (`--format seed`) -------------------------------------------------
-
-def _seed_block(metrics: dict) -> list[str]:
-    def number(key: str) -> float:
-        value = metrics.get(key)
-        return math.nan if value is None else value
-
-    peak = metrics.get("peak_memory_mb")
-    return [f"  Forward time: {number('forward_ms'):.2f}ms",
-            f"  Backward time: {number('backward_optimizer_ms'):.2f}ms",
-            f"  Peak memory: {0.0 if peak is None else peak:.1f}MB",  # the seed printed 0.0 without CUDA
-            f"  Parameters: {int(metrics.get('parameters') or 0)}"]
-
-
-def format_seed(records: list[dict]) -> str:
-    """The original benchmark's text report: per size and batch the dense Linear (train mode), then
-    FragmentedLinear in train mode ("Train") and eval mode ("Inference", as the seed named it).
-    Backward time is zero_grad + backward + Adam step, as the seed measured it."""
-    ok = [r for r in records if r.get("status") == "ok" and r.get("bench") == BENCH]
-    lines: list[str] = []
-    for dtype in dict.fromkeys(r["params"]["dtype"] for r in ok):
-        lines.append(f"#qbench fragmented, dtype={dtype}")
-        groups = dict.fromkeys((r["params"]["in_features"], r["params"]["out_features"],
-                                r["params"]["batch_size"]) for r in ok if r["params"]["dtype"] == dtype)
-        for size_in, size_out, batch in groups:
-            mine = [r for r in ok if r["params"]["dtype"] == dtype and (r["params"]["in_features"],
-                    r["params"]["out_features"], r["params"]["batch_size"]) == (size_in, size_out, batch)]
-            lines += ["", f"Benchmarking with input_size={size_in}, output_size={size_out}, batch_size={batch}"]
-            lines += _seed_group(mine)
-    return "\n".join(lines) + "\n"
-
-
-def _seed_group(records: list[dict]) -> list[str]:
-    def pick(layer: str, mode: str) -> list[dict]:
-        return [r for r in records if r["params"]["layer"] == layer and r["params"]["mode"] == mode]
-
-    lines = ["", "Detailed Results:"]
-    for rec in pick("linear", "train")[:1]:
-        lines += ["Linear Layer:", *_seed_block(rec["metrics"])]
-    for title, mode in (("Train", "train"), ("Inference", "eval")):
-        chosen = pick("fragmented", mode)
-        if chosen:
-            lines += ["", f"FragmentedLinear ({title}) Results:"]
-        for rec in chosen:
-            lines += ["", f"Fragments: {rec['params']['fragments']}", *_seed_block(rec["metrics"])]
-    return lines

@@ -67,5 +67,10 @@ def _table(fmt: str):
 
     if fmt == "seed":
         return lambda records: Text(format_seed(records))
-    return lambda records: report.records_table(records, TABLE_PARAMS, TABLE_METRICS,
-                                                title="FragmentedLinear", headers=HEADERS)
+    def table(records):
+        # columns that no record fills (GPU-only metrics on the CPU, a single dtype) are left out
+        metrics = [m for m in TABLE_METRICS if any(r["metrics"].get(m) is not None for r in records)]
+        params = [p for p in TABLE_PARAMS if p != "dtype" or len({r["params"]["dtype"] for r in records}) > 1]
+        return report.records_table(records, params, metrics, title="FragmentedLinear", headers=HEADERS)
+
+    return table

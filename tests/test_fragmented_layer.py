@@ -49,7 +49,8 @@ def direct(x, layer, hard):
 
 
 def relerr(out, ref, rows=None):
-    d = out.detach().double() - ref.detach()
+    ref = ref.detach()
+    d = out.detach().double() - ref
     if rows is not None:
         d, ref = d[rows], ref[rows]
     return float(d.norm() / ref.norm())

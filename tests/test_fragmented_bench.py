@@ -134,7 +134,7 @@ def test_help_ends_with_examples(capsys):
         main(["fragmented", "--help"])
     out = capsys.readouterr().out
     assert exc.value.code == 0
-    assert out.rstrip().splitlines()[-1].strip().startswith("qbench fragmented --sizes 4096")
+    assert out.rstrip().splitlines()[-1].strip().startswith("qbench fragmented --sizes 4096 --steps 100")
     assert "Examples:" in out
 
 

@@ -11,7 +11,7 @@ Examples:
   qbench fragmented                                  # the seed's sweep on a GPU, a small one on the CPU
   qbench fragmented --sizes 8192 --batch-sizes 16 --fragments 2,128 --dtype fp32,bf16
   qbench fragmented --modes eval --baselines linear --format seed
-  qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --json
+  qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --plot fragmented.png
 """
 TABLE_PARAMS = ("dtype", "in_features", "batch_size", "layer", "mode", "fragments")
 TABLE_METRICS = ("forward_ms", "forward_graph_ms", "backward_ms", "optimizer_ms", "backward_optimizer_ms",
@@ -39,14 +39,16 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @click.option("--no-graph", is_flag=True, help="Skip the CUDA-graph replay of the forward.")
 @click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
               help="'seed' prints the original report layout (Forward time / Backward time / ...).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the standard figure of the run into this file (.png, .svg, .pdf).")
 @device_option
 @out_options
 def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
-            device, out, append, force, as_json) -> None:
+            plot_path, device, out, append, force, as_json) -> None:
     """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
     selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
-    from qbench import report
+    from qbench import report, store
     from qbench.benches import fragmented as bench
     from qbench.commands.common import run_and_store
 
@@ -55,8 +57,13 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
         steps, warmup, not no_graph, device))
     if config.device == "cpu":
         report.notice(report.CPU_NOTICE)
+    out = out or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
                   append=append, force=force, as_json=as_json, table=_table(fmt))
+    if plot_path:
+        from qbench.plots import plot_run
+
+        report.notice(f"figure: {plot_run([out], plot_path)}", style="dim")
 
 
 def _table(fmt: str):

@@ -4,7 +4,8 @@ FragmentedLinear (times in ms, memory in MB = 2**20 bytes, fp32, measured with A
   Benchmarking with input_size=2048, output_size=2048, batch_size=1
   Linear Layer:                         -> layer "linear", mode "train", fragments 0
   FragmentedLinear (Train) Results:     -> layer "fragmented", mode "train"
-  FragmentedLinear (Inference) Results: -> layer "fragmented", mode "inference"
+  FragmentedLinear (Inference) Results: -> layer "fragmented", mode "eval" (the seed's "Inference" is
+                                           model.eval() still timed with backward and Adam: qbench's eval mode)
   Fragments: 2 / Forward time / Backward time / Peak memory / Parameters
 The seed's "Backward time" is zero_grad + backward + Adam step: qbench's backward_optimizer_ms.
 
@@ -23,6 +24,7 @@ from qbench.errors import QbenchUsageError
 
 NUMBER = r"([-+]?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?)"
 SHAPE = re.compile(r"Benchmarking with input_size=(\d+), output_size=(\d+), batch_size=(\d+)")
+SEED_MODES = {"train": "train", "inference": "eval"}  # seed section name -> qbench mode
 SECTION = re.compile(r"^(Linear Layer:|FragmentedLinear \((\w+)\) Results:)")
 FRAGMENT_FIELDS = {
     "Forward time": ("forward_ms", units.MS),
@@ -37,7 +39,7 @@ def read_fragmented_report(text: str) -> tuple[dict[str, Any], list[dict[str, An
     records: list[dict[str, Any]] = []
     shape: dict[str, Any] | None = None
     current: dict[str, Any] | None = None
-    section_mode: str | None = None  # "train"/"inference" inside a FragmentedLinear section
+    section_mode: str | None = None  # "train"/"eval" inside a FragmentedLinear section
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if m := SHAPE.match(line):
@@ -46,7 +48,7 @@ def read_fragmented_report(text: str) -> tuple[dict[str, Any], list[dict[str, An
         elif m := SECTION.match(line):
             _flush(records, current)
             current = _start(shape, layer="linear", mode="train", number=number) if m.group(2) is None else None
-            section_mode = m.group(2).lower() if m.group(2) else None
+            section_mode = SEED_MODES.get(m.group(2).lower(), m.group(2).lower()) if m.group(2) else None
         elif m := re.match(r"Fragments: (\d+)", line):
             _flush(records, current)
             if section_mode is None:

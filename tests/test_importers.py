@@ -186,10 +186,10 @@ def test_fragmented_report_one_record_per_configuration():
     assert len(shapes) == 9
     assert (
         len(records) == 9 * 3 * 4 - 9 * 3
-    )  # 9 shapes x (linear, train, inference) x 4 fragment counts - shared Linear rows
+    )  # 9 shapes x (linear, train, eval) x 4 fragment counts - shared Linear rows
     combos = {(r["params"]["layer"], r["params"]["mode"], r["params"]["fragments"]) for r in records}
     assert combos == {("linear", "train", 0)} | {
-        ("fragmented", m, n) for m in ("train", "inference") for n in (2, 8, 32, 128)
+        ("fragmented", m, n) for m in ("train", "eval") for n in (2, 8, 32, 128)
     }
     assert len({r["case"] for r in records}) == len(records)
     assert all(r["params"]["dtype"] == "fp32" for r in records)
@@ -213,7 +213,7 @@ def test_fragmented_spot_values():
     _, records = importers.read_file(FRAGMENTED)
     by_case = {r["case"]: r["metrics"] for r in records}
     gather = by_case[
-        "batch_size=16/dtype=fp32/fragments=2/in_features=8192/layer=fragmented/mode=inference/out_features=8192"
+        "batch_size=16/dtype=fp32/fragments=2/in_features=8192/layer=fragmented/mode=eval/out_features=8192"
     ]
     assert (gather["forward_ms"], gather["backward_optimizer_ms"], gather["peak_memory_mb"]) == (9.19, 18.0, 3668.8)
     linear = by_case["batch_size=1/dtype=fp32/fragments=0/in_features=2048/layer=linear/mode=train/out_features=2048"]

@@ -132,17 +132,31 @@ def _make_flush(device: str, flush_l2: bool) -> Callable[[], None]:
     return buffer.zero_
 
 
+_CAPTURE_STREAMS: dict[int, object] = {}  # one side stream per device, reused for every capture
+
+
+def _capture_stream():
+    """The side stream used for CUDA-graph capture. Reused: every new stream makes cuBLAS allocate
+    another 32-64 MB workspace, which would inflate the peak memory of benches that use graphs."""
+    import torch
+
+    device = torch.cuda.current_device()
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream()
+    return _CAPTURE_STREAMS[device]
+
+
 def _graph_of(fn: Callable[[], object]) -> Callable[[], None]:
     """Capture fn into a CUDA graph (after fn has been warmed up) and return its replay."""
     import torch
 
-    stream = torch.cuda.Stream()
+    stream = _capture_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()  # one more eager call on the side stream, as CUDA-graph capture requires
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         fn()
     return graph.replay
 

@@ -54,3 +54,22 @@ def test_time_ranks_single_process_and_warmup_hook():
     result = timing.time_ranks(seen.append, steps=4, warmup=2, device="cpu", on_warmup_end=lambda: resets.append(1))
     assert seen == [-2, -1, 0, 1, 2, 3]
     assert resets == [1] and len(result.samples_ms) == 4
+
+
+@pytest.mark.gpu
+def test_time_fn_cuda_events_flush_and_graph_replay():
+    import torch
+
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    out = torch.empty_like(a)
+
+    def matmul():
+        torch.matmul(a, a, out=out)
+
+    eager = timing.time_fn(matmul, device="cuda", repeat=20)
+    graphed = timing.time_fn(matmul, device="cuda", repeat=20, cuda_graph=True)
+    again = timing.time_fn(matmul, device="cuda", repeat=20, cuda_graph=True)
+    assert eager.device == "cuda" and len(eager.samples_ms) == 20
+    # 2*2048^3 flop at <= 1000 TFLOP/s is >= 17 us: the events measured GPU work, not launch time
+    assert eager.median > 0.017 and graphed.median > 0.017
+    assert len(timing._CAPTURE_STREAMS) == 1 and again.median > 0  # one capture stream, reused

@@ -58,10 +58,34 @@ def test_forced_uniform_is_balanced_and_zipf_is_skewed():
     assert counts.max() / counts.mean() > 2.0
 
 
-def test_parts_and_segment_gather():
+def test_chunk_parts_match_parts_and_send_rows_are_a_permutation():
     assert comm.parts(7, 3) == [3, 2, 2] and comm.parts(1, 4) == [1, 0, 0, 0] and comm.parts(0, 2) == [0, 0]
-    idx = comm.segment_gather([2, 0, 3, 1], [2, 0, 3, 1], "cpu")
-    assert idx.tolist() == [2, 3, 4, 0, 1, 5]
+    counts = torch.tensor([7, 1, 0, 5, 13])
+    for D in (1, 2, 3, 4):
+        got = comm.chunk_parts(counts, D).tolist()
+        assert got == [comm.parts(c, D) for c in counts.tolist()], f"degree {D}: {got}"
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(37, 6, generator=gen)
+    r = route(logits, 2, 0.0)
+    for D in (1, 3):
+        rows = comm.send_rows(r, comm.chunk_parts(r.kept, D), None)
+        assert sorted(rows.tolist()) == list(range(74)), f"degree {D}: rows are not a permutation"
+
+
+def test_receive_index_orders_rows_expert_major():
+    W, D = 3, 2  # 2 local experts
+    got = comm.chunk_parts(torch.tensor([2, 0, 3, 1, 1, 2]), D)  # (source, expert) received rows
+    index, offsets = comm.receive_index(got, W, D, 9)
+    # chunk 0 storage (s, l): (0,0) 1 row, (0,1) 0, (1,0) 2, (1,1) 1, (2,0) 1, (2,1) 1
+    assert index[:6].tolist() == [0, 1, 2, 4, 3, 5] and index[6:9].tolist() == [0, 1, 2]
+    assert offsets.tolist() == [[0, 4, 6], [0, 2, 3]]
+
+
+def test_hottest_device_matches_host():
+    for kept in ([5, 9, 9, 1], [3, 3, 3], [0, 4, 4, 7, 1]):
+        for n in (1, 2, 5):
+            got = comm.hottest_device(torch.tensor(kept), n).tolist()
+            assert got == comm.hottest(kept, n), f"{kept}, n={n}: {got}"
 
 
 def test_hottest_breaks_ties_to_the_lower_id():

@@ -16,7 +16,6 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from qbench.layers import moe_comm as comm
@@ -84,60 +83,48 @@ class MoELayer(nn.Module):
             logits = self.gate(x2.to(self.gate.weight.dtype))
             routing = route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced)
         with self._phase("plan"):
-            plan, hot_idx, hot_offsets, hot_total, rows = self._plan(routing)
-        out = self._experts(x2, routing, plan, rows, hot_idx, hot_offsets, hot_total)
-        return out.reshape(shape)
+            dplan = comm.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
+                                 self.group)
+            plan = comm.finish(dplan)  # the step's only host synchronisation
+            self.last = {"routing": routing, "plan": plan, "kept": plan.kept}
+        return self._experts(x2, routing, plan, dplan).reshape(shape)
 
-    def _plan(self, routing):
-        """Host counts (one sync; two with replication), the chunk plans and the row maps."""
-        dev = routing.flat_e.device
-        kept = routing.kept
-        hot: list[int] = []
-        if self.opts.replicate_hot > 0:
-            total = kept.clone()
-            dist.all_reduce(total, group=self.group)
-            hot = comm.hottest(total.tolist(), self.opts.replicate_hot)
-        kept_host = kept.tolist()
-        L, W = self.opts.num_local_experts, self.world_size
-        per_expert = [0 if e in hot else (routing.capacity if routing.padded else kept_host[e])
-                      for e in range(L * W)]
-        seg = [per_expert[r * L:(r + 1) * L] for r in range(W)]
-        recv = comm.exchange_counts(seg, dev, self.group)
-        D = self.opts.overlap_degree
-        chunks = [comm.chunk_plan(seg, recv, D, i, dev) for i in range(D)]
-        plan = comm.StepPlan(W, L, D, seg, recv, chunks, hot)
-        rows = comm.send_rows(routing, seg, D, L, hot, dev)
-        hot_idx, hot_offsets, hot_total = comm.hot_rows(routing, hot, kept_host, dev)
-        self.last = {"routing": routing, "plan": plan, "kept": kept_host}
-        return plan, hot_idx, hot_offsets, hot_total, rows
-
-    def _experts(self, x2, routing, plan, rows, hot_idx, hot_offsets, hot_total):
+    def _experts(self, x2, routing, plan, dplan):
         T, d = x2.shape
         k = self.opts.top_k
+        rows = dplan.rows
         tokens = torch.arange(k * T, device=x2.device) % T
         gathered = x2.index_select(0, tokens)  # [kT, d] the token of every assignment
-        send = _scatter_rows(gathered, rows, plan.send_rows)
-        hot_x = _scatter_rows(gathered, hot_idx, hot_total)
+        send = _scatter_rows(gathered, rows, plan.send_rows, routing.padded)
         weights = (self.w1, self.b1, self.w2, self.b2)
-        replicas = (None,) * 4
+        replicas, hot_x, hot_total = (None,) * 4, gathered[:0], 0
         if plan.hot:
+            hot_total = sum(plan.kept[e] for e in plan.hot)
+            hot_x = _scatter_rows(gathered, dplan.hot_rows, hot_total, False)
             replicas = replicate(weights, plan.hot, self.opts.num_local_experts, self.rank, self.group)
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, comm.A2AExchange(self.group), self.timer)
-        back, hot_y = expert_parallel(send, hot_x, weights, replicas, plan, hot_offsets, cfg)
+        back, hot_y = expert_parallel(send, hot_x, weights, replicas, plan, dplan.hot_offsets, cfg)
         with self._phase("combine"):
-            zero = back.new_zeros((1, d))
-            source = torch.cat([back, hot_y, zero])
-            where = torch.where(rows >= 0, rows, torch.where(hot_idx >= 0, plan.send_rows + hot_idx,
-                                                             plan.send_rows + hot_total))
+            if plan.hot:
+                source = torch.cat([back, hot_y, back.new_zeros((1, d))])
+                hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows,
+                                        plan.send_rows + hot_total)
+                where = torch.where(rows >= 0, rows, hot_where)
+            elif routing.capacity is not None:  # dropped assignments read a zero row
+                source = torch.cat([back, back.new_zeros((1, d))])
+                where = torch.where(rows >= 0, rows, plan.send_rows)
+            else:  # dropless: every assignment has a row
+                source, where = back, rows
             y = source.index_select(0, where).view(k, T, d)
             w = routing.weights.t().to(y.dtype).unsqueeze(-1)
             return (y * w).sum(0)
 
 
-def _scatter_rows(src, rows, total: int):
-    """Buffer [total, d] with src[a] at rows[a] (rows < 0 skipped); unused rows are zero (padding)."""
-    buf = src.new_zeros((total + 1, src.shape[1]))
-    target = torch.where(rows >= 0, rows, torch.full_like(rows, total))
+def _scatter_rows(src, rows, total: int, padded: bool):
+    """Buffer [total, d] with src[a] at rows[a] (rows < 0 skipped). Only padded buffers have rows that
+    no assignment writes; those must be zero (their wgrad contribution is 0 * row, NaN for garbage)."""
+    buf = src.new_zeros((total + 1, src.shape[1])) if padded else src.new_empty((total + 1, src.shape[1]))
+    target = torch.where(rows >= 0, rows, total)
     return buf.index_copy(0, target, src)[:total]
 
 

@@ -4,17 +4,19 @@
 all_to_all_single and uneven splits (rows, dim 0) and returns a handle with wait(); another
 transport (issue 8's `--system blocks`) only needs the same method.
 
-The plan of one step (host integers + device index tensors), for W ranks, L local experts, D chunks:
-  seg[r][l]        rows this rank sends to rank r for its local expert l (0 for replicated experts)
+The plan of one step, for W ranks, L local experts, D chunks, built on the device with tensor ops
+(no loops over experts or chunks) and read to the host once (the split sizes NCCL needs):
+  seg[r, l]        rows this rank sends to rank r for its local expert l (0 for replicated experts);
+                   one all_to_all of these [W * L] counts tells every rank what it receives
   parts(c, D)      a segment of c rows split into D nearly equal chunk parts
   send buffer      chunk-major: chunk i, then destination r, then expert l, then that part's rows
   receive chunk i  source-major (s, l) as all_to_all delivers it; the experts want expert-major
-                   (l, s), so `to_expert[i]` gathers rows into that order and `to_source[i]` back.
+                   (l, s), so `index` gathers rows into that order (and index_copy_ puts them back).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -47,147 +49,174 @@ def parts(count: int, degree: int) -> list[int]:
     return [q + (1 if i < r else 0) for i in range(degree)]
 
 
-def segment_gather(lengths: list[int], order: list[int], device):
-    """Row index that reorders segments (given in storage order with `lengths`) into `order`."""
-    import torch
-
-    starts, acc = [], 0
-    for n in lengths:
-        starts.append(acc)
-        acc += n
-    lens = [lengths[s] for s in order]
-    total = sum(lens)
-    lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
-    starts_t = torch.tensor([starts[s] for s in order], dtype=torch.int64, device=device)
-    seg = torch.repeat_interleave(torch.arange(len(order), device=device), lens_t, output_size=total)
-    base = torch.cumsum(lens_t, 0) - lens_t
-    return starts_t[seg] + torch.arange(total, device=device) - base[seg]
+def hottest(global_kept: list[int], n: int) -> list[int]:
+    """The n globally most-loaded experts, ties to the lower id (host version of `hottest_device`)."""
+    ranked = sorted(range(len(global_kept)), key=lambda e: (-global_kept[e], e))
+    return sorted(ranked[: min(n, len(global_kept))])
 
 
 @dataclass
 class ChunkPlan:
-    """What the experts of this rank receive in one chunk."""
+    """What this rank sends and receives in one chunk."""
 
     send_splits: list[int]  # [W] rows sent to each rank
     recv_splits: list[int]  # [W] rows received from each rank
-    to_expert: Any  # gather index: received (source-major) -> expert-major
-    to_source: Any  # gather index: expert-major -> received order
+    index: Any  # int64 [received rows]: expert-major row j is received row index[j]
     offsets: Any  # int64 [L + 1] group offsets of the expert-major rows
-    expert_rows: list[int] = field(default_factory=list)  # [L] rows per local expert
 
 
 @dataclass
 class StepPlan:
-    world_size: int
-    local_experts: int
-    degree: int
-    seg: list[list[int]]  # [W][L] sent rows per (destination, local expert)
-    recv: list[list[int]]  # [W][L] received rows per (source, local expert)
     chunks: list[ChunkPlan]
     hot: list[int]  # replicated global expert ids (ordered)
-
-    @property
-    def send_rows(self) -> int:
-        return sum(map(sum, self.seg))
-
-    @property
-    def recv_rows(self) -> int:
-        return sum(map(sum, self.recv))
+    kept: list[int]  # [E] kept assignments per expert on this rank
+    send_rows: int
+    recv_rows: int
 
 
-def exchange_counts(seg: list[list[int]], device, group=None) -> list[list[int]]:
-    """Tell every rank how many rows it gets from us per local expert: all_to_all of [W, L] ints."""
+@dataclass
+class DevicePlan:
+    """The device half of a step plan, enqueued without a host synchronisation."""
+
+    rows: Any  # [kT] row of every assignment in the send buffer, -1 when not sent
+    hot_rows: Any  # [kT] row in the local replica buffer, -1 otherwise (None without replication)
+    hot_offsets: Any  # [N + 1] group offsets of the replica buffer (None without replication)
+    index: Any  # [bound] expert-major gather index of all chunks (valid up to the received rows)
+    offsets: Any  # [D, L + 1]
+    got: Any  # [W * L, D] received chunk parts (to rebuild `index` if the bound was too small)
+    small: Any  # the few integers the host needs, read with one .tolist()
+    degree: int
+    world_size: int
+
+
+def chunk_parts(counts, degree: int):
+    """[n] counts -> [n, D] chunk parts, the first count % D parts one row longer (as `parts`)."""
+    import torch
+
+    c = counts.unsqueeze(1)
+    if degree == 1:
+        return c
+    i = torch.arange(degree, device=counts.device)
+    return c // degree + (i < c % degree)
+
+
+def exchange_counts(seg, group=None):
+    """[W * L] rows we send per (rank, local expert) -> [W * L] rows we receive per (source, expert)."""
     import torch
     import torch.distributed as dist
 
-    send = torch.tensor(seg, dtype=torch.int64, device=device)
-    recv = torch.empty_like(send)
     if dist.get_world_size(group) == 1:
-        recv.copy_(send)
+        return seg
+    recv = torch.empty_like(seg)
+    dist.all_to_all_single(recv, seg, group=group)
+    return recv
+
+
+def hottest_device(kept, n: int, group=None):
+    """Ids (ascending) of the n globally most-loaded experts, ties to the lower id, on the device."""
+    import torch
+    import torch.distributed as dist
+
+    total = kept.clone()
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(total, group=group)
+    E = total.numel()
+    key = total * E + (E - 1 - torch.arange(E, device=kept.device))  # unique keys: load, then low id
+    return key.topk(min(n, E)).indices.sort().values
+
+
+def send_rows(routing, sent, hot_mask):
+    """Row of every assignment in the chunk-major send buffer; -1 for dropped or replicated ones.
+    sent [E, D]: chunk parts of the rows sent per expert."""
+    import torch
+
+    e, pos = routing.flat_e, routing.pos
+    per_chunk = sent.sum(0)
+    base = (torch.cumsum(per_chunk, 0) - per_chunk) + (torch.cumsum(sent, 0) - sent)  # [E, D] first row
+    if sent.shape[1] == 1:
+        rows = base[e, 0] + pos
     else:
-        dist.all_to_all_single(recv, send, group=group)
-    return recv.tolist()
+        start = torch.cumsum(sent, 1) - sent  # [E, D] first position of each part in the expert's list
+        st = start[e]
+        chunk = (st[:, 1:] <= pos.unsqueeze(1)).sum(1, keepdim=True)
+        rows = base[e].gather(1, chunk).squeeze(1) + pos - st.gather(1, chunk).squeeze(1)
+    keep = routing.keep if hot_mask is None else routing.keep & ~hot_mask[e]
+    return torch.where(keep, rows, -1)
 
 
-def chunk_plan(seg, recv, degree: int, i: int, device) -> ChunkPlan:
-    W, L = len(seg), len(seg[0])
-    sent = [[parts(seg[r][l], degree)[i] for l in range(L)] for r in range(W)]
-    got = [[parts(recv[s][l], degree)[i] for l in range(L)] for s in range(W)]
-    flat = [got[s][l] for s in range(W) for l in range(L)]
-    expert_order = [s * L + l for l in range(L) for s in range(W)]
-    to_expert = segment_gather(flat, expert_order, device)
-    to_source = _inverse(to_expert)
-    rows = [sum(got[s][l] for s in range(W)) for l in range(L)]
-    offsets = _offsets(rows, device)
-    return ChunkPlan([sum(x) for x in sent], [sum(x) for x in got], to_expert, to_source, offsets, rows)
-
-
-def _inverse(index):
+def receive_index(got, world_size: int, degree: int, bound: int):
+    """Expert-major gather index of every chunk (concatenated, chunk-local values, `bound` long) and
+    the group offsets [D, L + 1]; got [W * L, D] received chunk parts per (source, local expert)."""
     import torch
 
-    inv = torch.empty_like(index)
-    inv[index] = torch.arange(index.numel(), device=index.device)
-    return inv
+    W, D = world_size, degree
+    G = got.view(W, -1, D).permute(2, 0, 1)  # [D, W, L] storage order (s, l) inside chunk i
+    flat = G.reshape(D, -1)
+    start = (torch.cumsum(flat, 1) - flat).view_as(G)  # chunk-local first row of segment (s, l)
+    lens = G.transpose(1, 2).reshape(-1)  # target order (i, l, s)
+    end = torch.cumsum(lens, 0)
+    j = torch.arange(bound, device=got.device)
+    seg = torch.searchsorted(end, j, right=True).clamp(max=lens.numel() - 1)
+    index = start.transpose(1, 2).reshape(-1)[seg] + j - (end - lens)[seg]
+    rows = G.sum(1)  # [D, L]
+    offsets = torch.cat([rows.new_zeros((D, 1)), torch.cumsum(rows, 1)], 1)
+    return index, offsets
 
 
-def _offsets(rows: list[int], device):
-    import torch
-
-    acc, out = 0, [0]
-    for n in rows:
-        acc += n
-        out.append(acc)
-    return torch.tensor(out, dtype=torch.int64, device=device)
-
-
-def send_rows(routing, seg, degree: int, local_experts: int, hot: list[int], device):
-    """Row of every assignment in the chunk-major send buffer; -1 for dropped or replicated ones."""
-    import torch
-
-    W, L = len(seg), local_experts
-    E = W * L
-    part_start = [[0] * degree for _ in range(E)]
-    base = [[0] * degree for _ in range(E)]
-    row = 0
-    for i in range(degree):
-        for e in range(E):
-            p = parts(seg[e // L][e % L], degree)
-            part_start[e][i] = sum(p[:i])
-            base[e][i] = row
-            row += p[i]
-    ps = torch.tensor(part_start, dtype=torch.int64, device=device)[routing.flat_e]  # [kT, D]
-    bs = torch.tensor(base, dtype=torch.int64, device=device)[routing.flat_e]
-    chunk = (ps[:, 1:] <= routing.pos.unsqueeze(1)).sum(1, keepdim=True)
-    rows = bs.gather(1, chunk).squeeze(1) + routing.pos - ps.gather(1, chunk).squeeze(1)
-    sent = routing.keep & ~_is_hot(routing.flat_e, hot)
-    return torch.where(sent, rows, torch.full_like(rows, -1))
-
-
-def hot_rows(routing, hot: list[int], kept_host: list[int], device):
-    """Row of every assignment in the local replica buffer (grouped by hot expert); -1 otherwise,
+def hot_rows(routing, hot_ids):
+    """Row of every assignment in the local replica buffer (grouped by hot expert), -1 otherwise,
     and the group offsets [N + 1] of that buffer."""
     import torch
 
-    sizes = [kept_host[e] for e in hot]
-    offsets = _offsets(sizes, device)
-    slot = torch.full((routing.counts.numel(),), -1, dtype=torch.int64, device=device)
-    if hot:
-        slot[torch.tensor(hot, device=device)] = torch.arange(len(hot), device=device)
+    E = routing.kept.numel()
+    slot = torch.full((E,), -1, dtype=torch.int64, device=hot_ids.device)
+    slot[hot_ids] = torch.arange(hot_ids.numel(), device=hot_ids.device)
+    sizes = routing.kept[hot_ids]
+    offsets = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes, 0)])
     h = slot[routing.flat_e]
     rows = offsets[h.clamp(min=0)] + routing.pos
-    mine = (h >= 0) & routing.keep
-    return torch.where(mine, rows, torch.full_like(rows, -1)), offsets, sum(sizes)
+    return torch.where((h >= 0) & routing.keep, rows, -1), offsets
 
 
-def _is_hot(flat_e, hot: list[int]):
+def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=None) -> DevicePlan:
+    """Everything of the plan that the device can build before the split sizes reach the host."""
     import torch
 
-    if not hot:
-        return torch.zeros_like(flat_e, dtype=torch.bool)
-    return torch.isin(flat_e, torch.tensor(hot, dtype=flat_e.dtype, device=flat_e.device))
+    kept = routing.kept
+    seg = torch.full_like(kept, routing.capacity) if routing.padded else kept
+    hot_ids, hot_mask, hot_r, hot_off = kept.new_empty(0), None, None, None
+    if replicate_hot > 0:
+        hot_ids = hottest_device(kept, replicate_hot, group)
+        hot_mask = torch.zeros(kept.shape, dtype=torch.bool, device=kept.device).index_fill_(0, hot_ids, True)
+        seg = seg.masked_fill(hot_mask, 0)
+        hot_r, hot_off = hot_rows(routing, hot_ids)
+    got = chunk_parts(exchange_counts(seg, group), degree)
+    sent = chunk_parts(seg, degree)
+    W = world_size
+    splits = torch.cat([sent.view(W, -1, degree).sum(1).t().reshape(-1),
+                        got.view(W, -1, degree).sum(1).t().reshape(-1)])
+    # Upper bound of the received rows: every rank sends at most E * capacity (padded) or k * T rows.
+    per_rank = kept.numel() * routing.capacity if routing.padded else routing.flat_e.numel()
+    index, offsets = receive_index(got, W, degree, W * per_rank)
+    rows = send_rows(routing, sent, hot_mask)
+    return DevicePlan(rows, hot_r, hot_off, index, offsets, got, torch.cat([splits, kept, hot_ids]),
+                      degree, W)
 
 
-def hottest(global_kept: list[int], n: int) -> list[int]:
-    """The n globally most-loaded experts, ties to the lower id (every rank agrees)."""
-    ranked = sorted(range(len(global_kept)), key=lambda e: (-global_kept[e], e))
-    return sorted(ranked[: min(n, len(global_kept))])
+def finish(dp: DevicePlan) -> StepPlan:
+    """The one host synchronisation of a step: split sizes, kept counts and hot ids to the host."""
+    D, W = dp.degree, dp.world_size
+    values = dp.small.tolist()
+    send, recv = values[: D * W], values[D * W: 2 * D * W]
+    E = dp.got.shape[0]
+    kept, hot = values[2 * D * W: 2 * D * W + E], values[2 * D * W + E:]
+    totals = [sum(recv[i * W:(i + 1) * W]) for i in range(D)]
+    index = dp.index
+    if sum(totals) > index.numel():  # ranks with more tokens than this one: rebuild at the exact size
+        index, _ = receive_index(dp.got, W, D, sum(totals))
+    chunks, first = [], 0
+    for i in range(D):
+        chunks.append(ChunkPlan(send[i * W:(i + 1) * W], recv[i * W:(i + 1) * W],
+                                index[first:first + totals[i]], dp.offsets[i]))
+        first += totals[i]
+    return StepPlan(chunks, hot, kept, sum(send), sum(totals))

@@ -92,7 +92,8 @@ def _pipeline(chunks_in, plan, direction: str, compute, cfg: ExpertConfig):
         with cfg.phase("dispatch" if forward else "backward_a2a"):
             handles[i].wait()
         with cfg.phase("experts" if forward else "backward_experts"):
-            rows = compute(i, inbound[i].index_select(0, c.to_expert)).index_select(0, c.to_source)
+            rows = compute(i, inbound[i].index_select(0, c.index))
+            rows = torch.empty_like(inbound[i]).index_copy_(0, c.index, rows)  # back to received order
         out = torch.empty_like(chunks_in[i])
         with cfg.phase("combine" if forward else "backward_a2a"):
             back_handles.append(cfg.exchange.start(out, rows.contiguous(), c.send_splits, c.recv_splits))

@@ -144,11 +144,12 @@ def route(logits, k: int, capacity_factor: float, forced=None) -> Routing:
         vals = logits.gather(1, idx)
     weights = torch.softmax(vals.float(), dim=1)
     flat_e = idx.t().reshape(-1)
-    counts = torch.bincount(flat_e, minlength=experts)
-    order = torch.argsort(flat_e, stable=True)
-    starts = torch.cumsum(counts, 0) - counts
-    pos = torch.empty_like(flat_e)
-    pos[order] = torch.arange(flat_e.numel(), device=flat_e.device) - starts[flat_e[order]]
+    # Position of every assignment in its expert's priority list without a sort or a host sync
+    # (bincount reads its max to the host): running count per expert over the assignments.
+    hits = torch.zeros((flat_e.numel(), experts), dtype=torch.int32, device=flat_e.device)
+    running = hits.scatter_(1, flat_e.unsqueeze(1), 1).cumsum(0, dtype=torch.int32)  # [kT, E]
+    counts = running[-1].long() if flat_e.numel() else torch.zeros(experts, dtype=torch.int64, device=flat_e.device)
+    pos = running.gather(1, flat_e.unsqueeze(1)).squeeze(1).long() - 1
     if capacity_factor == 0:
         cap, keep, kept = None, torch.ones_like(flat_e, dtype=torch.bool), counts
     else:

@@ -145,11 +145,12 @@ def route(logits, k: int, capacity_factor: float, forced=None) -> Routing:
     weights = torch.softmax(vals.float(), dim=1)
     flat_e = idx.t().reshape(-1)
     # Position of every assignment in its expert's priority list without a sort or a host sync
-    # (bincount reads its max to the host): running count per expert over the assignments.
-    hits = torch.zeros((flat_e.numel(), experts), dtype=torch.int32, device=flat_e.device)
-    running = hits.scatter_(1, flat_e.unsqueeze(1), 1).cumsum(0, dtype=torch.int32)  # [kT, E]
-    counts = running[-1].long() if flat_e.numel() else torch.zeros(experts, dtype=torch.int64, device=flat_e.device)
-    pos = running.gather(1, flat_e.unsqueeze(1)).squeeze(1).long() - 1
+    # (bincount reads its max to the host): running count per expert along the assignments, [E, kT]
+    # so that the scan runs over the innermost dimension (a scan over dim 0 of [kT, E] is ~100x slower).
+    hits = torch.zeros((experts, flat_e.numel()), dtype=torch.int32, device=flat_e.device)
+    running = hits.scatter_(0, flat_e.unsqueeze(0), 1).cumsum(1, dtype=torch.int32)  # [E, kT]
+    counts = running[:, -1].long() if flat_e.numel() else torch.zeros(experts, dtype=torch.int64, device=flat_e.device)
+    pos = running.gather(0, flat_e.unsqueeze(0)).squeeze(0).long() - 1
     if capacity_factor == 0:
         cap, keep, kept = None, torch.ones_like(flat_e, dtype=torch.bool), counts
     else:

@@ -77,11 +77,19 @@ def triton_version() -> str | None:
     return triton.__version__
 
 
+def command_line(argv: list[str]) -> str:
+    """The command as a user would retype it: 'python -m qbench' and the script path read as 'qbench'."""
+    words = list(argv)
+    if words and (words[0].endswith("__main__.py") or Path(words[0]).name == "qbench"):
+        words[0] = "qbench"
+    return shlex.join(words)
+
+
 def capture_env(argv: list[str] | None = None, config: Any = None) -> dict[str, Any]:
     """The full environment block for env.json (config: a dataclass or mapping, stored as given)."""
     env: dict[str, Any] = {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join(argv if argv is not None else sys.argv),
+        "command": command_line(argv if argv is not None else sys.argv),
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),

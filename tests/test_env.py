@@ -9,3 +9,8 @@ def test_environment_block_has_what_compare_and_readers_need():
         assert key in block, key
     assert block["torch"] and block["python"].count(".") == 2
     assert block["git_commit"] is None or len(block["git_commit"]) == 40
+
+
+def test_command_line_reads_as_qbench_however_it_was_started():
+    assert env.command_line(["/x/qbench/__main__.py", "moe", "--world-size", "4"]) == "qbench moe --world-size 4"
+    assert env.command_line(["/usr/bin/qbench", "compare", "a b"]) == "qbench compare 'a b'"

@@ -24,8 +24,17 @@ CPU_NOTICE = (
 )
 
 
+PIPE_WIDTH = 220  # tables written to a file or pipe are not squeezed into 80 columns
+
+
 def stdout_console() -> Console:
-    return Console(soft_wrap=False)
+    """Rich console for tables: the terminal's width on a TTY (or $COLUMNS), wide when piped."""
+    import os
+
+    console = Console(soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(soft_wrap=False, width=PIPE_WIDTH)
+    return console
 
 
 def stderr_console() -> Console:

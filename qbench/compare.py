@@ -208,6 +208,11 @@ def _metrics_of(ref_rec, cand_rec, wanted: tuple[str, ...]) -> list[str]:
     return [m for m in names if m in wanted] if wanted else names
 
 
+def _missing_row(record: dict[str, Any], candidate: str, note: str) -> Row:
+    """An 'n/a' row: the configuration exists on one side only."""
+    return Row(record["bench"], record["case"], "*", None, candidate, None, None, marker="n/a", note=note)
+
+
 def _pair_rows(reference: Run, candidate: Run, options: CompareOptions) -> list[Row]:
     rows: list[Row] = []
     benches = sorted({r["bench"] for r in reference.records} & {r["bench"] for r in candidate.records})
@@ -217,19 +222,7 @@ def _pair_rows(reference: Run, candidate: Run, options: CompareOptions) -> list[
         for key, ref_rec in ref_index.items():
             cand_rec = cand_index.get(key)
             if cand_rec is None:
-                rows.append(
-                    Row(
-                        bench,
-                        ref_rec["case"],
-                        "*",
-                        None,
-                        candidate.label,
-                        None,
-                        None,
-                        marker="n/a",
-                        note="missing in candidate",
-                    )
-                )
+                rows.append(_missing_row(ref_rec, candidate.label, "missing in candidate"))
                 continue
             status = _status_row(ref_rec, cand_rec, candidate.label)
             if status is not None:
@@ -240,17 +233,7 @@ def _pair_rows(reference: Run, candidate: Run, options: CompareOptions) -> list[
                 for m in _metrics_of(ref_rec, cand_rec, options.metrics)
             )
         rows.extend(
-            Row(
-                bench,
-                cand_index[k]["case"],
-                "*",
-                None,
-                candidate.label,
-                None,
-                None,
-                marker="n/a",
-                note="missing in reference",
-            )
+            _missing_row(cand_index[k], candidate.label, "missing in reference")
             for k in cand_index.keys() - ref_index.keys()
         )
     return rows

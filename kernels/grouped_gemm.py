@@ -46,6 +46,19 @@ else:
     ]
 
 
+@triton.jit
+def _dot_accumulate(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += a @ b in fp32. UPCAST widens 16-bit tiles first (only under the interpreter, whose bf16
+    dot is wrong); IEEE asks for exact fp32 products (no TF32) so fp32 matches the fp32 reference."""
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
 @triton.autotune(configs=_FWD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
 @triton.jit
 def _grouped_fwd_kernel(
@@ -88,12 +101,7 @@ def _grouped_fwd_kernel(
         k_ok = (k0 + ks) < K
         a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
         x_tile += BK * sxk
         w_tile += BK * swk
     if HAS_BIAS:
@@ -135,12 +143,7 @@ def _grouped_wgrad_kernel(
             dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
             mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
         )
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
     dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
     tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
 

@@ -64,6 +64,21 @@ def _triton_configs() -> list:
 
 
 @triton.jit
+def dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The fused dequantizing epilogue shared by the pointer and TMA kernels: int32 tile [BM, BN] ->
+    fp32 acc * s_a[rm] * s_b / 127^2 (+ bias[rn]); s_b is one scale (global) or one per column."""
+    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
+    if PER_COLUMN:
+        sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
+    else:
+        sb = tl.load(sb_ptr + tl.zeros([1], dtype=tl.int32))[:, None]
+    c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
+    if HAS_BIAS:
+        c += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    return c
+
+
+@triton.jit
 def _int8_matmul_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_am, stride_bn,
                         stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         GROUP_M: tl.constexpr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -99,15 +114,7 @@ def _int8_matmul_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, 
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
-    # fused dequantizing epilogue: one fp32 multiply per element, bias, cast to the output dtype
-    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
-    if PER_COLUMN:
-        sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
-    else:
-        sb = tl.load(sb_ptr + tl.zeros([1], dtype=tl.int32))[:, None]
-    c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
-    if HAS_BIAS:
-        c += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    c = dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN, HAS_BIAS)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
     tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)

@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-QMAX_SQUARED = 127.0 * 127.0
-_INV_QMAX_SQUARED = tl.constexpr(1.0 / QMAX_SQUARED)
+from kernels.switchback_matmul import dequantize_tile
 
 
 @triton.jit
@@ -40,14 +39,7 @@ def _int8_matmul_tma_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M,
             acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
         rm = off_m + tl.arange(0, BLOCK_M)
         rn = off_n + tl.arange(0, BLOCK_N)
-        sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
-        if PER_COLUMN:
-            sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
-        else:
-            sb = tl.load(sb_ptr + tl.zeros([1], dtype=tl.int32))[:, None]
-        c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
-        if HAS_BIAS:
-            c += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        c = dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN, HAS_BIAS)
         c_desc.store([off_m, off_n], c.to(c_desc.dtype))
 
 

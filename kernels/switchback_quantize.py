@@ -171,22 +171,22 @@ def _quantize_tiles(w: torch.Tensor, s: torch.Tensor, per_column: bool, transpos
     return q
 
 
-def quantize_global(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [N, K] -> (Wq [N, K] int8, s [1] fp32)."""
+def _quantize_global(w: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, torch.Tensor]:
     w = _check(w, "w").contiguous()
     if not use_triton(w):
-        return quantize_global_reference(w)
+        return (quantize_global_transpose_reference if transpose else quantize_global_reference)(w)
     s = _global_scale(w)
-    return _quantize_tiles(w, s, per_column=False, transpose=False), s
+    return _quantize_tiles(w, s, per_column=False, transpose=transpose), s
+
+
+def quantize_global(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (Wq [N, K] int8, s [1] fp32)."""
+    return _quantize_global(w, transpose=False)
 
 
 def quantize_global_transpose(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """W [N, K] -> (Wq^T [K, N] int8 contiguous, s [1] fp32)."""
-    w = _check(w, "w").contiguous()
-    if not use_triton(w):
-        return quantize_global_transpose_reference(w)
-    s = _global_scale(w)
-    return _quantize_tiles(w, s, per_column=False, transpose=True), s
+    return _quantize_global(w, transpose=True)
 
 
 def quantize_columnwise_transpose(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

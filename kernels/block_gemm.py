@@ -1,0 +1,406 @@
+"""Block GEMMs across peer GPUs: pull token blocks and multiply (AG), multiply and push back (GA).
+
+The expert FFN of `qbench moe --system blocks` works on blocks of at most B rows (B = 64 by default).
+Every block comes from ONE source rank and covers contiguous rows of that rank's source layout, so a
+block is one peer base pointer plus a row range (coalesced loads and stores). Per owner rank, with
+nb blocks, L local experts and the plan's per-block tensors (all [nb], on the device):
+    block_src int32 (source rank), block_row int64 (first row in the source layout),
+    block_rows int32 (1..B valid rows), block_expert int32 (local expert l)
+Local (padded) layout: block b owns rows [b*B, (b+1)*B); rows past block_rows[b] are padding.
+
+    gather_matmul:  gathered[b*B + j] = src[block_src[b]][block_row[b] + j]   (0 for j >= block_rows[b])
+                    out[b*B + j]      = gathered[b*B + j] @ w[block_expert[b]] (+ bias[block_expert[b]])
+                    optionally out = act(pre) with pre stored too (relu, or gelu with erf)
+    matmul_scatter: dst[block_src[b]][block_row[b] + j] = a[b*B + j] @ w[block_expert[b]] (+ bias)
+                    for j < block_rows[b] only
+    gather_rows:    the gather alone (copy), for the unfused path: gather, then the grouped GEMM
+
+Shapes: sources [S_s, K] (row stride shared by all peers, unit column stride), w [L, K, N] any strided
+view (w^T of the backward passes without a copy), bias [L, N] or None, out [nb*B, N], gathered
+[nb*B, K]; fp16 / bf16 / fp32, fp32 accumulation. Peers are reached through an int64 device table of
+their base addresses (symmetric memory on GPUs); tests pass several local tensors instead, and the
+references take a Python list of tensors standing in for the peers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from kernels import interpreting, use_triton
+
+# A program owns one block (BM = B rounded up to a power of two rows) and one N tile. Interpreter
+# runs (CPU tests) use tiny tiles to stay fast; GPU configs are the Hopper tensor-core shapes for
+# 64-row tiles (wide N tiles: every extra N tile re-reads the block's A rows over NVLink).
+if interpreting():
+    _CONFIGS = [triton.Config({"BN": 16, "BK": 16}, num_warps=1, num_stages=1)]
+    _COPY_CONFIGS = [triton.Config({"BK": 16}, num_warps=1)]
+else:
+    _CONFIGS = [
+        triton.Config({"BN": 256, "BK": 64}, num_warps=8, num_stages=3),
+        triton.Config({"BN": 128, "BK": 64}, num_warps=4, num_stages=4),
+        triton.Config({"BN": 128, "BK": 128}, num_warps=8, num_stages=3),
+        triton.Config({"BN": 64, "BK": 64}, num_warps=4, num_stages=4),
+    ]
+    _COPY_CONFIGS = [triton.Config({"BK": 256}, num_warps=4), triton.Config({"BK": 512}, num_warps=8)]
+
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}
+
+
+@dataclass(frozen=True)
+class PeerTable:
+    """Peers' buffers as the kernels see them: ptrs int64 [W] base addresses (device), all buffers
+    of `dtype` with `row_stride` elements per row (unit column stride)."""
+
+    ptrs: Any
+    row_stride: int
+    dtype: Any
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += a @ b in fp32; IEEE: exact fp32 products (no TF32) so fp32 matches its reference;
+    UPCAST widens bf16 tiles under the interpreter, whose bf16 dot is wrong."""
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, b_ptr, l, cols, N, sbl, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + l.to(tl.int64) * sbl + cols, mask=cols < N, other=0.0)
+        acc += bias[None, :].to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _activate(x, ACT: tl.constexpr):
+    if ACT == 1:
+        x = tl.maximum(x, 0.0)
+    elif ACT == 2:
+        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))  # exact (erf) GELU, as F.gelu
+    return x
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "BM", "HAS_BIAS", "ACT", "STORE_GATHERED", "IEEE", "UPCAST"])
+@triton.jit
+def _gather_matmul_kernel(
+    table_ptr, w_ptr, b_ptr, out_ptr, pre_ptr, gath_ptr,
+    bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr,
+    N, K, B, s_src, swl, swk, swn, sbl, s_out, s_gath,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_GATHERED: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    # Block-major program order: the N tiles of one block run side by side (its A rows stay hot).
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BN)
+    blk = pid // n_tiles
+    pid_n = pid % n_tiles
+    src = tl.load(bsrc_ptr + blk)
+    row0 = tl.load(brow_ptr + blk)
+    nrows = tl.load(brows_ptr + blk)
+    l = tl.load(bexp_ptr + blk)
+    # The source rank's buffer: an address from the table, typed like the gathered rows.
+    base = tl.load(table_ptr + src).to(tl.pointer_type(gath_ptr.dtype.element_ty))
+    js = tl.arange(0, BM)
+    ks = tl.arange(0, BK)
+    cols = pid_n * BN + tl.arange(0, BN)
+    valid = js < nrows
+    a_tile = base + (row0 + js)[:, None].to(tl.int64) * s_src + ks[None, :]
+    w_tile = w_ptr + l.to(tl.int64) * swl + ks[:, None] * swk + cols[None, :] * swn
+    local = blk.to(tl.int64) * B + js  # rows of this block in the local layout
+    g_tile = gath_ptr + local[:, None] * s_gath + ks[None, :]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = (k0 + ks) < K
+        a = tl.load(a_tile, mask=valid[:, None] & k_ok[None, :], other=0.0)  # padding rows -> 0
+        if STORE_GATHERED:
+            if pid_n == 0:
+                tl.store(g_tile, a, mask=(js < B)[:, None] & k_ok[None, :])
+        b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
+        acc = _dot(a, b, acc, IEEE, UPCAST)
+        a_tile += BK
+        g_tile += BK
+        w_tile += BK * swk
+    acc = _epilogue(acc, b_ptr, l, cols, N, sbl, HAS_BIAS)
+    keep = (js < B)[:, None] & (cols[None, :] < N)
+    dst = local[:, None] * s_out + cols[None, :]
+    if ACT != 0:
+        tl.store(pre_ptr + dst, acc.to(pre_ptr.dtype.element_ty), mask=keep)
+        acc = _activate(acc, ACT)
+    tl.store(out_ptr + dst, acc.to(out_ptr.dtype.element_ty), mask=keep)
+
+
+@triton.autotune(configs=_CONFIGS, key=["N", "K", "BM", "HAS_BIAS", "IEEE", "UPCAST"])
+@triton.jit
+def _matmul_scatter_kernel(
+    a_ptr, w_ptr, b_ptr, table_ptr,
+    bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr,
+    N, K, B, s_a, swl, swk, swn, sbl, s_dst,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BN)
+    blk = pid // n_tiles
+    pid_n = pid % n_tiles
+    src = tl.load(bsrc_ptr + blk)
+    row0 = tl.load(brow_ptr + blk)
+    nrows = tl.load(brows_ptr + blk)
+    l = tl.load(bexp_ptr + blk)
+    js = tl.arange(0, BM)
+    ks = tl.arange(0, BK)
+    cols = pid_n * BN + tl.arange(0, BN)
+    valid = js < nrows
+    a_tile = a_ptr + (blk.to(tl.int64) * B + js)[:, None] * s_a + ks[None, :]
+    w_tile = w_ptr + l.to(tl.int64) * swl + ks[:, None] * swk + cols[None, :] * swn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = (k0 + ks) < K
+        a = tl.load(a_tile, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
+        acc = _dot(a, b, acc, IEEE, UPCAST)
+        a_tile += BK
+        w_tile += BK * swk
+    acc = _epilogue(acc, b_ptr, l, cols, N, sbl, HAS_BIAS)
+    # The result rows go straight to the source rank's buffer (a peer store over NVLink).
+    base = tl.load(table_ptr + src).to(tl.pointer_type(a_ptr.dtype.element_ty))
+    dst = base + (row0 + js)[:, None].to(tl.int64) * s_dst + cols[None, :]
+    tl.store(dst, acc.to(a_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < N))
+
+
+@triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM"])
+@triton.jit
+def _gather_rows_kernel(
+    table_ptr, gath_ptr, bsrc_ptr, brow_ptr, brows_ptr, K, B, s_src, s_gath,
+    BM: tl.constexpr, BK: tl.constexpr,
+):
+    # One program per (block, K tile): copy the block's rows from its source, zeros for padding.
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BK)
+    blk = pid // k_tiles
+    ks = (pid % k_tiles) * BK + tl.arange(0, BK)
+    src = tl.load(bsrc_ptr + blk)
+    row0 = tl.load(brow_ptr + blk)
+    nrows = tl.load(brows_ptr + blk)
+    base = tl.load(table_ptr + src).to(tl.pointer_type(gath_ptr.dtype.element_ty))
+    js = tl.arange(0, BM)
+    a = tl.load(base + (row0 + js)[:, None].to(tl.int64) * s_src + ks[None, :],
+                mask=(js < nrows)[:, None] & (ks < K)[None, :], other=0.0)
+    g = gath_ptr + (blk.to(tl.int64) * B + js)[:, None] * s_gath + ks[None, :]
+    tl.store(g, a, mask=(js < B)[:, None] & (ks < K)[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers. `peers` is a PeerTable, or a list of local tensors standing in for the peers (tests).
+# `plan` is any object with block_size, num_blocks (host int) and the four per-block tensors.
+
+
+def peer_table(peers):
+    """A PeerTable from a list of same-dtype, same-row-stride tensors (their data pointers)."""
+    import torch
+
+    if isinstance(peers, PeerTable):
+        return peers
+    first = peers[0]
+    for t in peers:
+        if t.dtype != first.dtype or t.dim() != 2 or (t.shape[0] > 1 and t.stride(0) != first.stride(0)):
+            raise ValueError("peer buffers need one dtype and one row stride ([rows, K] views)")
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError("peer buffers need unit column stride")
+    ptrs = torch.tensor([t.data_ptr() for t in peers], dtype=torch.int64, device=first.device)
+    return PeerTable(ptrs, first.stride(0), first.dtype)
+
+
+def _ieee(dtype) -> bool:
+    """fp32 gets IEEE products (no TF32, matching the fp32 reference); so does the interpreter's
+    bf16, which is widened to fp32 first."""
+    import torch
+
+    return dtype == torch.float32 or _upcast(dtype)
+
+
+def _upcast(dtype) -> bool:
+    import torch
+
+    return interpreting() and dtype == torch.bfloat16
+
+
+def _bm(plan) -> int:
+    return max(16, triton.next_power_of_2(plan.block_size))  # tl.dot needs >= 16 rows
+
+
+def _check_w(w, bias, K: int) -> None:
+    if w.dim() != 3 or w.shape[1] != K:
+        raise ValueError(f"w must be [L, K={K}, N], got {tuple(w.shape)}")
+    if bias is not None and tuple(bias.shape) != (w.shape[0], w.shape[2]):
+        raise ValueError(f"bias must be [L, N] = {(w.shape[0], w.shape[2])}, got {tuple(bias.shape)}")
+
+
+def _blocks(plan):
+    return plan.block_src, plan.block_row, plan.block_rows, plan.block_expert
+
+
+def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activation=None, pre=None):
+    """AG: pull every block's rows from its source and multiply by its expert's weights.
+
+    peers: PeerTable or list of [S_s, K] tensors; w [L, K, N] (strided view allowed); bias [L, N] | None.
+    Returns (out [nb*B, N], gathered [nb*B, K]); with activation ("relu" | "gelu") out = act(pre) and
+    `pre` ([nb*B, N], required) receives the pre-activation. Padding rows of out hold bias / act(bias).
+    """
+    import torch
+
+    table = peer_table(peers)
+    K, N = w.shape[1], w.shape[2]
+    _check_w(w, bias, K)
+    if activation is not None and pre is None:
+        raise ValueError("a fused activation needs the `pre` buffer for the pre-activation")
+    rows = plan.num_blocks * plan.block_size
+    dev = w.device
+    out = torch.empty((rows, N), dtype=table.dtype, device=dev) if out is None else out
+    gathered = torch.empty((rows, K), dtype=table.dtype, device=dev) if gathered is None else gathered
+    if not use_triton(w, out):
+        return gather_matmul_reference(peers, plan, w, bias, out=out, gathered=gathered,
+                                       activation=activation, pre=pre)
+    if rows == 0:
+        return out, gathered
+    b = bias if bias is not None else out  # dummy pointer when HAS_BIAS is false
+    grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
+    _gather_matmul_kernel[grid](
+        table.ptrs, w, b, out, pre if pre is not None else out, gathered, *_blocks(plan),
+        N, K, plan.block_size, table.row_stride, w.stride(0), w.stride(1), w.stride(2),
+        bias.stride(0) if bias is not None else 0, out.stride(0), gathered.stride(0),
+        HAS_BIAS=bias is not None, ACT=ACTIVATIONS[activation], STORE_GATHERED=True,
+        IEEE=_ieee(table.dtype), UPCAST=_upcast(table.dtype), BM=_bm(plan),
+    )
+    return out, gathered
+
+
+def matmul_scatter(a, w, bias, peers, plan) -> None:
+    """GA: out rows of every block (a[b*B + j] @ w[l] (+ bias[l]), j < block_rows[b]) are stored to
+    row block_row[b] + j of source rank block_src[b]'s buffer. a [nb*B, K]; peers PeerTable | list."""
+    table = peer_table(peers)
+    K, N = w.shape[1], w.shape[2]
+    _check_w(w, bias, K)
+    if not use_triton(a, w):
+        return matmul_scatter_reference(a, w, bias, peers, plan)
+    if plan.num_blocks == 0 or N == 0:
+        return None
+    a = a if a.stride(1) == 1 else a.contiguous()
+    b = bias if bias is not None else a
+    grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
+    _matmul_scatter_kernel[grid](
+        a, w, b, table.ptrs, *_blocks(plan),
+        N, K, plan.block_size, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
+        bias.stride(0) if bias is not None else 0, table.row_stride,
+        HAS_BIAS=bias is not None, IEEE=_ieee(a.dtype), UPCAST=_upcast(a.dtype), BM=_bm(plan),
+    )
+    return None
+
+
+def gather_rows(peers, plan, gathered=None):
+    """The gather alone: gathered [nb*B, K] (zeros in padding rows), for gather-then-grouped-GEMM."""
+    table = peer_table(peers)
+    if gathered is None:
+        raise ValueError("gather_rows needs the `gathered` output [nb*B, K]")
+    if not use_triton(gathered):
+        return gather_rows_reference(peers, plan, gathered)
+    K = gathered.shape[1]
+    if plan.num_blocks == 0 or K == 0:
+        return gathered
+    grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
+    _gather_rows_kernel[grid](
+        table.ptrs, gathered, plan.block_src, plan.block_row, plan.block_rows,
+        K, plan.block_size, table.row_stride, gathered.stride(0), BM=_bm(plan),
+    )
+    return gathered
+
+
+# ---------------------------------------------------------------------------------------------
+# References: the same math in plain torch, with a Python list of tensors standing in for the peers.
+
+
+def _host_blocks(plan):
+    n = plan.num_blocks
+    return [[int(v) for v in t[:n].tolist()] for t in _blocks(plan)]
+
+
+def gather_rows_reference(peers, plan, gathered):
+    gathered.zero_()
+    B = plan.block_size
+    for b, (s, row, n, _) in enumerate(zip(*_host_blocks(plan))):
+        gathered[b * B : b * B + n] = peers[s][row : row + n].to(gathered.device)
+    return gathered
+
+
+def gather_matmul_reference(peers, plan, w, bias=None, *, out=None, gathered=None, activation=None, pre=None):
+    """Plain torch AG: gather the blocks (zero padding), then one fp32 matmul per block."""
+    import torch
+    import torch.nn.functional as F
+
+    K, N = w.shape[1], w.shape[2]
+    rows = plan.num_blocks * plan.block_size
+    dtype, dev = peers[0].dtype, w.device
+    gathered = torch.empty((rows, K), dtype=dtype, device=dev) if gathered is None else gathered
+    gather_rows_reference(peers, plan, gathered)
+    acc = torch.empty((rows, N), dtype=torch.float32, device=dev)
+    B = plan.block_size
+    for b, (_, _, _, l) in enumerate(zip(*_host_blocks(plan))):
+        acc[b * B : (b + 1) * B] = gathered[b * B : (b + 1) * B].float() @ w[l].float()
+        if bias is not None:
+            acc[b * B : (b + 1) * B] += bias[l].float()
+    if activation is not None:
+        pre.copy_(acc)
+        acc = F.gelu(acc) if activation == "gelu" else F.relu(acc)
+    out = torch.empty((rows, N), dtype=dtype, device=dev) if out is None else out
+    out.copy_(acc)
+    return out, gathered
+
+
+def matmul_scatter_reference(a, w, bias, peers, plan) -> None:
+    """Plain torch GA: each block's valid rows, multiplied in fp32, written into its source's tensor."""
+    B = plan.block_size
+    for b, (s, row, n, l) in enumerate(zip(*_host_blocks(plan))):
+        y = a[b * B : b * B + n].float() @ w[l].float()
+        if bias is not None:
+            y += bias[l].float()
+        peers[s][row : row + n] = y.to(peers[s].dtype)
+
+
+def blocks_reference(counts_all, rank: int, num_local: int, block_size: int, device=None):
+    """The block list of owner `rank`, built on the host from counts_all [W, E] (rows rank s sends to
+    global expert e): blocks ordered local expert, then source, then position; each covers up to
+    block_size rows of the source's layout (experts sorted, src_off = exclusive cumsum of counts).
+    Returns a plain object with the BlockPlan fields the kernels read (plus offsets_local)."""
+    import torch
+
+    counts = [[int(c) for c in row] for row in counts_all.tolist()]
+    W = len(counts)
+    src_off = [[sum(row[:e]) for e in range(len(row))] for row in counts]
+    fields = {"block_src": [], "block_row": [], "block_rows": [], "block_expert": []}
+    first = []
+    for l in range(num_local):
+        first.append(len(fields["block_src"]))
+        e = rank * num_local + l
+        for s in range(W):
+            for start in range(0, counts[s][e], block_size):
+                n = min(block_size, counts[s][e] - start)
+                for key, v in zip(fields, (s, src_off[s][e] + start, n, l)):
+                    fields[key].append(v)
+    nb = len(fields["block_src"])
+    dtypes = {"block_src": torch.int32, "block_row": torch.int64, "block_rows": torch.int32,
+              "block_expert": torch.int32}
+    tensors = {k: torch.tensor(v, dtype=dtypes[k], device=device) for k, v in fields.items()}
+    offsets = torch.tensor([block_size * f for f in first] + [block_size * nb], dtype=torch.int64, device=device)
+    return SimpleNamespace(block_size=block_size, num_blocks=nb, offsets_local=offsets,
+                           src_rows=sum(counts[rank]), blocks_remote=sum(1 for s in fields["block_src"] if s != rank),
+                           **tensors)

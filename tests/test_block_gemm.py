@@ -1,0 +1,150 @@
+"""Block GEMM kernels (kernels/block_gemm.py) against their plain-torch references.
+
+Several local tensors stand in for the peer GPUs: the kernels reach them through a table of their
+addresses, exactly as they reach symmetric-memory buffers on GPUs. Odd K and N, blocks of 1..B rows,
+a non-power-of-two block size, empty experts, a rank that sends nothing, strided w^T views, every dtype.
+On CPU the kernels run under the Triton interpreter (tiny tiles).
+"""
+
+import pytest
+import torch
+
+from kernels import block_gemm as bg
+from kernels import use_triton
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# fp32: IEEE products, only the summation order differs; 16-bit: both round one fp32 accumulator
+# to the output dtype, so an order difference can flip the last bit (2 ulps of slack).
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+# counts_all[s, e]: rows rank s sends to global expert e (W = 3 ranks, L = 2 local experts, E = 6).
+# Owner 1 owns experts 2 and 3: expert 2 gets 1 row from rank 0, 11 from rank 1 (3 blocks of B = 5:
+# 5, 5, 1), none from rank 2 (which sends nothing at all); expert 3 gets 7 rows from rank 0 (5, 2).
+COUNTS = torch.tensor([[2, 0, 1, 7, 3, 4], [0, 3, 11, 0, 2, 1], [0, 0, 0, 0, 0, 0]])
+EMPTY_EXPERT = torch.tensor([[1, 2, 0, 0], [3, 0, 0, 0]])  # owner 1 (L = 2): both experts empty
+
+
+def _assert_close(got, want, tol, what):
+    got, want = got.float().cpu(), want.float().cpu()
+    bad = ~torch.isclose(got, want, rtol=tol, atol=tol)
+    if bad.any():
+        idx = bad.nonzero()[:5].tolist()
+        pairs = [(i, float(got[tuple(i)]), float(want[tuple(i)])) for i in idx]
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} differ; first (index, got, want): {pairs}")
+
+
+def _sources(counts, K, dtype, gen):
+    return [torch.randn(int(c.sum()), K, generator=gen).to(dtype).to(DEVICE) for c in counts]
+
+
+def _weights(L, K, N, dtype, gen, transposed):
+    """w [L, K, N]; transposed: a strided view of a [L, N, K] tensor, as w^T in the backward."""
+    if transposed:
+        return torch.randn(L, N, K, generator=gen).to(dtype).to(DEVICE).transpose(1, 2)
+    return torch.randn(L, K, N, generator=gen).to(dtype).to(DEVICE)
+
+
+def test_kernels_run_through_triton_here():
+    # the comparisons below would be reference-vs-reference without the kernel path
+    assert use_triton(torch.empty(1, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transposed,with_bias", [(False, True), (True, False)])
+def test_gather_matmul_matches_reference(dtype, transposed, with_bias):
+    gen = torch.Generator().manual_seed(7)
+    K, N, L = 19, 21, 2
+    plan = bg.blocks_reference(COUNTS, 1, L, 5, device=DEVICE)
+    assert plan.num_blocks == 6
+    srcs = _sources(COUNTS, K, dtype, gen)
+    w = _weights(L, K, N, dtype, gen, transposed)
+    bias = torch.randn(L, N, generator=gen).to(dtype).to(DEVICE) if with_bias else None
+    out, gathered = bg.gather_matmul(srcs, plan, w, bias)
+    want_out, want_g = bg.gather_matmul_reference(srcs, plan, w, bias)
+    assert torch.equal(gathered.cpu(), want_g.cpu()), "gathered rows are copies: they must be exact"
+    _assert_close(out, want_out, TOL[dtype], f"gather_matmul {dtype}")
+
+
+def test_gathered_rows_are_the_source_rows_and_padding_is_zero():
+    gen = torch.Generator().manual_seed(3)
+    plan = bg.blocks_reference(COUNTS, 1, 2, 5, device=DEVICE)
+    srcs = _sources(COUNTS, 9, torch.float16, gen)
+    w = _weights(2, 9, 17, torch.float16, gen, False)
+    _, gathered = bg.gather_matmul(srcs, plan, w, None, gathered=torch.full((30, 9), 7.0, dtype=torch.float16,
+                                                                             device=DEVICE))
+    expect = torch.zeros(30, 9, dtype=torch.float16)
+    for b, (s, row, n) in enumerate(zip(plan.block_src.tolist(), plan.block_row.tolist(), plan.block_rows.tolist())):
+        expect[b * 5 : b * 5 + n] = srcs[s][row : row + n].cpu()
+    assert torch.equal(gathered.cpu(), expect)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_fused_activation_stores_pre_and_act(activation):
+    gen = torch.Generator().manual_seed(11)
+    plan = bg.blocks_reference(COUNTS, 0, 2, 4, device=DEVICE)
+    srcs = _sources(COUNTS, 18, torch.float32, gen)
+    w = _weights(2, 18, 23, torch.float32, gen, False)
+    bias = torch.randn(2, 23, generator=gen).to(DEVICE)
+    rows = plan.num_blocks * 4
+    pre = torch.empty(rows, 23, device=DEVICE)
+    out, _ = bg.gather_matmul(srcs, plan, w, bias, activation=activation, pre=pre)
+    want_pre = torch.empty_like(pre)
+    want, _ = bg.gather_matmul_reference(srcs, plan, w, bias, activation=activation, pre=want_pre)
+    _assert_close(pre, want_pre, TOL[torch.float32], "pre-activation")
+    _assert_close(out, want, 1e-5, f"{activation}(pre)")  # erf in fp32 on both sides
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transposed,with_bias", [(False, True), (True, False)])
+def test_matmul_scatter_matches_reference_and_writes_only_its_rows(dtype, transposed, with_bias):
+    gen = torch.Generator().manual_seed(5)
+    K, N, L, B = 17, 13, 2, 5
+    plan = bg.blocks_reference(COUNTS, 1, L, B, device=DEVICE)
+    a = torch.randn(plan.num_blocks * B, K, generator=gen).to(dtype).to(DEVICE)
+    w = _weights(L, K, N, dtype, gen, transposed)
+    bias = torch.randn(L, N, generator=gen).to(dtype).to(DEVICE) if with_bias else None
+    sentinel = -1234.0  # rows no block of this owner targets must keep it
+    got = [torch.full((int(c.sum()), N), sentinel, dtype=dtype, device=DEVICE) for c in COUNTS]
+    want = [t.clone() for t in got]
+    bg.matmul_scatter(a, w, bias, got, plan)
+    bg.matmul_scatter_reference(a, w, bias, want, plan)
+    for s in range(len(got)):
+        _assert_close(got[s], want[s], TOL[dtype], f"rank {s} rows after matmul_scatter {dtype}")
+    targeted = sum(plan.block_rows.tolist())
+    untouched = sum(int((t == sentinel).all(1).sum()) for t in want)
+    assert targeted + untouched == int(COUNTS.sum()) and targeted == 19
+
+
+def test_gather_rows_copy_matches_reference():
+    gen = torch.Generator().manual_seed(2)
+    plan = bg.blocks_reference(COUNTS, 0, 2, 3, device=DEVICE)
+    srcs = _sources(COUNTS, 21, torch.bfloat16, gen)
+    rows = plan.num_blocks * 3
+    got = bg.gather_rows(srcs, plan, torch.full((rows, 21), 5.0, dtype=torch.bfloat16, device=DEVICE))
+    want = bg.gather_rows_reference(srcs, plan, torch.empty(rows, 21, dtype=torch.bfloat16, device=DEVICE))
+    assert torch.equal(got.cpu(), want.cpu())
+
+
+def test_empty_experts_and_no_blocks():
+    gen = torch.Generator().manual_seed(1)
+    plan = bg.blocks_reference(EMPTY_EXPERT, 1, 2, 4, device=DEVICE)
+    assert plan.num_blocks == 0 and plan.offsets_local.tolist() == [0, 0, 0]
+    srcs = _sources(EMPTY_EXPERT, 5, torch.float16, gen)
+    out, gathered = bg.gather_matmul(srcs, plan, _weights(2, 5, 6, torch.float16, gen, False))
+    assert out.shape == (0, 6) and gathered.shape == (0, 5)
+    dst = [torch.zeros(int(c.sum()), 6, dtype=torch.float16, device=DEVICE) for c in EMPTY_EXPERT]
+    bg.matmul_scatter(torch.empty(0, 5, dtype=torch.float16, device=DEVICE),
+                      _weights(2, 5, 6, torch.float16, gen, False), None, dst, plan)
+    assert all(not t.any() for t in dst)
+
+
+def test_blocks_reference_layout():
+    plan = bg.blocks_reference(COUNTS, 1, 2, 5)
+    # expert 2: rank 0 row 2 (1 row), rank 1 rows [3, 8), [8, 13), [13, 14); expert 3: rank 0 rows [3, 8), [8, 10)
+    assert plan.block_src.tolist() == [0, 1, 1, 1, 0, 0]
+    assert plan.block_row.tolist() == [2, 3, 8, 13, 3, 8]
+    assert plan.block_rows.tolist() == [1, 5, 5, 1, 5, 2]
+    assert plan.block_expert.tolist() == [0, 0, 0, 0, 1, 1]
+    assert plan.offsets_local.tolist() == [0, 20, 30]
+    assert plan.src_rows == 17 and plan.blocks_remote == 3

@@ -194,10 +194,18 @@ def _diagnostics(chunks: list[list[str]], metrics: dict[str, Any], unit_of: dict
     _planning_times(chunks, metrics, unit_of)
 
 
+RANKED_BLOCKS = re.compile(r"block_info (\d+) (\d+) rank (\d+)")
+RANK_SUFFIX = re.compile(r" rank (\d+)\s*$")
+
+
 def _rank_blocks(chunks: list[list[str]]) -> dict[int, tuple[int, int]]:
     """rank -> (total blocks, remote blocks). block_info lines carry no rank; a rank prints
     `R wait time: x` and then its total on the next line, so the most common pairing decides
-    (ranks' lines sometimes interleave)."""
+    (ranks' lines sometimes interleave). qbench's own lines end in `rank R`, which decides directly."""
+    named = {int(m.group(3)): (int(m.group(1)), int(m.group(2)))
+             for chunk in chunks for line in chunk if (m := RANKED_BLOCKS.match(line))}
+    if named:
+        return named
     pairs, owners = Counter(), Counter()
     for chunk in chunks:
         for i, line in enumerate(chunk):
@@ -221,7 +229,8 @@ def _transfer_times(chunks, ranks, metrics: dict[str, Any], unit_of: dict[str, s
         seen: Counter = Counter()
         for line in chunk:
             m = re.match(r"(AG|GA), ([\d.]+), ([\d.]+), ", line)
-            rank = fraction_rank.get(round(float(m.group(2)), 6)) if m else None
+            named = RANK_SUFFIX.search(line)
+            rank = int(named.group(1)) if m and named else fraction_rank.get(round(float(m.group(2)), 6)) if m else None
             if rank is None:
                 continue
             kind = m.group(1).lower()

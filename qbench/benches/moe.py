@@ -2,8 +2,10 @@
 
 run(config) validates the configuration (before any process starts), launches the ranks
 (qbench.dist: self-spawned, or one rank of a torchrun job) and yields one record per configuration
-of the sweep (local experts x overlap degree x replication x routing x GEMM backend). Each
-configuration is checked against the dense reference first; a mismatch is an error record, not timed.
+of the sweep (local experts x overlap degree x replication x routing x GEMM backend x locality x
+system). Each configuration is checked against the dense reference first; a mismatch is an error
+record, not timed. System "blocks" (MixMoE's block dispatch fused with the expert GEMMs) runs one
+chunk, so its cases take overlap degree 1 only; its transport ("symm" or the "a2a" fallback) is a param.
 
 Metrics (times in ms: median over steps of the max over ranks):
   step_time, forward_time, backward_time, <phase>_time (gate, plan, dispatch, experts, combine,
@@ -11,6 +13,10 @@ Metrics (times in ms: median over steps of the max over ranks):
   per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
   tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert
   and per-rank load (max / mean), dropped_tokens, roofline_fraction (expert GEMMs + 4 all-to-alls).
+System blocks adds: ag_time, ga_time, backward_ag_time, backward_ga_time (max over ranks per step),
+  blocks_total / blocks_remote (max over owner ranks), blocks_rank<r> / remote_blocks_rank<r> /
+  remote_fraction_rank<r> (per rank, the importer's names), remote_fraction (all ranks' remote blocks
+  over all blocks), block_imbalance (busiest rank / mean), remote_rows (most rows a rank pulls).
 """
 
 from __future__ import annotations
@@ -54,6 +60,10 @@ class MoEBenchConfig:
     eval: bool = False
     seed: int = 0
     timeout_s: float = 600.0
+    systems: tuple[str, ...] = ("a2a",)
+    block_size: int = 64
+    localities: tuple[float | None, ...] = (None,)  # None: the routing kind alone decides
+    transport: str = "auto"  # blocks: auto (symm where available, else a2a) | symm | a2a
 
 
 def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
@@ -72,6 +82,7 @@ def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
         raise QbenchUsageError(f"--samples {config.samples} is not a multiple of --batch-size {config.batch_size}")
     if config.model == "attn-moe" and config.model_dim % 64:
         raise QbenchUsageError(f"--model attn-moe needs --model-dim divisible by 64, not {config.model_dim}")
+    _validate_blocks(config)
     for text in config.routings:
         try:
             spec = parse_routing(text)
@@ -82,11 +93,36 @@ def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
             raise QbenchUsageError(str(exc)) from None
 
 
+def _validate_blocks(config: MoEBenchConfig) -> None:
+    from qbench.layers.moe_routing import parse_routing
+
+    if any(p is not None for p in config.localities):
+        if any(not 0.0 <= p <= 1.0 for p in config.localities):
+            raise QbenchUsageError("--locality values are probabilities: give numbers in [0, 1]")
+        bad = [r for r in config.routings if parse_routing(r).kind not in ("randn", "uniform")]
+        if bad:
+            raise QbenchUsageError(f"--locality chooses the experts itself; it works with --routing randn or "
+                                   f"uniform, not {bad[0]}")
+        if min(config.num_local_experts) < config.top_k:
+            raise QbenchUsageError(f"--locality needs --num-local-experts >= --top-k {config.top_k} (a token's "
+                                   "k distinct experts may all live on its own rank)")
+    if config.transport == "symm" and config.backend != "nccl":
+        raise QbenchUsageError("--transport symm needs CUDA GPUs with NCCL; use --transport auto")
+
+
 def cases(config: MoEBenchConfig) -> list[dict[str, Any]]:
+    """The case grid; system innermost so that a2a and blocks of one configuration sit together."""
     grid = itertools.product(config.num_local_experts, config.overlap_degrees, config.replicate_hot,
-                             config.routings, config.gemms)
-    return [dict(num_local_experts=L, a2a_ffn_overlap_degree=D, replicate_hot=N, routing=r, gemm=g)
-            for L, D, N, r, g in grid]
+                             config.routings, config.gemms, config.localities, config.systems)
+    out, seen = [], set()
+    for L, D, N, r, g, p, system in grid:
+        case = dict(num_local_experts=L, a2a_ffn_overlap_degree=1 if system == "blocks" else D,
+                    replicate_hot=N, routing=r, gemm=g, locality=p, system=system)
+        key = tuple(case.values())
+        if key not in seen:  # blocks ignores the overlap degree: one case, not one per degree
+            seen.add(key)
+            out.append(case)
+    return out
 
 
 def run(config: MoEBenchConfig) -> Iterator[dict]:
@@ -111,7 +147,10 @@ def params_of(config: MoEBenchConfig, case: dict[str, Any], world_size: int) -> 
             "a2a_ffn_overlap_degree": case["a2a_ffn_overlap_degree"], "routing": case["routing"],
             "capacity_factor": config.capacity_factor, "model": config.model,
             "replicate_hot": case["replicate_hot"], "gemm": case["gemm"], "activation": config.activation,
-            "fp32_gate": config.fp32_gate, "eval": config.eval, "backend": config.backend}
+            "fp32_gate": config.fp32_gate, "eval": config.eval, "backend": config.backend,
+            "system": case.get("system", "a2a"), "locality": case.get("locality"),
+            "block_size": config.block_size if case.get("system") == "blocks" else None,
+            "transport": case.get("transport", "a2a")}
 
 
 def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
@@ -123,6 +162,7 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
     error = None
     try:
         model, moe, x, dy = moe_run.build(ctx, config, case)
+        params["transport"] = getattr(getattr(moe, "transport", None), "name", "a2a")
     except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
         error = f"{type(exc).__name__}: {exc}"
     if not moe_run.agree(error is None, ctx.device):  # every rank skips together (no stray collective)
@@ -134,6 +174,8 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
     if not moe_run.agree(ok, ctx.device) or not ok:
         return make_record(BENCH, params, status="error", error=f"reference check failed: {detail}", device=device)
     stats = moe_run.routing_stats(ctx, model, moe, x)
+    if case.get("system") == "blocks":
+        stats.update(moe_run.block_stats(ctx, moe))
     samples = moe_run.time_steps(ctx, config, model, moe, x, dy)
     memory = moe_run.peak_memory_mb(ctx)
     metrics, unit_of = summarize(config, case, ctx.world_size, samples, stats, memory, device)
@@ -141,7 +183,7 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
     unit_of["check_max_rel_error"] = units.REL_ERROR
     keep = ("step_time", "forward_time", "backward_time")
     return make_record(BENCH, params, metrics, units=unit_of, device=device,
-                       samples={k: v for k, v in samples.items() if k in keep})
+                       samples={k: v for k, v in samples.items() if k in keep or "_time_rank" in k})
 
 
 def resolve_gemm(gemm: str, device: str) -> str:
@@ -165,7 +207,7 @@ def full_flops(config: MoEBenchConfig, stats: dict, world_size: int, num_experts
 
 
 def summarize(config, case, world_size, samples, stats, memory, device):
-    metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v}
+    metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v and "_rank" not in k}
     unit_of = {k: units.MS for k in metrics}
     step = metrics["step_time"]
     E = case["num_local_experts"] * world_size
@@ -175,6 +217,7 @@ def summarize(config, case, world_size, samples, stats, memory, device):
     metrics.update(stats)
     unit_of.update(expert_load_max_over_mean=units.RATIO, rank_load_max_over_mean=units.RATIO,
                    dropped_tokens=units.COUNT, computed_rows=units.COUNT, sent_rows=units.COUNT)
+    _block_metrics(samples, stats, metrics, unit_of)
     if memory is not None:
         metrics["peak_memory_mb"], unit_of["peak_memory_mb"] = memory, units.MB
     floor = floor_ms(config, stats, world_size, E, device)
@@ -183,6 +226,19 @@ def summarize(config, case, world_size, samples, stats, memory, device):
         metrics["roofline_fraction"] = floor / step
         unit_of["roofline_fraction"] = units.FRACTION_OF_ROOFLINE
     return metrics, unit_of
+
+
+def _block_metrics(samples, stats, metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
+    """System blocks: per-rank AG/GA medians under the seed importer's names (ag_fwd_ms_rank<r> ...),
+    and units of the block statistics (counts informative; fractions and imbalance lower-is-better)."""
+    for key, values in samples.items():
+        if "_time_rank" in key and values:
+            phase, rank = key.split("_time_rank")
+            name = f"{phase.removeprefix('backward_')}_{'bwd' if phase.startswith('backward_') else 'fwd'}_ms"
+            metrics[f"{name}_rank{rank}"], unit_of[f"{name}_rank{rank}"] = statistics.median(values), units.MS
+    for name in stats:
+        if name not in unit_of:
+            unit_of[name] = units.RATIO if "fraction" in name or "imbalance" in name else units.COUNT
 
 
 def floor_ms(config, stats, world_size: int, num_experts: int, device: str) -> float | None:
@@ -205,6 +261,9 @@ def floor_ms(config, stats, world_size: int, num_experts: int, device: str) -> f
     a2a_bytes = stats["sent_rows"] * config.model_dim * bytes_per
     transfers = 2 if config.eval else 4
     comm = transfers * collective_ms(a2a_bytes, world_size, hardware, kind="all_to_all")
+    if "remote_rows" in stats:  # blocks: only the busiest rank's remote rows cross NVLink (+5 us a call)
+        remote_bytes = stats["remote_rows"] * config.model_dim * bytes_per
+        comm = transfers * (remote_bytes / hardware.nvlink_bytes_per_s * 1e3 + 5e-3)
     return gemm_floor(flops, 0.0, hardware, config.dtype) + comm
 
 
@@ -221,10 +280,26 @@ def seed_lines(record: dict) -> list[str]:
     bwd = s.get("backward_time", [0.0] * len(steps))
     flops = p["samples"] * p["model_dim"] * p["hidden_size"] * 4 * p["top_k"] * (1 if p.get("eval") else 3)
     for i, (t, f, b) in enumerate(zip(steps, fwd, bwd)):
+        lines.extend(block_lines(record, i))
         lines.append(f"STEP-{i}: step_time = {t:.6f} ms, foward_time = {f:.6f}, backward_time = {b:.6f}, "
                      f"perf = {flops / (t * 1e-3) / 1e12:.2f} tflops.")
     if steps:
         mean = lambda v: sum(v) / len(v) if v else 0.0  # noqa: E731
         lines.append(f"[Summary] Average synchronized step_time = {mean(steps)} ms, "
                      f"forward = {mean(fwd)}, backward = {mean(bwd)}.")
+    return lines
+
+
+def block_lines(record: dict, step: int) -> list[str]:
+    """System blocks: the seed's per-rank diagnostics printed before STEP-<step>: `block_info TOTAL
+    REMOTE`, then `AG|GA, <remote fraction>, <ms>, 0` (forward AG, GA, then backward AG, GA), each
+    line ending in `rank R` (the seed's lines carry no rank; the importer reads the suffix when present)."""
+    m, s = record.get("metrics", {}), record.get("samples", {})
+    ranks = sorted(int(k.removeprefix("blocks_rank")) for k in m if k.startswith("blocks_rank"))
+    lines = [f"block_info {int(m[f'blocks_rank{r}'])} {int(m[f'remote_blocks_rank{r}'])} rank {r}" for r in ranks]
+    for phase, label in (("ag", "AG"), ("ga", "GA"), ("backward_ag", "AG"), ("backward_ga", "GA")):
+        for r in ranks:
+            values = s.get(f"{phase}_time_rank{r}", [])
+            if step < len(values):
+                lines.append(f"{label}, {m[f'remote_fraction_rank{r}']:.6f}, {values[step]:.6f}, 0 rank {r}")
     return lines

@@ -13,10 +13,12 @@ Examples:
   qbench moe --world-size 4 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4
   qbench moe --world-size 4 --gemm triton,torch --dtype bfloat16 --seed-format
+  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64
   torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe
 """
 CPU_SIZES = {"model_dim": 64, "hidden_size": 128, "samples": 256, "num_steps": 10, "warmup": 2}
 GEMMS = ("auto", "triton", "torch", "reference")
+SYSTEMS = ("a2a", "blocks")
 
 
 def _list(name: str, parser, default: str, text: str):
@@ -45,6 +47,14 @@ def _options(fn):
         _list("--replicate-hot", _non_negative, "0", "Hot experts computed locally on every rank."),
         _list("--routing", _routings, "randn", "randn, rand-skew, uniform, zipf:S, trace:FILE (a list sweeps)."),
         _list("--gemm", parse_names(GEMMS), "auto", "Grouped GEMM: auto (Triton), triton, torch (_grouped_mm)."),
+        _list("--system", parse_names(SYSTEMS), "a2a",
+              "a2a (all-to-all + grouped GEMM) or blocks (block dispatch fused with the GEMMs); a list sweeps."),
+        click.option("--block-size", type=click.IntRange(min=1), default=64, show_default=True,
+                     help="Rows per block of --system blocks."),
+        click.option("--locality", callback=callback(_localities), default=None,
+                     help="P[,P...]: each choice lives on the token's own rank with probability P (forced routing)."),
+        click.option("--transport", type=click.Choice(("auto", "symm", "a2a")), default="auto", show_default=True,
+                     help="blocks: symmetric memory where available (auto), or force one."),
         click.option("--model", type=click.Choice(("layer", "attn-moe")), default="layer", show_default=True),
         click.option("--num-steps", type=click.IntRange(min=1), default=None, help="Timed steps (100; 10 on CPU)."),
         click.option("--warmup", type=click.IntRange(min=0), default=None, help="Untimed steps (10; 2 on CPU)."),
@@ -68,6 +78,18 @@ def _non_negative(value):
         raise click.BadParameter(f"{value!r} is not a list of integers like 0,4") from None
     if any(n < 0 for n in numbers):
         raise click.BadParameter(f"{value!r}: counts must be >= 0")
+    return numbers
+
+
+def _localities(value):
+    if value is None or isinstance(value, tuple):
+        return value
+    try:
+        numbers = tuple(float(v) for v in str(value).split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of probabilities like 0.25,1.0") from None
+    if any(not 0.0 <= p <= 1.0 for p in numbers):
+        raise click.BadParameter(f"{value!r}: probabilities must lie in [0, 1]")
     return numbers
 
 
@@ -144,7 +166,8 @@ def build_config(kw):
         activation=kw["activation"], capacity_factor=kw["capacity_factor"], fp32_gate=kw["fp32_gate"],
         overlap_degrees=kw["a2a_ffn_overlap_degree"], replicate_hot=kw["replicate_hot"], routings=kw["routing"],
         gemms=kw["gemm"], model=kw["model"], num_steps=pick("num_steps", 100), warmup=pick("warmup", 10),
-        eval=kw["eval_mode"])
+        eval=kw["eval_mode"], systems=kw["system"], block_size=kw["block_size"],
+        localities=kw["locality"] or (None,), transport=kw["transport"])
 
 
 def _world_size(given, device: str, gpus: int) -> int:
@@ -176,6 +199,12 @@ def _table(records):
     params = ["world_size", "num_local_experts", "a2a_ffn_overlap_degree", "replicate_hot", "routing", "gemm"]
     metrics = ["step_time", "forward_time", "backward_time", "dispatch_time", "experts_time", "combine_time",
                "tflops", "roofline_fraction", "expert_load_max_over_mean", "dropped_tokens"]
+    if any(r["params"].get("system") == "blocks" for r in records):
+        params += ["system", "transport", "locality"]
+        metrics[3:6] = ["plan_time", "ag_time", "ga_time", "dispatch_time", "combine_time"]
+        metrics.append("remote_fraction")
+    elif any(r["params"].get("locality") is not None for r in records):
+        params.append("locality")
     return records_table(records, params, metrics, title="qbench moe (ms: median over steps of the max over ranks)",
                          headers={"a2a_ffn_overlap_degree": "overlap", "num_local_experts": "experts/rank",
                                   "expert_load_max_over_mean": "load max/mean", "replicate_hot": "hot"})

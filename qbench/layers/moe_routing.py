@@ -13,6 +13,9 @@ Routing kinds (a recorded parameter):
     zipf:S     inputs ~ N(0, 1), forced choice, expert of popularity rank i drawn with p ~ 1/i^S;
     trace:FILE inputs ~ N(0, 1), forced choice read from FILE (rows of k expert ids, cycled).
 With a forced choice the combine weights are still the gate's softmax at the chosen experts.
+Locality P (`locality_choices`, with randn or uniform inputs): a forced choice in which each of a
+token's k distinct experts lives on the token's own rank with probability P, else on a uniformly
+drawn other rank, the expert uniform within that rank (among those the token has not taken yet).
 """
 
 from __future__ import annotations
@@ -110,6 +113,29 @@ def forced_choices(spec: RoutingSpec, tokens: int, k: int, experts: int, *, rank
         rows = (rank * tokens + step * tokens * 7919 + t.squeeze(1)) % trace.shape[0]
         idx = trace[rows]
     return idx.to(device)
+
+
+def locality_choices(tokens: int, k: int, local_experts: int, world_size: int, p: float, *, rank: int,
+                     step: int, device="cpu"):
+    """Expert ids [T, k] under locality p (module docstring); needs local_experts >= k so that a rank
+    always has an expert the token has not taken yet. Independent draws per (token, choice), so the
+    fraction of local choices is Binomial(T * k, p) / (T * k)."""
+    import torch
+
+    T, L, W = tokens, local_experts, world_size
+    gen = torch.Generator().manual_seed(2_000_029 * (step + 1) + rank)
+    taken = torch.zeros(T, W, L, dtype=torch.bool)
+    rows, picks = torch.arange(T), []
+    for _ in range(k):
+        owner = torch.full((T,), rank, dtype=torch.int64)
+        if W > 1:
+            other = (rank + 1 + torch.randint(W - 1, (T,), generator=gen)) % W  # uniform over the others
+            owner = torch.where(torch.rand(T, generator=gen) < p, owner, other)
+        scores = torch.rand(T, L, generator=gen).masked_fill(taken[rows, owner], -1.0)
+        local = scores.argmax(1)  # uniform over the rank's experts not taken yet
+        taken[rows, owner, local] = True
+        picks.append(owner * L + local)
+    return torch.stack(picks, 1).to(device)
 
 
 def capacity_limit(capacity_factor: float, tokens: int, k: int, experts: int) -> int:

@@ -16,11 +16,12 @@ import torch.distributed as dist
 
 from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
 from qbench.layers.moe_reference import check_layer
-from qbench.layers.moe_routing import forced_choices, load_trace, make_input, parse_routing
+from qbench.layers.moe_routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
 from qbench.timing import PhaseTimer, max_over_ranks, time_ranks
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
+PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
 
 
 def build(ctx, config, case: dict[str, Any]):
@@ -29,8 +30,7 @@ def build(ctx, config, case: dict[str, Any]):
     opts = MoEOptions(config.model_dim, config.hidden_size, case["num_local_experts"], config.top_k,
                       config.activation, config.capacity_factor, config.fp32_gate,
                       case["a2a_ffn_overlap_degree"], case["replicate_hot"], case["gemm"])
-    moe = MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
-                   seed=config.seed)
+    moe = _layer(ctx, config, case, opts, dtype)
     spec = parse_routing(case["routing"])
     gen = torch.Generator(device=ctx.device).manual_seed(config.seed * 1009 + ctx.rank + 1)
     x = make_input(spec, config.samples, config.model_dim, generator=gen, device=ctx.device, dtype=dtype)
@@ -38,6 +38,9 @@ def build(ctx, config, case: dict[str, Any]):
     trace = load_trace(spec.trace, config.top_k, moe.num_experts) if spec.kind == "trace" else None
     moe.forced = forced_choices(spec, config.samples, config.top_k, moe.num_experts, rank=ctx.rank,
                                 step=0, trace=trace, device=ctx.device)
+    if case.get("locality") is not None:
+        moe.forced = locality_choices(config.samples, config.top_k, opts.num_local_experts, ctx.world_size,
+                                      case["locality"], rank=ctx.rank, step=0, device=ctx.device)
     model = moe
     if config.model == "attn-moe":
         model = ExampleModel(moe, max(1, config.model_dim // HEAD_DIM))
@@ -47,6 +50,17 @@ def build(ctx, config, case: dict[str, Any]):
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         x, dy = (t.view(config.batch_size, -1, config.model_dim) for t in (x, dy))
     return model, moe, x, dy
+
+
+def _layer(ctx, config, case, opts, dtype):
+    """The a2a layer, or (system "blocks") the block-dispatch layer over its transport."""
+    if case.get("system", "a2a") == "blocks":
+        from qbench.layers.moe_blocks_layer import BlocksMoELayer
+
+        return BlocksMoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
+                              seed=config.seed, block_size=config.block_size, transport=config.transport)
+    return MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
+                    seed=config.seed)
 
 
 def agree(ok: bool, device: str) -> bool:
@@ -74,7 +88,8 @@ def routing_stats(ctx, model, moe, x) -> dict[str, float]:
     counts = routing.counts.clone().to(torch.float64)
     dist.all_reduce(counts)
     rank_rows = torch.zeros(ctx.world_size, dtype=torch.float64, device=counts.device)
-    rank_rows[ctx.rank] = plan.recv_rows + sum(moe.last["kept"][e] for e in plan.hot)
+    # rows the expert GEMMs run on: the blocks' padded rows, or what the all-to-all delivered
+    rank_rows[ctx.rank] = getattr(plan, "padded_rows", plan.recv_rows) + sum(moe.last["kept"][e] for e in plan.hot)
     dist.all_reduce(rank_rows)
     dropped = torch.tensor([float((~routing.keep).sum())], dtype=torch.float64, device=counts.device)
     dist.all_reduce(dropped)
@@ -113,7 +128,38 @@ def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
     samples = {"step_time": list(timing.samples_ms)}
     for name, values in timer.results_ms().items():
         samples[f"{name}_time"] = max_over_ranks(values)
+        if name in PER_RANK_PHASES:
+            for r, row in enumerate(_every_rank(values, ctx)):
+                samples[f"{name}_time_rank{r}"] = [round(v, 6) for v in row]  # the seed's precision
     return samples
+
+
+def _every_rank(values: list[float], ctx) -> list[list[float]]:
+    """Every rank's per-step list (one all_gather; all ranks time the same number of steps)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
+def block_stats(ctx, moe) -> dict[str, float]:
+    """From the blocks layer's last forward (routing_stats's): blocks and remote blocks per owner rank,
+    the global remote fraction, the busiest rank over the mean, and the most rows a rank pulls."""
+    plan = moe.last["plan"]
+    remote_rows = plan.recv_rows - plan.recv_splits[ctx.rank]
+    mine = torch.tensor([plan.num_blocks, plan.blocks_remote, remote_rows], dtype=torch.float64,
+                        device=ctx.device)
+    every = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(every, mine)
+    table = torch.stack(every).cpu()  # [W, 3]
+    stats = {"blocks_total": float(table[:, 0].max()), "blocks_remote": float(table[:, 1].max()),
+             "remote_fraction": float(table[:, 1].sum() / table[:, 0].sum().clamp_min(1)),
+             "block_imbalance": float(table[:, 0].max() / table[:, 0].mean().clamp_min(1)),
+             "remote_rows": float(table[:, 2].max())}
+    for r, (total, remote, _) in enumerate(table.tolist()):
+        stats[f"blocks_rank{r}"], stats[f"remote_blocks_rank{r}"] = total, remote
+        stats[f"remote_fraction_rank{r}"] = remote / total if total else 0.0
+    return stats
 
 
 def peak_memory_mb(ctx) -> float | None:

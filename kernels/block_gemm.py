@@ -380,7 +380,7 @@ def blocks_reference(counts_all, rank: int, num_local: int, block_size: int, dev
     """The block list of owner `rank`, built on the host from counts_all [W, E] (rows rank s sends to
     global expert e): blocks ordered local expert, then source, then position; each covers up to
     block_size rows of the source's layout (experts sorted, src_off = exclusive cumsum of counts).
-    Returns a plain object with the BlockPlan fields the kernels read (plus offsets_local)."""
+    Returns a plain object with the BlockPlan fields the kernels and transports read."""
     import torch
 
     counts = [[int(c) for c in row] for row in counts_all.tolist()]
@@ -401,6 +401,6 @@ def blocks_reference(counts_all, rank: int, num_local: int, block_size: int, dev
               "block_expert": torch.int32}
     tensors = {k: torch.tensor(v, dtype=dtypes[k], device=device) for k, v in fields.items()}
     offsets = torch.tensor([block_size * f for f in first] + [block_size * nb], dtype=torch.int64, device=device)
-    return SimpleNamespace(block_size=block_size, num_blocks=nb, offsets_local=offsets,
+    return SimpleNamespace(block_size=block_size, num_blocks=nb, offsets_local=offsets, counts_all=counts_all,
                            src_rows=sum(counts[rank]), blocks_remote=sum(1 for s in fields["block_src"] if s != rank),
                            **tensors)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernels import block_gemm as bg
+from kernels import grouped_gemm as gg
 from kernels import use_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -148,3 +149,125 @@ def test_blocks_reference_layout():
     assert plan.block_expert.tolist() == [0, 0, 0, 0, 1, 1]
     assert plan.offsets_local.tolist() == [0, 20, 30]
     assert plan.src_rows == 17 and plan.blocks_remote == 3
+
+
+# --- the symmetric-memory transport's protocol, with threads standing in for the ranks -----------
+# Each thread is one rank with its own SymmTransport; "symmetric" buffers are CPU tensors shared
+# through a table of addresses, and handle.barrier is a threading.Barrier. Kernel launches hold one
+# lock (the interpreter is not thread-safe); copy-in, barriers and clone-out run concurrently.
+
+
+class _FakeHandle:
+    def __init__(self, world, ptrs, rank):
+        self.world, self.buffer_ptrs, self.rank = world, ptrs, rank
+
+    def barrier(self, channel=0):
+        self.world.barriers[self.rank] += 1
+        self.world.sync.wait(timeout=60)
+
+
+class _World:
+    def __init__(self, size):
+        import threading
+
+        self.size, self.sync, self.lock = size, threading.Barrier(size), threading.Lock()
+        self.allocs: dict = {}
+        self.barriers = [0] * size
+
+
+def _fake_transport(world, rank, **kw):
+    from qbench.layers.moe_symm import SymmTransport, _Buffer
+
+    class FakeSymm(SymmTransport):
+        count = 0
+
+        def _allocate(self, nbytes):
+            key = FakeSymm.count = FakeSymm.count + 1
+            pad = 24  # the tensor sits inside its "segment", as with a pooled allocation
+            seg = torch.empty(nbytes + pad, dtype=torch.uint8)
+            world.allocs.setdefault(key, {})[rank] = seg
+            world.sync.wait(timeout=60)  # rendezvous: every rank allocated the same size
+            assert len({t.numel() for t in world.allocs[key].values()}) == 1, "ranks sized buffers differently"
+            ptrs = [world.allocs[key][r].data_ptr() for r in range(world.size)]
+            handle = _FakeHandle(world, ptrs, rank)
+            flat = seg[pad:]
+            table = torch.tensor([p + pad for p in ptrs], dtype=torch.int64)
+            return _Buffer(flat, handle, table)
+
+    return FakeSymm(group=None, device="cpu", **kw)
+
+
+def _locked(world, fn):
+    def run(*args, **kwargs):
+        with world.lock:
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _rank_inputs(rank, counts, K, N, L, dtype):
+    gen = torch.Generator().manual_seed(100 + rank)
+    B = 4
+    plan = bg.blocks_reference(counts, rank, L, B)
+    return {
+        "plan": plan,
+        "src": torch.randn(int(counts[rank].sum()), K, generator=gen).to(dtype),
+        "dy": torch.randn(int(counts[rank].sum()), N, generator=gen).to(dtype),
+        "w1": torch.randn(L, K, N, generator=gen).to(dtype),
+        "b1": torch.randn(L, N, generator=gen).to(dtype),
+        "w2": torch.randn(L, N, K, generator=gen).to(dtype),
+        "a": torch.randn(plan.num_blocks * B, N, generator=gen).to(dtype),
+    }
+
+
+def _rank_body(world, rank, counts, mode, out):
+    """pull, push, pull (w^T view), pull again, push: every result kept for the checks."""
+    t = _fake_transport(world, rank, mode=mode)
+    d = _rank_inputs(rank, counts, 9, 13, 2, torch.float32)
+    p = d["plan"]
+    out[rank] = {
+        "pre": t.pull_matmul(d["src"], d["w1"], d["b1"], p),
+        "y": t.matmul_push(d["a"], d["w2"], None, p),
+        "back": t.pull_matmul(d["dy"], d["w1"].transpose(1, 2), None, p),
+        "again": t.pull_matmul(d["src"], d["w1"], None, p),
+        "dx": t.matmul_push(d["a"], d["w2"], d["b1"][:, :9], p),
+        "epoch": t._epoch,
+    }
+
+
+@pytest.mark.parametrize("world_size,mode", [(2, "fused"), (3, "split"), (4, "fused")])
+def test_symm_transport_protocol_matches_references(world_size, mode, monkeypatch):
+    import threading
+
+    if DEVICE != "cpu":
+        pytest.skip("the simulated ranks share CPU memory")
+    gen = torch.Generator().manual_seed(world_size)
+    L = 2
+    counts = torch.randint(0, 9, (world_size, world_size * L), generator=gen)
+    counts[0, L] = 0  # an empty (source, expert) pair
+    world, out = _World(world_size), {}
+    for name in ("gather_matmul", "matmul_scatter", "gather_rows"):
+        monkeypatch.setattr(bg, name, _locked(world, getattr(bg, name)))
+    monkeypatch.setattr(gg, "grouped_matmul_forward", _locked(world, gg.grouped_matmul_forward))
+    threads = [threading.Thread(target=_rank_body, args=(world, r, counts, mode, out)) for r in range(world_size)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert len(out) == world_size, "a rank failed (see the thread's exception above)"
+    ins = [_rank_inputs(r, counts, 9, 13, 2, torch.float32) for r in range(world_size)]
+    srcs, dys = [d["src"] for d in ins], [d["dy"] for d in ins]
+    for r, d in enumerate(ins):
+        want, want_g = bg.gather_matmul_reference(srcs, d["plan"], d["w1"], d["b1"])
+        _assert_close(out[r]["pre"][0], want, 1e-5, f"rank {r} pull_matmul")
+        assert torch.equal(out[r]["pre"][1], want_g), f"rank {r} gathered rows"
+        back, _ = bg.gather_matmul_reference(dys, d["plan"], d["w1"].transpose(1, 2), None)
+        _assert_close(out[r]["back"][0], back, 1e-5, f"rank {r} pull_matmul with w^T")
+    for key, bias in (("y", None), ("dx", [d["b1"][:, :9] for d in ins])):
+        dst = [torch.full((int(c.sum()), 9), float("nan")) for c in counts]
+        for r, d in enumerate(ins):
+            bg.matmul_scatter_reference(d["a"], d["w2"], None if bias is None else bias[r], dst, d["plan"])
+        for s in range(world_size):
+            _assert_close(out[s][key], dst[s], 1e-5, f"rank {s} rows after matmul_push ({key})")
+    # one barrier per call, plus one for the second pull in a row (its buffer was just read)
+    assert [o["epoch"] for o in out.values()] == [6] * world_size and world.barriers == [6] * world_size

@@ -1,0 +1,189 @@
+"""The symmetric-memory transport of `qbench moe --system blocks`: peer loads and stores, no all_to_all.
+
+Same interface as the all_to_all fallback (qbench/layers/moe_blocks.py), both calls collective:
+  pull_matmul(src [S, K], w [L, K, N], bias, plan) -> (out [nb*B, N], gathered [nb*B, K])
+      every rank copies its source rows into its symmetric "pull" buffer; barrier; every owner runs
+      gather_matmul, whose programs load each block straight from the source rank's buffer.
+  matmul_push(a [nb*B, K], w, bias, plan) -> rows [S, N]
+      every owner runs matmul_scatter, whose programs store each block's product straight into the
+      source rank's symmetric "push" buffer; barrier; every rank clones its received rows out.
+
+Buffers: two per transport (one layer), allocated with torch.distributed._symmetric_memory (empty +
+rendezvous, a collective) and grown only when a step needs more; every rank sizes them from the same
+numbers (the largest S over ranks, from counts_all) so that the collective allocation stays in step.
+A device table holds the W peers' base addresses; the Triton kernels cast its entries to pointers.
+NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1): plain peer loads and stores only.
+
+Barriers (handle.barrier, stream-ordered on the device, no host sync) sit at the hand-over points:
+"sources wrote -> owners read" in pull, "owners wrote -> sources read" in push. A buffer is written
+again only after a barrier that follows its last use; forward and backward alternate pull and push,
+so each call's own barrier is that barrier and each call costs one. Two pulls in a row add one.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kernels import block_gemm
+
+
+def symm_available(group=None, device=None) -> tuple[bool, str]:
+    """(usable, reason) for the symmetric-memory transport on this group and device. Collective on a
+    CUDA NCCL group (ranks agree through one all_reduce), so every rank picks the same transport."""
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device(device) if device is not None else None
+    if dev is None or dev.type != "cuda" or not torch.cuda.is_available():
+        return False, "needs CUDA devices (this run is on the CPU)"
+    if not dist.is_initialized() or dist.get_backend(group) != "nccl":
+        return False, "needs an NCCL process group"
+    ok, reason = _local_check(dev, dist.get_world_size(group))
+    flag = torch.tensor([1 if ok else 0], device=dev)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    if ok and int(flag.item()) == 0:
+        return False, "symmetric memory is unusable on another rank"
+    return ok, reason
+
+
+def _local_check(dev, world: int) -> tuple[bool, str]:
+    import torch
+
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401
+    except ImportError as exc:
+        return False, f"torch has no symmetric memory ({exc})"
+    if world > torch.cuda.device_count() or int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
+        return False, "ranks span several nodes (peer memory reaches only this node's GPUs)"
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    blocked = [j for j in range(torch.cuda.device_count())
+               if j != index and not torch.cuda.can_device_access_peer(index, j)]
+    if blocked:
+        return False, f"GPU {index} cannot access peer GPUs {blocked}"
+    return True, "symmetric memory with peer loads/stores"
+
+
+@dataclass
+class _Buffer:
+    """One symmetric buffer: local flat bytes, its handle, and the peers' table of base addresses."""
+
+    flat: Any  # uint8 [capacity bytes], symmetric allocation
+    handle: Any
+    ptrs: Any  # int64 [W] device table of the peers' addresses of `flat`
+    last_use: int = -1  # barrier epoch after which peers last used it (-1: never)
+
+    def view(self, rows: int, cols: int, dtype):
+        return self.flat[: rows * cols * _itemsize(dtype)].view(dtype).view(rows, cols)
+
+    def table(self, cols: int, dtype) -> block_gemm.PeerTable:
+        return block_gemm.PeerTable(self.ptrs, cols, dtype)
+
+
+def _itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class SymmTransport:
+    """Block plan over symmetric memory. mode "fused": gather fused into the first product (the
+    kernel pulls A tiles from the peers); "split": gather_rows, then the grouped GEMM on local rows."""
+
+    name = "symm"
+
+    def __init__(self, group=None, device=None, backend: str = "auto", mode: str = "fused",
+                 max_rows: int | None = None):
+        import torch
+
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+        if mode not in ("fused", "split"):
+            raise ValueError(f"mode must be fused or split, got {mode!r}")
+        self.group, self.backend, self.mode, self.max_rows = group, backend, mode, max_rows
+        self.device = torch.device(device) if device is not None else torch.device("cuda")
+        self._buffers: dict[str, _Buffer] = {}
+        self._epoch = 0  # barriers issued so far (identical on every rank: the calls are collective)
+
+    # -- the two calls of the interface -------------------------------------------------------
+
+    def pull_matmul(self, src, w, bias, plan):
+        K = src.shape[1]
+        buf = self._ready("pull", self._capacity(plan), K, src.dtype)
+        mine = buf.view(src.shape[0], K, src.dtype)
+        if mine.data_ptr() != src.data_ptr() or mine.stride() != src.stride():
+            mine.copy_(src)  # callers that write into `source_buffer` skip this copy
+        self._barrier(buf)  # sources wrote -> owners read
+        table = buf.table(K, src.dtype)
+        if self.mode == "split":
+            from kernels.grouped_gemm import grouped_matmul_forward
+
+            gathered = src.new_empty((plan.num_blocks * plan.block_size, K))
+            block_gemm.gather_rows(table, plan, gathered)
+            return grouped_matmul_forward(gathered, w, plan.offsets_local, bias, backend=self.backend), gathered
+        return block_gemm.gather_matmul(table, plan, w, bias)
+
+    def matmul_push(self, a, w, bias, plan):
+        N = w.shape[2]
+        buf = self._ready("push", self._capacity(plan), N, a.dtype)
+        block_gemm.matmul_scatter(a, w, bias, buf.table(N, a.dtype), plan)
+        self._barrier(buf)  # owners wrote -> sources read
+        return buf.view(plan.src_rows, N, a.dtype).clone()
+
+    def source_buffer(self, plan, cols: int, dtype):
+        """This rank's [S, cols] view of the pull buffer, for callers that write their rows in place."""
+        buf = self._ready("pull", self._capacity(plan), cols, dtype)
+        return buf.view(plan.src_rows, cols, dtype)
+
+    # -- buffers and barriers -------------------------------------------------------------------
+
+    def _capacity(self, plan) -> int:
+        """Rows every rank's buffers hold: max_rows when given, else the largest S over ranks (the
+        same host number on every rank: counts_all is identical everywhere; read once per plan)."""
+        if self.max_rows is not None:
+            if plan.src_rows > self.max_rows:
+                raise ValueError(f"{plan.src_rows} source rows exceed the transport's max_rows={self.max_rows}")
+            return self.max_rows
+        known = getattr(plan, "max_src_rows", None)
+        if known is not None:
+            return int(known)
+        cache = getattr(plan, "cache", None)
+        if cache is not None and "max_src_rows" in cache:
+            return cache["max_src_rows"]
+        rows = int(plan.counts_all.sum(1).max().item())  # one host read per plan (forward + backward)
+        if cache is not None:
+            cache["max_src_rows"] = rows
+        return rows
+
+    def _ready(self, role: str, rows: int, cols: int, dtype) -> _Buffer:
+        """The role's buffer, large enough for [rows, cols] of dtype, safe to write now."""
+        need = max(1, rows * cols * _itemsize(dtype))
+        buf = self._buffers.get(role)
+        if buf is None or buf.flat.numel() < need:
+            # grown buffers keep some slack so that a slightly larger step does not reallocate
+            size = need if buf is None else max(need, buf.flat.numel() * 5 // 4)
+            if buf is not None and buf.last_use == self._epoch:
+                self._barrier(None)  # peers may still read the old buffer
+            buf = self._allocate(size)
+            self._buffers[role] = buf
+        elif buf.last_use == self._epoch:
+            self._barrier(None)  # no barrier since the peers last used this buffer
+        return buf
+
+    def _allocate(self, nbytes: int) -> _Buffer:
+        import torch
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        flat = symm_mem.empty(nbytes, dtype=torch.uint8, device=self.device)
+        handle = symm_mem.rendezvous(flat, self.group if self.group is not None else dist.group.WORLD)
+        offset = flat.data_ptr() - handle.buffer_ptrs[handle.rank]  # the tensor may sit inside a pool segment
+        ptrs = torch.tensor([p + offset for p in handle.buffer_ptrs], dtype=torch.int64, device=self.device)
+        return _Buffer(flat, handle, ptrs)
+
+    def _barrier(self, used: _Buffer | None) -> None:
+        handle = used.handle if used is not None else next(iter(self._buffers.values())).handle
+        handle.barrier(channel=0)
+        self._epoch += 1
+        if used is not None:
+            used.last_use = self._epoch

@@ -1,0 +1,157 @@
+"""`qbench moe --system blocks`: the block plan against plain loops, locality statistics, the blocks
+layer and its fallback transport over gloo against the dense reference at world sizes 2 and 4, the
+CLI's usage errors, and one end-to-end sweep whose seed-format lines the importer reads back."""
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qbench import dist
+from qbench.layers.moe_blocks import build_plan
+from qbench.layers.moe_routing import locality_choices
+from tests import test_moe_blocks_workers as workers  # spawned ranks import it by this name too
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _loop_plan(counts, rank, L, B):
+    """The plan's blocks by the definition: for l, then s, then i, rows src_off + i*B ... (plain ints)."""
+    W, E = len(counts), len(counts[0])
+    src_off = [[sum(counts[s][:e]) for e in range(E)] for s in range(W)]
+    blocks, firsts = [], []
+    for l in range(L):
+        firsts.append(len(blocks))
+        for s in range(W):
+            c = counts[s][rank * L + l]
+            for i in range(math.ceil(c / B)):
+                blocks.append((s, src_off[s][rank * L + l] + i * B, min(B, c - i * B), l))
+    return blocks, [B * f for f in firsts] + [B * len(blocks)]
+
+
+@pytest.mark.parametrize("W, L, B", [(1, 3, 4), (2, 1, 1), (3, 3, 7), (3, 2, 64), (4, 3, 5)])
+def test_plan_matches_a_plain_loop(W, L, B):
+    gen = torch.Generator().manual_seed(W * 100 + L * 10 + B)
+    counts = torch.randint(0, 20, (W, W * L), generator=gen) * (torch.rand(W, W * L, generator=gen) > 0.25)
+    for rank in range(W):
+        plan, _ = build_plan(counts, rank, L, B)
+        blocks, offsets = _loop_plan(counts.tolist(), rank, L, B)
+        got = list(zip(plan.block_src.tolist(), plan.block_row.tolist(), plan.block_rows.tolist(),
+                       plan.block_expert.tolist()))
+        first_bad = next((i for i, (a, b) in enumerate(zip(got, blocks)) if a != b), None)
+        assert len(got) == len(blocks) == plan.num_blocks and first_bad is None, (
+            f"rank {rank}: block {first_bad}: {got[first_bad] if first_bad is not None else ''} vs "
+            f"{blocks[first_bad] if first_bad is not None else ''} ({len(got)} vs {len(blocks)} blocks)")
+        assert plan.offsets_local.tolist() == offsets
+        assert plan.blocks_remote == sum(1 for s, *_ in blocks if s != rank)
+        assert plan.src_rows == int(counts[rank].sum())
+        assert plan.send_splits == [int(counts[rank, o * L:(o + 1) * L].sum()) for o in range(W)]
+        assert plan.recv_splits == [int(counts[s, rank * L:(rank + 1) * L].sum()) for s in range(W)]
+        valid = plan.valid.view(-1, B).sum(1)
+        assert valid.tolist() == [rows for _, _, rows, _ in blocks]  # padding rows are marked invalid
+
+
+def test_plan_of_no_rows_and_extra_values():
+    counts = torch.zeros(2, 4, dtype=torch.int64)
+    plan, (extra,) = build_plan(counts, 1, 2, 64, extra=(torch.tensor([3, 5]),))
+    assert plan.num_blocks == 0 and plan.offsets_local.tolist() == [0, 0, 0] and extra == [3, 5]
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.75, 1.0])
+def test_locality_fraction_is_binomial(p):
+    T, k, L, W, rank = 3001, 2, 4, 4, 2
+    idx = locality_choices(T, k, L, W, p, rank=rank, step=5)
+    n = T * k
+    local = float(((idx // L) == rank).float().mean())
+    # each choice is local independently with probability p: |fraction - p| <= 5 binomial sigmas
+    # (false alarm ~6e-7), plus 1/n for rounding
+    bound = 5 * math.sqrt(p * (1 - p) / n) + 1 / n
+    assert abs(local - p) <= bound, f"local fraction {local:.4f} vs p = {p} (bound {bound:.4f})"
+    assert bool((idx[:, 0] != idx[:, 1]).all()), "a token's experts must be distinct"
+    assert idx.min() >= 0 and idx.max() < W * L
+    remote = idx[(idx // L) != rank] // L
+    if p < 1:  # other ranks drawn uniformly: each gets a third of the remote choices within 5 sigmas
+        share = torch.bincount(remote, minlength=W).float() / remote.numel()
+        others = [r for r in range(W) if r != rank]
+        sigma = math.sqrt((1 / 3) * (2 / 3) / remote.numel())
+        assert all(abs(float(share[r]) - 1 / 3) <= 5 * sigma for r in others), share.tolist()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_blocks_layer_matches_dense_reference(world_size):
+    results = list(dist.launch(workers.check_cases, world_size=world_size, backend="gloo", device="cpu"))
+    assert len(results) == len(workers.CASES)
+    bad = [(case, text) for case, ok, text, _, _ in results if not ok]
+    assert not bad, f"{len(bad)} cases differ from the reference; first: {bad[0]}"
+    assert all(info[2] == "a2a" for *_, info in results)  # the fallback transport ran
+    assert any(r[3] > 0 for r in results if r[0][1] != 0.0), "no case dropped: capacity not exercised"
+    assert any(info[1] for *_, info in results), "no case replicated an expert"
+    contract = list(dist.launch(workers.transport_contract, world_size=world_size, backend="gloo", device="cpu"))
+    assert [b for b, _ in contract] == [1, 4, 7, 64]
+    assert all(m is None for _, m in contract), f"transport contract broken: {contract}"
+
+
+def _qbench(*args, timeout=240):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "qbench", "moe", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--locality", "1.5"], "[0, 1]"),
+    (["--locality", "x"], "probabilities"),
+    (["--locality", "0.5", "--routing", "zipf:1.2", "--device", "cpu"], "randn or uniform"),
+    (["--locality", "0.5", "--num-local-experts", "1", "--device", "cpu"], ">= --top-k"),
+    (["--system", "fused"], "choose from a2a, blocks"),
+    (["--block-size", "0"], "0"),
+    (["--transport", "symm", "--device", "cpu"], "needs CUDA"),
+])
+def test_bad_blocks_input_is_one_line_and_exit_2(args, word):
+    proc = _qbench(*args, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert word in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.dist
+def test_sweep_end_to_end_and_seed_lines_read_back(tmp_path):
+    out = tmp_path / "run"
+    proc = _qbench("--system", "a2a,blocks", "--locality", "0.5,1.0", "--world-size", "2", "--device", "cpu",
+                   "--num-local-experts", "3", "--model-dim", "32", "--hidden-size", "48", "--samples", "45",
+                   "--num-steps", "3", "--warmup", "1", "--block-size", "8", "--seed-format", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["params"]["system"], r["params"]["locality"]) for r in records] == [
+        ("a2a", 0.5), ("blocks", 0.5), ("a2a", 1.0), ("blocks", 1.0)]
+    assert all(r["status"] == "ok" for r in records), [r["error"] for r in records]
+    blocks = [r for r in records if r["params"]["system"] == "blocks"]
+    assert all(r["params"]["transport"] == "a2a" and r["params"]["block_size"] == 8 for r in blocks)
+    half, full = (r["metrics"] for r in blocks)
+    assert full["remote_fraction"] == 0 and full["blocks_remote"] == 0  # locality 1: nothing crosses ranks
+    assert half["remote_fraction"] > 0 and half["blocks_total"] >= half["blocks_remote"] > 0
+    for name in ("ag_time", "ga_time", "backward_ag_time", "backward_ga_time", "plan_time"):
+        assert half[name] > 0, name
+    _read_back(proc.stdout, blocks)
+
+
+def _read_back(stdout, blocks):
+    """The importer reads the printed block_info / AG / GA lines back into the record's numbers."""
+    from qbench.importers_moe import read_moe_log
+
+    _, imported = read_moe_log(stdout)
+    assert len(imported) == 4
+    for record, got in zip(blocks, (imported[1], imported[3])):
+        m, g = record["metrics"], got["metrics"]
+        for r in (0, 1):
+            assert g[f"blocks_rank{r}"] == m[f"blocks_rank{r}"]
+            assert g[f"remote_blocks_rank{r}"] == m[f"remote_blocks_rank{r}"]
+            for phase, name in (("ag", "ag_fwd_ms"), ("backward_ga", "ga_bwd_ms")):
+                kept = record["samples"][f"{phase}_time_rank{r}"][1:]  # the importer skips the first of 3 steps
+                assert g[f"{name}_rank{r}"] == pytest.approx(statistics.median(kept), abs=1e-6), (name, r)
+        assert g["remote_fraction"] == pytest.approx(m["remote_fraction"])

@@ -1,0 +1,126 @@
+"""Rank bodies for the blocks-layer tests (no tests here: spawned ranks import this module)."""
+
+import torch
+import torch.distributed as dist
+
+# (dtype, capacity factor, replicated experts, block size, routing, locality, activation):
+# dropless, capacity > 0 (padded) and < 0, with and without replication, block sizes 1, 3, 5 and 64
+# (3 and 5 divide no count here; 64 exceeds every count), forced locality, every dtype.
+CASES = [
+    (torch.float32, 0.0, 0, 3, "randn", None, "gelu"),
+    (torch.float32, 1.0, 0, 5, "rand-skew", None, "relu"),
+    (torch.float32, -0.5, 2, 3, "zipf:1.5", None, "gelu"),
+    (torch.float32, 0.0, 2, 64, "rand-skew", None, "gelu"),
+    (torch.float32, 1.5, 1, 1, "randn", 0.7, "gelu"),
+    (torch.float16, 0.0, 1, 5, "uniform", None, "gelu"),
+    (torch.bfloat16, -1.0, 0, 3, "randn", 0.3, "relu"),
+]
+TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes
+
+
+def _layer(ctx, dtype, cf, hot, block, activation):
+    from qbench.layers.moe import MoEOptions
+    from qbench.layers.moe_blocks_layer import BlocksMoELayer
+
+    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, activation=activation, capacity_factor=cf, replicate_hot=hot)
+    return BlocksMoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device="cpu", seed=3,
+                          block_size=block, transport="a2a")
+
+
+def _inputs(ctx, layer, routing, locality, dtype, salt):
+    from qbench.layers.moe_routing import forced_choices, locality_choices, make_input, parse_routing
+
+    gen = torch.Generator().manual_seed(1000 * salt + ctx.rank)
+    spec = parse_routing(routing)
+    x = make_input(spec, TOKENS, DIM, generator=gen, device="cpu", dtype=dtype)
+    layer.forced = forced_choices(spec, TOKENS, 2, layer.num_experts, rank=ctx.rank, step=salt)
+    if locality is not None:
+        layer.forced = locality_choices(TOKENS, 2, LOCAL, ctx.world_size, locality, rank=ctx.rank, step=salt)
+    return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype)
+
+
+def check_cases(ctx):
+    """Each case against the dense reference; yields (case, ok, description, dropped, plan summary)."""
+    from qbench.layers.moe_reference import check_layer
+
+    for salt, (dtype, cf, hot, block, routing, locality, activation) in enumerate(CASES):
+        layer = _layer(ctx, dtype, cf, hot, block, activation)
+        x, dy = _inputs(ctx, layer, routing, locality, dtype, salt)
+        result = check_layer(layer, x, dy)
+        plan = layer.last["plan"]
+        case = (str(dtype), cf, hot, block, routing, locality, activation)
+        yield case, result.ok, result.describe(), result.dropped, (plan.num_blocks, plan.hot, layer.transport.name)
+
+
+def _random_plan(ctx, block, salt):
+    """A plan from random per-expert counts (some zero) of every rank, and this rank's source rows."""
+    from qbench.layers.moe_blocks import build_plan
+
+    W, E = ctx.world_size, LOCAL * ctx.world_size
+    gen = torch.Generator().manual_seed(77 + salt)  # the same table on every rank
+    counts_all = torch.randint(0, 9, (W, E), generator=gen) * (torch.rand(W, E, generator=gen) > 0.2)
+    plan, _ = build_plan(counts_all, ctx.rank, LOCAL, block)
+    src = torch.randn(plan.src_rows, DIM, generator=torch.Generator().manual_seed(salt * 31 + ctx.rank))
+    return plan, src
+
+
+def _all_sources(src, world_size):
+    """Every rank's source rows (rows differ per rank: all_gather of padded copies)."""
+    n = torch.tensor([src.shape[0]])
+    sizes = [torch.zeros_like(n) for _ in range(world_size)]
+    dist.all_gather(sizes, n)
+    top = max(int(s) for s in sizes)
+    padded = torch.cat([src, src.new_zeros((top - src.shape[0], src.shape[1]))])
+    out = [torch.empty_like(padded) for _ in range(world_size)]
+    dist.all_gather(out, padded)
+    return [o[: int(s)] for o, s in zip(out, sizes)]
+
+
+def transport_contract(ctx):
+    """The fallback transport against the interface, element by element, for block sizes 1, 4, 7, 64:
+    gathered[b*B + j] = source(block_src[b])[block_row[b] + j] (zero past block_rows[b]); out = the
+    grouped product; matmul_push delivers a[b*B + j] @ w[block_expert[b]] + bias to that source row.
+    Yields (block, first mismatch or None)."""
+    from qbench.layers.moe_blocks import A2ATransport
+
+    transport = A2ATransport(backend="reference")
+    for salt, block in enumerate((1, 4, 7, 64)):
+        plan, src = _random_plan(ctx, block, salt)
+        sources = _all_sources(src, ctx.world_size)
+        w = torch.randn(LOCAL, DIM, HIDDEN, generator=torch.Generator().manual_seed(5))
+        bias = torch.randn(LOCAL, HIDDEN, generator=torch.Generator().manual_seed(6))
+        out, gathered = transport.pull_matmul(src, w, bias, plan)
+        a = torch.randn(plan.padded_rows, DIM, generator=torch.Generator().manual_seed(9 + ctx.rank))
+        w2 = torch.randn(LOCAL, 11, DIM, generator=torch.Generator().manual_seed(7)).transpose(1, 2)  # strided
+        back = transport.matmul_push(a, w2, None, plan)
+        yield block, _first_mismatch(ctx, plan, sources, gathered, out, (w, bias, w2), a, back)
+
+
+def _first_mismatch(ctx, plan, sources, gathered, out, weights, a, back):
+    """Walk every block with plain loops; name the first row that differs (None when all agree)."""
+    (w, bias, w2), B = weights, plan.block_size
+    sent = [[] for _ in range(ctx.world_size)]  # (row, value) pushed to each source rank
+    for b, (s, row, rows, l) in enumerate(zip(plan.block_src.tolist(), plan.block_row.tolist(),
+                                              plan.block_rows.tolist(), plan.block_expert.tolist())):
+        for j in range(B):
+            want = sources[s][row + j] if j < rows else torch.zeros(DIM)
+            if not torch.equal(gathered[b * B + j], want):
+                return f"gathered block {b} row {j} (source {s}, row {row + j}, valid {rows})"
+            if j < rows:
+                if not torch.allclose(out[b * B + j], want @ w[l] + bias[l], atol=1e-5):
+                    return f"out block {b} row {j}"
+                sent[s].append((row + j, a[b * B + j] @ w2[l]))
+    return _check_push(ctx, sent, back)
+
+
+def _check_push(ctx, sent, back):
+    """Every rank's pushed rows, gathered to their source: each source row received exactly once."""
+    objs = [None] * ctx.world_size
+    dist.all_gather_object(objs, [(s, r, v.tolist()) for s, rows in enumerate(sent) for r, v in rows])
+    mine = sorted((r, v) for pushed in objs for s, r, v in pushed if s == ctx.rank)
+    if [r for r, _ in mine] != list(range(back.shape[0])):
+        return f"rank {ctx.rank} received rows {[r for r, _ in mine][:8]}... for {back.shape[0]} source rows"
+    for r, v in mine:
+        if not torch.allclose(back[r], torch.tensor(v), atol=1e-5):
+            return f"pushed row {r} of rank {ctx.rank}"
+    return None

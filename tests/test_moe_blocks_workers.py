@@ -18,11 +18,12 @@ CASES = [
 TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes
 
 
-def _layer(ctx, dtype, cf, hot, block, activation):
+def _layer(ctx, dtype, cf, hot, block, activation, gemm):
     from qbench.layers.moe import MoEOptions
     from qbench.layers.moe_blocks_layer import BlocksMoELayer
 
-    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, activation=activation, capacity_factor=cf, replicate_hot=hot)
+    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, activation=activation, capacity_factor=cf, replicate_hot=hot,
+                      gemm=gemm)
     return BlocksMoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device="cpu", seed=3,
                           block_size=block, transport="a2a")
 
@@ -39,17 +40,20 @@ def _inputs(ctx, layer, routing, locality, dtype, salt):
     return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype)
 
 
-def check_cases(ctx):
-    """Each case against the dense reference; yields (case, ok, description, dropped, plan summary)."""
+def check_cases(ctx, gemm="auto"):
+    """Each case against the dense reference; yields (case, ok, description, dropped, plan summary),
+    then the transport contract's (block, first mismatch) pairs. gemm: the grouped GEMM backend (auto
+    runs the Triton kernels under the interpreter; reference keeps the 4-rank run short)."""
     from qbench.layers.moe_reference import check_layer
 
     for salt, (dtype, cf, hot, block, routing, locality, activation) in enumerate(CASES):
-        layer = _layer(ctx, dtype, cf, hot, block, activation)
+        layer = _layer(ctx, dtype, cf, hot, block, activation, gemm)
         x, dy = _inputs(ctx, layer, routing, locality, dtype, salt)
         result = check_layer(layer, x, dy)
         plan = layer.last["plan"]
         case = (str(dtype), cf, hot, block, routing, locality, activation)
         yield case, result.ok, result.describe(), result.dropped, (plan.num_blocks, plan.hot, layer.transport.name)
+    yield from transport_contract(ctx)
 
 
 def _random_plan(ctx, block, salt):
@@ -97,26 +101,25 @@ def transport_contract(ctx):
 
 
 def _first_mismatch(ctx, plan, sources, gathered, out, weights, a, back):
-    """Walk every block with plain loops; name the first row that differs (None when all agree)."""
+    """Walk every block by the definition; name the first block that differs (None when all agree)."""
     (w, bias, w2), B = weights, plan.block_size
-    sent = [[] for _ in range(ctx.world_size)]  # (row, value) pushed to each source rank
+    sent = [[] for _ in range(ctx.world_size)]  # (first row, values) pushed to each source rank
     for b, (s, row, rows, l) in enumerate(zip(plan.block_src.tolist(), plan.block_row.tolist(),
                                               plan.block_rows.tolist(), plan.block_expert.tolist())):
-        for j in range(B):
-            want = sources[s][row + j] if j < rows else torch.zeros(DIM)
-            if not torch.equal(gathered[b * B + j], want):
-                return f"gathered block {b} row {j} (source {s}, row {row + j}, valid {rows})"
-            if j < rows:
-                if not torch.allclose(out[b * B + j], want @ w[l] + bias[l], atol=1e-5):
-                    return f"out block {b} row {j}"
-                sent[s].append((row + j, a[b * B + j] @ w2[l]))
+        want = torch.cat([sources[s][row:row + rows], torch.zeros(B - rows, DIM)])  # padding rows zero
+        if not torch.equal(gathered[b * B:(b + 1) * B], want):
+            return f"gathered block {b} (source {s}, row {row}, valid {rows})"
+        if not torch.allclose(out[b * B:b * B + rows], want[:rows] @ w[l] + bias[l], atol=1e-5):
+            return f"out block {b}"
+        sent[s].append((row, (a[b * B:b * B + rows] @ w2[l]).tolist()))
     return _check_push(ctx, sent, back)
 
 
 def _check_push(ctx, sent, back):
     """Every rank's pushed rows, gathered to their source: each source row received exactly once."""
     objs = [None] * ctx.world_size
-    dist.all_gather_object(objs, [(s, r, v.tolist()) for s, rows in enumerate(sent) for r, v in rows])
+    dist.all_gather_object(objs, [(s, r + j, v) for s, rows in enumerate(sent) for r, vs in rows
+                                  for j, v in enumerate(vs)])
     mine = sorted((r, v) for pushed in objs for s, r, v in pushed if s == ctx.rank)
     if [r for r, _ in mine] != list(range(back.shape[0])):
         return f"rank {ctx.rank} received rows {[r for r, _ in mine][:8]}... for {back.shape[0]} source rows"

@@ -41,5 +41,6 @@ nvidia-smi -L
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 [[ " $PARTS " == *" kernels "* ]] && kernels_part
 [[ " $PARTS " == *" layer "* ]] && layer_part
+[[ -d "$OUT/runs" ]] && tar czf "$OUT/runs.tar.gz" -C "$OUT" runs && rm -rf "$OUT/runs"  # few files come back
 [[ " $PARTS " == *" kernels "* ]] && kernel_tests "${KERNEL_TESTS_S:-90}"
 exit 0

@@ -51,6 +51,7 @@ def test_plan_matches_a_plain_loop(W, L, B):
         assert plan.offsets_local.tolist() == offsets
         assert plan.blocks_remote == sum(1 for s, *_ in blocks if s != rank)
         assert plan.src_rows == int(counts[rank].sum())
+        assert plan.max_src_rows == int(counts.sum(1).max())
         assert plan.send_splits == [int(counts[rank, o * L:(o + 1) * L].sum()) for o in range(W)]
         assert plan.recv_splits == [int(counts[s, rank * L:(rank + 1) * L].sum()) for s in range(W)]
         valid = plan.valid.view(-1, B).sum(1)

@@ -44,6 +44,7 @@ class BlockPlan:
     block_expert: Any  # int32 [nb] local expert l
     offsets_local: Any  # int64 [L + 1]
     src_rows: int  # host: S of this rank (rows it sends, all owners together)
+    max_src_rows: int  # host: the largest S over ranks (symmetric buffers are sized by it)
     blocks_remote: int  # host: blocks with block_src != rank
     rank: int
     world_size: int
@@ -81,11 +82,11 @@ def build_plan(counts_all, rank: int, num_local_experts: int, block_size: int, e
     nblk = (mine.t() + B - 1) // B  # [L, W] blocks of (l, s)
     remote = nblk.sum() - nblk[:, rank].sum()
     small = torch.cat([nblk.sum().view(1), remote.view(1), counts_all[rank].sum().view(1),
-                       counts_all[rank].view(W, L).sum(1), mine.sum(1), *extra])
+                       counts_all.sum(1).max().view(1), counts_all[rank].view(W, L).sum(1), mine.sum(1), *extra])
     values = small.tolist()  # the plan's only host synchronisation
-    nb, n_remote, S = values[:3]
-    send, recv = values[3:3 + W], values[3 + W:3 + 2 * W]
-    rest, out = values[3 + 2 * W:], []
+    nb, n_remote, S, S_max = values[:4]
+    send, recv = values[4:4 + W], values[4 + W:4 + 2 * W]
+    rest, out = values[4 + 2 * W:], []
     for t in extra:
         out.append(rest[:t.numel()])
         rest = rest[t.numel():]
@@ -99,7 +100,7 @@ def build_plan(counts_all, rank: int, num_local_experts: int, block_size: int, e
     offsets = torch.cat([flat.new_zeros(1), torch.cumsum(nblk.sum(1), 0)]) * B
     valid = (torch.arange(B, device=dev).unsqueeze(0) < rows.unsqueeze(1)).reshape(-1, 1)
     plan = BlockPlan(B, nb, s.to(torch.int32), src_off[s, rank * L + l] + i * B, rows.to(torch.int32),
-                     l.to(torch.int32), offsets, S, n_remote, rank, W, L, counts_all, src_off, send, recv,
+                     l.to(torch.int32), offsets, S, S_max, n_remote, rank, W, L, counts_all, src_off, send, recv,
                      valid)
     return plan, out
 

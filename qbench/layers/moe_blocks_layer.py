@@ -147,6 +147,6 @@ def _all_gather(counts, world_size: int, group=None):
     """[E] per-expert counts of every rank -> [W, E] (one all_gather)."""
     if world_size == 1:
         return counts.unsqueeze(0)
-    out = counts.new_empty((world_size, counts.numel()))
-    dist.all_gather(list(out.unbind(0)), counts.contiguous(), group=group)
-    return out
+    out = counts.new_empty(world_size * counts.numel())  # flat: gloo's all_gather_into_tensor wants 1-D
+    dist.all_gather_into_tensor(out, counts.contiguous(), group=group)
+    return out.view(world_size, -1)

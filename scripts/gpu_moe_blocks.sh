@@ -7,7 +7,10 @@
 #                 layer part, the kernel unit tests on one GPU (kernel_tests)
 #   layer_part    the layer: dense-reference check with transport symm at world size 4 (small
 #                 config), then a short --system a2a,blocks timing at the seed config
-# PARTS picks them (default both).
+#   sweep_part    the sweep, ONE command at the seed config (4 ranks, fp16, d 1024, h 4096,
+#                 8192 tokens per rank, top-2): --system a2a,blocks x locality 0.25..1.0 x 8..64 local
+#                 experts (32 cases, ~4-6 min), with --seed-format lines; run it alone: PARTS=sweep
+# PARTS picks them (default kernels and layer).
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/scratch}
 PARTS=${PARTS:-"kernels layer"}
@@ -37,10 +40,17 @@ layer_part() {  # ~2.5 min
   echo "== seed config a2a,blocks rc=$?"; tail -12 "$OUT/layer_seed.log"
 }
 
+sweep_part() {  # 32 cases: reference check + 10 warm-up + 100 timed steps each
+  timeout 560 python3 -m qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 \
+    --num-local-experts 8,16,32,64 --seed-format --out "$OUT/runs/blocks-sweep" > "$OUT/sweep.log" 2>&1
+  echo "== blocks sweep rc=$?"; grep -v -E '^(STEP-|AG, |GA, |block_info )' "$OUT/sweep.log" | tail -45
+}
+
 nvidia-smi -L
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 [[ " $PARTS " == *" kernels "* ]] && kernels_part
 [[ " $PARTS " == *" layer "* ]] && layer_part
+[[ " $PARTS " == *" sweep "* ]] && sweep_part
 [[ -d "$OUT/runs" ]] && tar czf "$OUT/runs.tar.gz" -C "$OUT" runs && rm -rf "$OUT/runs"  # few files come back
 [[ " $PARTS " == *" kernels "* ]] && kernel_tests "${KERNEL_TESTS_S:-90}"
 exit 0

@@ -51,12 +51,31 @@ ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}
 
 @dataclass(frozen=True)
 class PeerTable:
-    """Peers' buffers as the kernels see them: ptrs int64 [W] base addresses (device), all buffers
-    of `dtype` with `row_stride` elements per row (unit column stride)."""
+    """Peers' buffers as the kernels see them: offsets int64 [W] (device), peer p's buffer starts
+    offsets[p] elements after `anchor` (a tensor of the peers' dtype on this device: element offsets
+    keep the pointers typed and their alignment known); `row_stride` elements per row, unit column
+    stride; aligned: every buffer and row starts on a 16-byte boundary."""
 
-    ptrs: Any
+    offsets: Any
+    anchor: Any
     row_stride: int
-    dtype: Any
+    aligned: bool
+
+    @property
+    def dtype(self):
+        return self.anchor.dtype
+
+
+def make_peer_table(addresses: list[int], anchor, row_stride: int) -> PeerTable:
+    """PeerTable of buffers at these device addresses (bytes), relative to `anchor`."""
+    import torch
+
+    size, base = anchor.element_size(), anchor.data_ptr()
+    if any((a - base) % size for a in addresses):
+        raise ValueError("peer buffers must be aligned to their element size")
+    aligned = all(a % 16 == 0 for a in addresses + [base]) and (row_stride * size) % 16 == 0
+    offsets = torch.tensor([(a - base) // size for a in addresses], dtype=torch.int64, device=anchor.device)
+    return PeerTable(offsets, anchor, row_stride, aligned)
 
 
 @triton.jit
@@ -70,6 +89,18 @@ def _dot(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc)
     return acc
+
+
+@triton.jit
+def _peer_rows(anchor_ptr, table_ptr, src, rows, row_stride, ALIGNED: tl.constexpr):
+    """Pointers [BM] to `rows` of peer `src`'s buffer: the anchor pointer plus the peer's element
+    offset from the table. ALIGNED (checked by the launcher: 16-byte aligned buffers and row strides)
+    tells the compiler that every row starts on a 16-byte boundary, so that row loads and stores are
+    vectorised (an offset read from memory is otherwise assumed odd: 2-byte scalar accesses)."""
+    off = tl.load(table_ptr + src) + rows.to(tl.int64) * row_stride
+    if ALIGNED:
+        off = tl.multiple_of(off, 16 // (anchor_ptr.dtype.element_ty.primitive_bitwidth // 8))
+    return anchor_ptr + off
 
 
 @triton.jit
@@ -92,10 +123,10 @@ def _activate(x, ACT: tl.constexpr):
 @triton.autotune(configs=_CONFIGS, key=["N", "K", "BM", "HAS_BIAS", "ACT", "STORE_GATHERED", "IEEE", "UPCAST"])
 @triton.jit
 def _gather_matmul_kernel(
-    table_ptr, w_ptr, b_ptr, out_ptr, pre_ptr, gath_ptr,
+    table_ptr, anchor_ptr, w_ptr, b_ptr, out_ptr, pre_ptr, gath_ptr,
     bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr,
     N, K, B, s_src, swl, swk, swn, sbl, s_out, s_gath,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_GATHERED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_GATHERED: tl.constexpr, ALIGNED: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     # Block-major program order: the N tiles of one block run side by side (its A rows stay hot).
@@ -108,12 +139,11 @@ def _gather_matmul_kernel(
     nrows = tl.load(brows_ptr + blk)
     l = tl.load(bexp_ptr + blk)
     # The source rank's buffer: an address from the table, typed like the gathered rows.
-    base = tl.load(table_ptr + src).to(tl.pointer_type(gath_ptr.dtype.element_ty))
     js = tl.arange(0, BM)
     ks = tl.arange(0, BK)
     cols = pid_n * BN + tl.arange(0, BN)
     valid = js < nrows
-    a_tile = base + (row0 + js)[:, None].to(tl.int64) * s_src + ks[None, :]
+    a_tile = _peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_src, ALIGNED)[:, None] + ks[None, :]
     w_tile = w_ptr + l.to(tl.int64) * swl + ks[:, None] * swk + cols[None, :] * swn
     local = blk.to(tl.int64) * B + js  # rows of this block in the local layout
     g_tile = gath_ptr + local[:, None] * s_gath + ks[None, :]
@@ -141,10 +171,10 @@ def _gather_matmul_kernel(
 @triton.autotune(configs=_CONFIGS, key=["N", "K", "BM", "HAS_BIAS", "IEEE", "UPCAST"])
 @triton.jit
 def _matmul_scatter_kernel(
-    a_ptr, w_ptr, b_ptr, table_ptr,
+    a_ptr, w_ptr, b_ptr, table_ptr, anchor_ptr,
     bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr,
     N, K, B, s_a, swl, swk, swn, sbl, s_dst,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ALIGNED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -171,16 +201,15 @@ def _matmul_scatter_kernel(
         w_tile += BK * swk
     acc = _epilogue(acc, b_ptr, l, cols, N, sbl, HAS_BIAS)
     # The result rows go straight to the source rank's buffer (a peer store over NVLink).
-    base = tl.load(table_ptr + src).to(tl.pointer_type(a_ptr.dtype.element_ty))
-    dst = base + (row0 + js)[:, None].to(tl.int64) * s_dst + cols[None, :]
+    dst = _peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_dst, ALIGNED)[:, None] + cols[None, :]
     tl.store(dst, acc.to(a_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < N))
 
 
 @triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM"])
 @triton.jit
 def _gather_rows_kernel(
-    table_ptr, gath_ptr, bsrc_ptr, brow_ptr, brows_ptr, K, B, s_src, s_gath,
-    BM: tl.constexpr, BK: tl.constexpr,
+    table_ptr, anchor_ptr, gath_ptr, bsrc_ptr, brow_ptr, brows_ptr, K, B, s_src, s_gath,
+    ALIGNED: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
     # One program per (block, K tile): copy the block's rows from its source, zeros for padding.
     pid = tl.program_id(0)
@@ -190,9 +219,8 @@ def _gather_rows_kernel(
     src = tl.load(bsrc_ptr + blk)
     row0 = tl.load(brow_ptr + blk)
     nrows = tl.load(brows_ptr + blk)
-    base = tl.load(table_ptr + src).to(tl.pointer_type(gath_ptr.dtype.element_ty))
     js = tl.arange(0, BM)
-    a = tl.load(base + (row0 + js)[:, None].to(tl.int64) * s_src + ks[None, :],
+    a = tl.load(_peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_src, ALIGNED)[:, None] + ks[None, :],
                 mask=(js < nrows)[:, None] & (ks < K)[None, :], other=0.0)
     g = gath_ptr + (blk.to(tl.int64) * B + js)[:, None] * s_gath + ks[None, :]
     tl.store(g, a, mask=(js < B)[:, None] & (ks < K)[None, :])
@@ -205,8 +233,6 @@ def _gather_rows_kernel(
 
 def peer_table(peers):
     """A PeerTable from a list of same-dtype, same-row-stride tensors (their data pointers)."""
-    import torch
-
     if isinstance(peers, PeerTable):
         return peers
     first = peers[0]
@@ -215,8 +241,8 @@ def peer_table(peers):
             raise ValueError("peer buffers need one dtype and one row stride ([rows, K] views)")
         if t.shape[1] > 1 and t.stride(1) != 1:
             raise ValueError("peer buffers need unit column stride")
-    ptrs = torch.tensor([t.data_ptr() for t in peers], dtype=torch.int64, device=first.device)
-    return PeerTable(ptrs, first.stride(0), first.dtype)
+    anchor = max(peers, key=lambda t: t.numel())  # an empty tensor may have no address
+    return make_peer_table([t.data_ptr() for t in peers], anchor, first.stride(0))
 
 
 def _ieee(dtype) -> bool:
@@ -274,10 +300,10 @@ def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activat
     b = bias if bias is not None else out  # dummy pointer when HAS_BIAS is false
     grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
     _gather_matmul_kernel[grid](
-        table.ptrs, w, b, out, pre if pre is not None else out, gathered, *_blocks(plan),
+        table.offsets, table.anchor, w, b, out, pre if pre is not None else out, gathered, *_blocks(plan),
         N, K, plan.block_size, table.row_stride, w.stride(0), w.stride(1), w.stride(2),
         bias.stride(0) if bias is not None else 0, out.stride(0), gathered.stride(0),
-        HAS_BIAS=bias is not None, ACT=ACTIVATIONS[activation], STORE_GATHERED=True,
+        HAS_BIAS=bias is not None, ACT=ACTIVATIONS[activation], STORE_GATHERED=True, ALIGNED=table.aligned,
         IEEE=_ieee(table.dtype), UPCAST=_upcast(table.dtype), BM=_bm(plan),
     )
     return out, gathered
@@ -297,10 +323,11 @@ def matmul_scatter(a, w, bias, peers, plan) -> None:
     b = bias if bias is not None else a
     grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
     _matmul_scatter_kernel[grid](
-        a, w, b, table.ptrs, *_blocks(plan),
+        a, w, b, table.offsets, table.anchor, *_blocks(plan),
         N, K, plan.block_size, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
         bias.stride(0) if bias is not None else 0, table.row_stride,
-        HAS_BIAS=bias is not None, IEEE=_ieee(a.dtype), UPCAST=_upcast(a.dtype), BM=_bm(plan),
+        HAS_BIAS=bias is not None, ALIGNED=table.aligned, IEEE=_ieee(a.dtype), UPCAST=_upcast(a.dtype),
+        BM=_bm(plan),
     )
     return None
 
@@ -317,8 +344,8 @@ def gather_rows(peers, plan, gathered=None):
         return gathered
     grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
     _gather_rows_kernel[grid](
-        table.ptrs, gathered, plan.block_src, plan.block_row, plan.block_rows,
-        K, plan.block_size, table.row_stride, gathered.stride(0), BM=_bm(plan),
+        table.offsets, table.anchor, gathered, plan.block_src, plan.block_row, plan.block_rows,
+        K, plan.block_size, table.row_stride, gathered.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
     )
     return gathered
 

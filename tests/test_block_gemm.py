@@ -140,6 +140,21 @@ def test_empty_experts_and_no_blocks():
     assert all(not t.any() for t in dst)
 
 
+def test_unaligned_peers_take_the_unhinted_path_and_stay_exact():
+    gen = torch.Generator().manual_seed(4)
+    plan = bg.blocks_reference(COUNTS, 1, 2, 5, device=DEVICE)
+    wide = [torch.randn(int(c.sum()), 20, generator=gen).to(torch.float16).to(DEVICE) for c in COUNTS]
+    srcs = [t[:, 1:] for t in wide]  # rows start 2 bytes into a 40-byte row: no 16-byte alignment
+    assert not bg.peer_table(srcs).aligned
+    assert not bg.peer_table(wide).aligned  # 40-byte rows are not 16-byte multiples
+    assert bg.peer_table([torch.empty(3, 24, dtype=torch.float16, device=DEVICE) for _ in range(2)]).aligned
+    w = _weights(2, 19, 24, torch.float16, gen, False)
+    out, gathered = bg.gather_matmul(srcs, plan, w)
+    want, want_g = bg.gather_matmul_reference(srcs, plan, w)
+    assert torch.equal(gathered.cpu(), want_g.cpu())
+    _assert_close(out, want, TOL[torch.float16], "gather_matmul from unaligned peers")
+
+
 def test_blocks_reference_layout():
     plan = bg.blocks_reference(COUNTS, 1, 2, 5)
     # expert 2: rank 0 row 2 (1 row), rank 1 rows [3, 8), [8, 13), [13, 14); expert 3: rank 0 rows [3, 8), [8, 10)
@@ -190,9 +205,7 @@ def _fake_transport(world, rank, **kw):
             assert len({t.numel() for t in world.allocs[key].values()}) == 1, "ranks sized buffers differently"
             ptrs = [world.allocs[key][r].data_ptr() for r in range(world.size)]
             handle = _FakeHandle(world, ptrs, rank)
-            flat = seg[pad:]
-            table = torch.tensor([p + pad for p in ptrs], dtype=torch.int64)
-            return _Buffer(flat, handle, table)
+            return _Buffer(seg[pad:], handle, [p + pad for p in ptrs])
 
     return FakeSymm(group=None, device="cpu", **kw)
 

@@ -13,9 +13,10 @@ from qbench import dist
 pytestmark = [pytest.mark.gpu, pytest.mark.dist]
 
 K, N, L, B = 200, 136, 3, 64  # odd-ish widths; blocks of 1..64 rows from random counts
-# fp32: IEEE products on both sides, only the order differs; 16-bit: both round an fp32 accumulator
-# once, so an order difference may flip the last bit (2 ulps of slack)
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# fp32: IEEE products on both sides, only the summation order differs: with K = 200 unit-variance
+# products that moves a sum by up to ~K * 2^-24 * |terms| ~ 1.2e-5 (measured on H200: 1.3e-5), so
+# 1e-4; 16-bit: both round one fp32 accumulator, an order difference may flip the last bit (2 ulps)
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def _counts(world, seed):

@@ -62,3 +62,31 @@ def test_plan_kernel_matches_tensor_ops(W, L, D):
     _mismatch(splits, want_splits, "splits")
     _mismatch(offsets.flatten(), want_off.flatten(), "offsets")
     _mismatch(offsets_all, want_all, "offsets_all")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_combine_kernels_match_plain_torch(dtype):
+    from kernels.moe_combine import combine_backward, combine_rows
+
+    T, k, d, S = 23, 2, 37, 50
+    gen = torch.Generator().manual_seed(9)
+    src = torch.randn(S, d, generator=gen).to(DEVICE, dtype)
+    rows = torch.randperm(S, generator=gen)[: k * T].to(DEVICE)
+    rows[::7] = -1  # dropped assignments
+    weights = torch.softmax(torch.randn(T, k, generator=gen), 1).to(DEVICE)
+    dout = torch.randn(T, d, generator=gen).to(DEVICE, dtype)
+    leaf, w = src.double().requires_grad_(), weights.double().requires_grad_()
+    taken = torch.where((rows >= 0).unsqueeze(1), leaf[rows.clamp(min=0)], 0).view(k, T, d)
+    want = (taken * w.t().unsqueeze(-1)).sum(0)
+    want.backward(dout.double())
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]  # one rounding to dtype
+    scale = want.abs().max()
+    assert ((combine_rows(src, rows, weights, T).double() - want).abs().max() / scale) < tol
+    plain = (taken.sum(0) - combine_rows(src, rows, None, T).double()).abs().max() / scale
+    assert plain < tol, f"unweighted sum off by {plain:.2e}"
+    d_src, d_w = combine_backward(src, rows, weights, dout, zero_unused=True)
+    assert ((d_src.double() - leaf.grad).abs().max() / leaf.grad.abs().max()) < tol
+    assert ((d_w.double() - w.grad).abs().max() / w.grad.abs().max()) < tol * 10  # dot of d terms in dtype
+    unused = torch.ones(S, dtype=torch.bool, device=DEVICE)
+    unused[rows[rows >= 0]] = False
+    assert (d_src[unused] == 0).all(), "rows nobody reads must get zero gradient"

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kernels import use_triton
+from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position
 from qbench.layers import moe_comm as comm
 from qbench.layers.moe_experts import ExpertConfig, expert_parallel, replicate
@@ -108,8 +109,6 @@ class MoELayer(nn.Module):
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
     def _experts(self, x2, routing, plan, dplan):
-        T, d = x2.shape
-        k = self.opts.top_k
         rows = dplan.rows
         if dplan.source is not None:  # the routing kernel's token of every send row
             table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if routing.padded else x2
@@ -125,19 +124,12 @@ class MoELayer(nn.Module):
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, comm.A2AExchange(self.group), self.timer)
         back, hot_y = expert_parallel(send, hot_x, weights, replicas, plan, dplan.hot_offsets, cfg)
         with self._phase("combine"):
+            source, where = back, rows  # rows < 0 (dropped or replicated) add nothing
             if plan.hot:
-                source = torch.cat([back, hot_y, back.new_zeros((1, d))])
-                hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows,
-                                        plan.send_rows + hot_total)
+                source = torch.cat([back, hot_y])
+                hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows, -1)
                 where = torch.where(rows >= 0, rows, hot_where)
-            elif routing.capacity is not None:  # dropped assignments read a zero row
-                source = torch.cat([back, back.new_zeros((1, d))])
-                where = torch.where(rows >= 0, rows, plan.send_rows)
-            else:  # dropless: every assignment has a row
-                source, where = back, rows
-            y = source.index_select(0, where).view(k, T, d)
-            w = routing.weights.t().to(y.dtype).unsqueeze(-1)
-            return (y * w).sum(0)
+            return _Combine.apply(source, where, routing.weights, routing.padded)
 
 
 def _gather_rows(x2, rows, total: int, padded: bool):
@@ -151,6 +143,40 @@ def _gather_rows(x2, rows, total: int, padded: bool):
     source.index_copy_(0, torch.where(rows >= 0, rows, total), token)
     table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
     return table.index_select(0, source[:total])
+
+
+class _Combine(torch.autograd.Function):
+    """out [T, d] = sum_j weights[t, j] * src[where[j * T + t]] (kernels/moe_combine.py); padded sources
+    have rows nobody reads, whose gradient must be zero (they feed the experts' weight gradients)."""
+
+    @staticmethod
+    def forward(ctx, src, where, weights, padded: bool):
+        ctx.save_for_backward(src, where, weights)
+        ctx.padded = padded
+        return combine_rows(src, where, weights, weights.shape[0])
+
+    @staticmethod
+    def backward(ctx, dout):
+        src, where, weights = ctx.saved_tensors
+        d_src, d_weights = combine_backward(src, where, weights, dout.contiguous(), ctx.padded)
+        return d_src, None, d_weights.to(weights.dtype), None
+
+
+class _GatherTokens(torch.autograd.Function):
+    """send [S, d] = token source[r] of x2 for every send row r (source = T: the zero row of a padded
+    buffer); backward: each token sums its k rows (rows [kT], the combine kernel without weights)."""
+
+    @staticmethod
+    def forward(ctx, x2, source, rows, padded: bool):
+        ctx.save_for_backward(rows)
+        ctx.tokens = x2.shape[0]
+        table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
+        return table.index_select(0, source)
+
+    @staticmethod
+    def backward(ctx, d_send):
+        (rows,) = ctx.saved_tensors
+        return combine_rows(d_send.contiguous(), rows, None, ctx.tokens), None, None, None
 
 
 class MultiHeadSelfAttention(nn.Module):

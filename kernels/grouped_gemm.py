@@ -1,11 +1,14 @@
 """Grouped GEMM: one launch computes a separate matmul for every group of rows.
 
-Math (G groups, rows of x sorted by group, group g owns rows offsets[g]:offsets[g+1]):
-    y[r, :] = x[r, :] @ w[g] (+ bias[g])                    for every row r of group g
-    x [T, K], w [G, K, N], offsets int64 [G + 1] (offsets[0] = 0, offsets[G] = T, non-decreasing;
-    empty groups allowed), bias [G, N] or None  ->  y [T, N] in x.dtype, fp32 accumulation.
+Math (G groups, rows of x in S = R * G segments, segment s owns rows offsets[s]:offsets[s+1] and
+belongs to group s % G; R = 1 is the plain case of one segment per group):
+    y[r, :] = x[r, :] @ w[s % G] (+ bias[s % G])             for every row r of segment s
+    x [T, K], w [G, K, N], offsets int64 [S + 1] (offsets[0] = 0, offsets[S] = T, non-decreasing;
+    empty segments allowed), bias [G, N] or None  ->  y [T, N] in x.dtype, fp32 accumulation.
+Segments let a caller multiply rows in the order an all-to-all delivers them (source-major: source
+rank, then local expert) without first permuting them into expert-major order.
 The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`):
-    dw[g] = x[rows of g]^T @ dy[rows of g]                  -> [G, K, N]
+    dw[g] = sum over the segments s of g of x[rows of s]^T @ dy[rows of s]   -> [G, K, N]
 and the input gradient is the forward kernel with w transposed (a strided view, no copy).
 
 Used by the MoE expert FFN (one group per local expert) and by FragmentedLinear (one group per
@@ -63,12 +66,13 @@ def _dot_accumulate(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
 @triton.jit
 def _grouped_fwd_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, off_ptr,
-    T, N, K, G,
+    T, N, K, G, NW,
     sxm, sxk, swg, swk, swn, sbg, sym,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_G: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    # Tile map: group g has cdiv(rows_g, BM) row tiles; tile_end = inclusive cumsum over groups.
+    # Tile map over the G segments (weight group of segment g: g % NW): segment g has cdiv(rows_g, BM)
+    # row tiles; tile_end = inclusive cumsum over segments.
     gs = tl.arange(0, BLOCK_G)
     lo = tl.load(off_ptr + gs, mask=gs < G, other=0)
     hi = tl.load(off_ptr + gs + 1, mask=gs < G, other=0)
@@ -95,7 +99,8 @@ def _grouped_fwd_kernel(
     ks = tl.arange(0, BK)
     row_ok = rows < g_hi
     x_tile = x_ptr + rows[:, None].to(tl.int64) * sxm + ks[None, :] * sxk
-    w_tile = w_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :] * swn
+    wg = (g % NW).to(tl.int64)
+    w_tile = w_ptr + wg * swg + ks[:, None] * swk + cols[None, :] * swn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         k_ok = (k0 + ks) < K
@@ -105,7 +110,7 @@ def _grouped_fwd_kernel(
         x_tile += BK * sxk
         w_tile += BK * swk
     if HAS_BIAS:
-        bias = tl.load(b_ptr + g.to(tl.int64) * sbg + cols, mask=cols < N, other=0.0)
+        bias = tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0)
         acc += bias[None, :].to(tl.float32)
     y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
@@ -115,7 +120,7 @@ def _grouped_fwd_kernel(
 @triton.jit
 def _grouped_wgrad_kernel(
     x_ptr, dy_ptr, dw_ptr, off_ptr,
-    N, K, G,
+    N, K, G, R,
     sxm, sxk, sdm, sdn, swg, swk,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
 ):
@@ -126,24 +131,25 @@ def _grouped_wgrad_kernel(
     g = pid // (k_tiles * n_tiles)
     pid_k = (pid // n_tiles) % k_tiles
     pid_n = pid % n_tiles
-    lo = tl.load(off_ptr + g)
-    hi = tl.load(off_ptr + g + 1)
     ks = pid_k * BK + tl.arange(0, BK)
     cols = pid_n * BN + tl.arange(0, BN)
     rs = tl.arange(0, BR)
     acc = tl.zeros((BK, BN), dtype=tl.float32)
-    for r0 in range(lo, hi, BR):
-        rows = r0 + rs
-        r_ok = rows < hi
-        a = tl.load(
-            x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None] * sxk,
-            mask=r_ok[None, :] & (ks[:, None] < K), other=0.0,
-        )
-        b = tl.load(
-            dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
-            mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
-        )
-        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
+    for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
+        lo = tl.load(off_ptr + seg * G + g)
+        hi = tl.load(off_ptr + seg * G + g + 1)
+        for r0 in range(lo, hi, BR):
+            rows = r0 + rs
+            r_ok = rows < hi
+            a = tl.load(
+                x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None] * sxk,
+                mask=r_ok[None, :] & (ks[:, None] < K), other=0.0,
+            )
+            b = tl.load(
+                dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
+                mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
+            )
+            acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
     dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
     tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
 
@@ -151,8 +157,11 @@ def _grouped_wgrad_kernel(
 def _check(x, w, offsets, bias) -> None:
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
         raise ValueError(f"grouped_matmul needs x [T, K] and w [G, K, N]; got {tuple(x.shape)}, {tuple(w.shape)}")
-    if offsets.dim() != 1 or offsets.numel() != w.shape[0] + 1:
-        raise ValueError(f"offsets must have G + 1 = {w.shape[0] + 1} entries, got {tuple(offsets.shape)}")
+    G = w.shape[0]
+    segments = offsets.numel() - 1
+    if offsets.dim() != 1 or segments < 0 or (segments % G if G else segments):
+        raise ValueError(f"offsets must have R * G + 1 entries (G = {G} groups, R >= 1 segments each), "
+                         f"got {tuple(offsets.shape)}")
     if bias is not None and tuple(bias.shape) != (w.shape[0], w.shape[2]):
         raise ValueError(f"bias must be [G, N] = {(w.shape[0], w.shape[2])}, got {tuple(bias.shape)}")
 
@@ -172,26 +181,33 @@ def _upcast(x) -> bool:
     return interpreting() and x.dtype == torch.bfloat16
 
 
-def _launch_fwd(x, w, offsets, bias):
-    """Triton forward launch; w may be any strided view (the input gradient passes w^T)."""
+def segments_per_group(offsets, num_groups: int) -> int:
+    """R of offsets [R * G + 1] (1 when there are no groups)."""
+    return (offsets.numel() - 1) // num_groups if num_groups else 1
+
+
+def _launch_fwd(x, w, offsets, bias, out=None):
+    """Triton forward launch; w may be any strided view (the input gradient passes w^T); `out` (a
+    row-contiguous [T, N] view) receives y when given."""
     import torch
 
     T, K = x.shape
     G, _, N = w.shape
-    y = torch.empty((T, N), dtype=x.dtype, device=x.device)
+    S = offsets.numel() - 1
+    y = torch.empty((T, N), dtype=x.dtype, device=x.device) if out is None else out
     if T == 0 or N == 0:
         return y
     if K == 0 or G == 0:
         return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
     offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + G) * triton.cdiv(N, meta["BN"]),)
+    grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"]),)
     _grouped_fwd_kernel[grid](
-        x, w, b, y, offsets, T, N, K, G,
+        x, w, b, y, offsets, T, N, K, S, G,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
         b.stride(0) if bias is not None else 0, y.stride(0),
         HAS_BIAS=bias is not None, IEEE=_ieee(x), UPCAST=_upcast(x),
-        BLOCK_G=triton.next_power_of_2(G + 1),
+        BLOCK_G=triton.next_power_of_2(S + 1),
     )
     return y
 
@@ -206,7 +222,7 @@ def _launch_wgrad(x, dy, offsets, G):
     offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
     grid = lambda meta: (G * triton.cdiv(K, meta["BK"]) * triton.cdiv(N, meta["BN"]),)
     _grouped_wgrad_kernel[grid](
-        x, dy, dw, offsets, N, K, G,
+        x, dy, dw, offsets, N, K, G, segments_per_group(offsets, G),
         x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1),
         IEEE=_ieee(x), UPCAST=_upcast(x),
     )
@@ -214,7 +230,7 @@ def _launch_wgrad(x, dy, offsets, G):
 
 
 def _group_ids(offsets, T):
-    """Group index of every row, [T] int64, computed on the device (output_size avoids a sync)."""
+    """Segment index of every row, [T] int64, computed on the device (output_size avoids a sync)."""
     import torch
 
     counts = (offsets[1:] - offsets[:-1]).to(torch.int64)
@@ -223,7 +239,8 @@ def _group_ids(offsets, T):
 
 
 def _bias_rows(bias, offsets, T):
-    return bias.index_select(0, _group_ids(offsets.to(bias.device), T))
+    """bias [S or G, N] -> the bias row of every row's segment [T, N]."""
+    return bias.index_select(0, _group_ids(offsets.to(bias.device), T) % bias.shape[0])
 
 
 def _torch_offs(offsets):
@@ -233,26 +250,40 @@ def _torch_offs(offsets):
     return offsets[1:].to(torch.int32)
 
 
-def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto"):
-    """y = x @ w[g] (+ bias[g]) per group, no autograd. backend: auto | triton | torch | reference."""
+def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None):
+    """y = x @ w[s % G] (+ bias[s % G]) per segment s, no autograd; written into `out` when given.
+    backend: auto | triton | torch | reference."""
     if backend == "reference" or (backend == "auto" and not use_triton(x, w)):
-        return grouped_matmul_reference(x, w, offsets, bias)
-    if backend == "torch":
+        y = grouped_matmul_reference(x, w, offsets, bias)
+    elif backend == "torch":
         import torch
 
-        y = torch._grouped_mm(x, w, offs=_torch_offs(offsets))
-        return y if bias is None else y + _bias_rows(bias, offsets, x.shape[0])
-    return _launch_fwd(x, w, offsets, bias)
+        ws, bs = _per_segment(w, offsets), None if bias is None else _per_segment(bias, offsets)
+        y = torch._grouped_mm(x, ws, offs=_torch_offs(offsets))
+        y = y if bias is None else y + _bias_rows(bs, offsets, x.shape[0])
+    else:
+        return _launch_fwd(x, w, offsets, bias, out)
+    return y if out is None else out.copy_(y)
+
+
+def _per_segment(t, offsets):
+    """t [G, ...] repeated for R segments per group -> [R * G, ...] (a copy when R > 1): torch's
+    grouped matmul has no notion of segments sharing a weight."""
+    R = segments_per_group(offsets, t.shape[0])
+    return t if R == 1 else t.repeat(R, *([1] * (t.dim() - 1)))
 
 
 def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
-    """dw[g] = x_g^T @ dy_g -> [G, K, N] in x.dtype (fp32 accumulation); empty groups give zeros."""
+    """dw[g] = sum over g's segments of x_s^T @ dy_s -> [G, K, N] in x.dtype (fp32 accumulation);
+    empty groups give zeros."""
     if backend == "reference" or (backend == "auto" and not use_triton(x, dy)):
         return grouped_wgrad_reference(x, dy, offsets, num_groups)
     if backend == "torch":
         import torch
 
-        return torch._grouped_mm(x.t(), dy, offs=_torch_offs(offsets))
+        R = segments_per_group(offsets, num_groups)
+        dw = torch._grouped_mm(x.t(), dy, offs=_torch_offs(offsets))
+        return dw if R == 1 else dw.view(R, num_groups, *dw.shape[1:]).sum(0)
     return _launch_wgrad(x, dy, offsets, num_groups)
 
 
@@ -265,7 +296,7 @@ def grouped_bias_grad(dy, offsets, num_groups: int, *, backend: str = "auto"):
 
     if backend == "reference" or (backend == "auto" and not use_triton(dy)):
         out = torch.zeros((num_groups, dy.shape[1]), dtype=torch.float32, device=dy.device)
-        out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]), dy.float())
+        out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]) % max(num_groups, 1), dy.float())
         return out.to(dy.dtype)
     ones = dy.new_ones((dy.shape[0], 16))  # 16: the narrowest tensor-core operand
     return grouped_matmul_wgrad(ones, dy, offsets, num_groups, backend=backend)[:, 0, :]
@@ -335,8 +366,8 @@ def grouped_matmul_reference(x, w, offsets, bias=None):
     _check(x, w, offsets, bias)
     bounds = [int(v) for v in offsets.tolist()]
     y = torch.zeros((x.shape[0], w.shape[2]), dtype=torch.float32, device=x.device)
-    for g in range(w.shape[0]):
-        lo, hi = bounds[g], bounds[g + 1]
+    for s in range(len(bounds) - 1):
+        lo, hi, g = bounds[s], bounds[s + 1], s % max(w.shape[0], 1)
         if hi > lo:
             y[lo:hi] = x[lo:hi].float() @ w[g].float()
             if bias is not None:
@@ -350,8 +381,8 @@ def grouped_wgrad_reference(x, dy, offsets, num_groups: int):
 
     bounds = [int(v) for v in offsets.tolist()]
     dw = torch.zeros((num_groups, x.shape[1], dy.shape[1]), dtype=torch.float32, device=x.device)
-    for g in range(num_groups):
-        lo, hi = bounds[g], bounds[g + 1]
+    for s in range(len(bounds) - 1):
+        lo, hi = bounds[s], bounds[s + 1]
         if hi > lo:
-            dw[g] = x[lo:hi].float().t() @ dy[lo:hi].float()
+            dw[s % num_groups] += x[lo:hi].float().t() @ dy[lo:hi].float()
     return dw.to(x.dtype)

@@ -105,10 +105,43 @@ def test_wgrad_empty_groups_are_zero():
 
 def test_bad_shapes_are_rejected():
     x, w, _ = _inputs([2, 3], 8, 4, torch.float32, seed=1)
-    with pytest.raises(ValueError, match="G \\+ 1"):
+    with pytest.raises(ValueError, match="R \\* G \\+ 1"):
         gg.grouped_matmul(x, w, torch.tensor([0, 5], device=DEVICE))
     with pytest.raises(ValueError, match="bias"):
         gg.grouped_matmul(x, w, _offsets([2, 3]), torch.zeros(2, 5, device=DEVICE))
+
+
+def _segment_dense(x, w, offsets, b):
+    """Per-row loop: row r of segment s uses weight s % G (independent of the reference's code)."""
+    bounds, G = offsets.tolist(), w.shape[0]
+    out = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float64)
+    for s in range(len(bounds) - 1):
+        for r in range(bounds[s], bounds[s + 1]):
+            out[r] = x[r].double() @ w[s % G].double() + (0 if b is None else b[s % G].double())
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_segments_share_their_group_weights(dtype):
+    # 3 segments per group x 2 groups, in source-major order (segment s -> group s % 2), empty ones too
+    sizes, K, N, G = [2, 0, 5, 1, 0, 3], 19, 13, 2
+    x, w, b = _inputs(sizes, K, N, dtype, seed=5)
+    w, b = w[:G].contiguous(), b[:G].contiguous()
+    offsets = _offsets(sizes)
+    want = _segment_dense(x.cpu(), w.cpu(), offsets.cpu(), b.cpu())
+    _assert_close(gg.grouped_matmul_forward(x, w, offsets, b).cpu(), want, TOL[dtype], "segment forward")
+    _assert_close(gg.grouped_matmul_reference(x, w, offsets, b).cpu(), want, TOL[dtype], "segment reference")
+    out = torch.full((sum(sizes) + 4, N), float("nan"), device=DEVICE).to(dtype)
+    gg.grouped_matmul_forward(x, w, offsets, b, out=out[2:2 + sum(sizes)])
+    _assert_close(out[2:2 + sum(sizes)].cpu(), want, TOL[dtype], "forward into out=")
+    assert out[:2].isnan().all() and out[-2:].isnan().all(), "out= wrote outside its view"
+    dy = torch.randn(sum(sizes), N, device=DEVICE).to(dtype)
+    ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)) % G
+    dw_want = torch.stack([x.cpu()[ids == g].double().t() @ dy.cpu()[ids == g].double() for g in range(G)])
+    db_want = torch.stack([dy.cpu()[ids == g].double().sum(0) for g in range(G)])
+    _assert_close(gg.grouped_matmul_wgrad(x, dy, offsets, G).cpu(), dw_want, TOL[dtype], "segment wgrad")
+    _assert_close(gg.grouped_wgrad_reference(x, dy, offsets, G).cpu(), dw_want, TOL[dtype], "segment wgrad ref")
+    _assert_close(gg.grouped_bias_grad(dy, offsets, G).cpu(), db_want, TOL[dtype], "segment bias grad")
 
 
 @pytest.mark.gpu

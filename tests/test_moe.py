@@ -72,13 +72,20 @@ def test_chunk_parts_match_parts_and_send_rows_are_a_permutation():
         assert sorted(rows.tolist()) == list(range(74)), f"degree {D}: rows are not a permutation"
 
 
-def test_receive_index_orders_rows_expert_major():
-    W, D = 3, 2  # 2 local experts
+def test_segment_offsets_follow_the_received_order():
+    D = 2  # 3 ranks x 2 local experts
     got = comm.chunk_parts(torch.tensor([2, 0, 3, 1, 1, 2]), D)  # (source, expert) received rows
-    index, offsets = comm.receive_index(got, W, D, 9)
-    # chunk 0 storage (s, l): (0,0) 1 row, (0,1) 0, (1,0) 2, (1,1) 1, (2,0) 1, (2,1) 1
-    assert index[:6].tolist() == [0, 1, 2, 4, 3, 5] and index[6:9].tolist() == [0, 1, 2]
-    assert offsets.tolist() == [[0, 4, 6], [0, 2, 3]]
+    offsets, offsets_all = comm.segment_offsets(got)
+    # chunk 0 receives (s, l) parts 1, 0, 2, 1, 1, 1; chunk 1 receives 1, 0, 1, 0, 0, 1
+    assert offsets.tolist() == [[0, 1, 1, 3, 4, 5, 6], [0, 1, 1, 2, 2, 2, 3]]
+    assert offsets_all.tolist() == [0, 1, 1, 3, 4, 5, 6, 7, 7, 8, 8, 8, 9]
+
+
+def test_one_chunk_send_rows_are_sorted_by_expert():
+    r = route(torch.randn(41, 5, generator=torch.Generator().manual_seed(3)), 2, 0.0)
+    rows = comm.send_rows(r, comm.chunk_parts(r.kept, 1), None)
+    order = r.flat_e[rows.argsort()]
+    assert (order[1:] >= order[:-1]).all(), f"experts in send order: {order.tolist()}"
 
 
 def test_hottest_device_matches_host():

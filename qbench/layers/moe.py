@@ -18,9 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernels import use_triton
+from kernels.moe_combine import combine_backward, combine_rows
+from kernels.moe_route import choose_and_position
 from qbench.layers import moe_comm as comm
 from qbench.layers.moe_experts import ExpertConfig, expert_parallel, replicate
-from qbench.layers.moe_routing import route
+from qbench.layers.moe_routing import Routing, capacity_limit, route
 
 
 @dataclass(frozen=True)
@@ -80,52 +83,100 @@ class MoELayer(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         with self._phase("gate"):
-            logits = self.gate(x2.to(self.gate.weight.dtype))
-            routing = route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced)
+            logits = self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
+            fast = use_triton(logits) and self.opts.replicate_hot == 0
+            routing, rows, source = self._route_kernels(logits) if fast else (
+                route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced), None, None)
         with self._phase("plan"):
-            dplan = comm.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
-                                 self.group)
+            if fast:
+                dplan = comm.prepare_fast(routing, self.world_size, self.opts.overlap_degree, self.group, rows, source)
+            else:
+                dplan = comm.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
+                                     self.group)
             plan = comm.finish(dplan)  # the step's only host synchronisation
             self.last = {"routing": routing, "plan": plan, "kept": plan.kept}
         return self._experts(x2, routing, plan, dplan).reshape(shape)
 
+    def _route_kernels(self, logits):
+        """route() by the routing kernels; with one chunk also the send rows and their tokens."""
+        k, cf = self.opts.top_k, self.opts.capacity_factor
+        T, E = logits.shape
+        cap = capacity_limit(cf, T, k, E) if cf != 0 else None
+        one_chunk = self.opts.overlap_degree == 1
+        idx, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
+            logits, k, cap, cf > 0, self.forced, rows=one_chunk)
+        weights = torch.softmax(logits.gather(1, idx).float(), dim=1)
+        return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
+
     def _experts(self, x2, routing, plan, dplan):
-        T, d = x2.shape
-        k = self.opts.top_k
         rows = dplan.rows
-        tokens = torch.arange(k * T, device=x2.device) % T
-        gathered = x2.index_select(0, tokens)  # [kT, d] the token of every assignment
-        send = _scatter_rows(gathered, rows, plan.send_rows, routing.padded)
+        if dplan.source is not None:  # the routing kernel's token of every send row
+            table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if routing.padded else x2
+            send = table.index_select(0, dplan.source[:plan.send_rows])
+        else:
+            send = _gather_rows(x2, rows, plan.send_rows, routing.padded)
         weights = (self.w1, self.b1, self.w2, self.b2)
-        replicas, hot_x, hot_total = (None,) * 4, gathered[:0], 0
+        replicas, hot_x, hot_total = (None,) * 4, x2[:0], 0
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)
-            hot_x = _scatter_rows(gathered, dplan.hot_rows, hot_total, False)
+            hot_x = _gather_rows(x2, dplan.hot_rows, hot_total, False)
             replicas = replicate(weights, plan.hot, self.opts.num_local_experts, self.rank, self.group)
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, comm.A2AExchange(self.group), self.timer)
         back, hot_y = expert_parallel(send, hot_x, weights, replicas, plan, dplan.hot_offsets, cfg)
         with self._phase("combine"):
+            source, where = back, rows  # rows < 0 (dropped or replicated) add nothing
             if plan.hot:
-                source = torch.cat([back, hot_y, back.new_zeros((1, d))])
-                hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows,
-                                        plan.send_rows + hot_total)
+                source = torch.cat([back, hot_y])
+                hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows, -1)
                 where = torch.where(rows >= 0, rows, hot_where)
-            elif routing.capacity is not None:  # dropped assignments read a zero row
-                source = torch.cat([back, back.new_zeros((1, d))])
-                where = torch.where(rows >= 0, rows, plan.send_rows)
-            else:  # dropless: every assignment has a row
-                source, where = back, rows
-            y = source.index_select(0, where).view(k, T, d)
-            w = routing.weights.t().to(y.dtype).unsqueeze(-1)
-            return (y * w).sum(0)
+            return _Combine.apply(source, where, routing.weights, routing.padded)
 
 
-def _scatter_rows(src, rows, total: int, padded: bool):
-    """Buffer [total, d] with src[a] at rows[a] (rows < 0 skipped). Only padded buffers have rows that
-    no assignment writes; those must be zero (their wgrad contribution is 0 * row, NaN for garbage)."""
-    buf = src.new_zeros((total + 1, src.shape[1])) if padded else src.new_empty((total + 1, src.shape[1]))
-    target = torch.where(rows >= 0, rows, total)
-    return buf.index_copy(0, target, src)[:total]
+def _gather_rows(x2, rows, total: int, padded: bool):
+    """Buffer [total, d] whose row rows[a] is token a % T of x2 [T, d] (assignment a = j * T + t; rows < 0
+    skipped): one gather of the tokens. Only padded buffers have rows that no assignment writes; those
+    must be zero (their wgrad contribution is 0 * row, NaN for garbage), so they read an appended zero row."""
+    T = x2.shape[0]
+    token = torch.arange(rows.numel(), device=rows.device) % T
+    source = torch.full((total + 1,), T, dtype=torch.int64, device=rows.device) if padded else (
+        torch.empty((total + 1,), dtype=torch.int64, device=rows.device))
+    source.index_copy_(0, torch.where(rows >= 0, rows, total), token)
+    table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
+    return table.index_select(0, source[:total])
+
+
+class _Combine(torch.autograd.Function):
+    """out [T, d] = sum_j weights[t, j] * src[where[j * T + t]] (kernels/moe_combine.py); padded sources
+    have rows nobody reads, whose gradient must be zero (they feed the experts' weight gradients)."""
+
+    @staticmethod
+    def forward(ctx, src, where, weights, padded: bool):
+        ctx.save_for_backward(src, where, weights)
+        ctx.padded = padded
+        return combine_rows(src, where, weights, weights.shape[0])
+
+    @staticmethod
+    def backward(ctx, dout):
+        src, where, weights = ctx.saved_tensors
+        d_src, d_weights = combine_backward(src, where, weights, dout.contiguous(), ctx.padded)
+        return d_src, None, d_weights.to(weights.dtype), None
+
+
+class _GatherTokens(torch.autograd.Function):
+    """send [S, d] = token source[r] of x2 for every send row r (source = T: the zero row of a padded
+    buffer); backward: each token sums its k rows (rows [kT], the combine kernel without weights)."""
+
+    @staticmethod
+    def forward(ctx, x2, source, rows, padded: bool):
+        ctx.save_for_backward(rows)
+        ctx.tokens = x2.shape[0]
+        table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
+        return table.index_select(0, source)
+
+    @staticmethod
+    def backward(ctx, d_send):
+        (rows,) = ctx.saved_tensors
+        return combine_rows(d_send.contiguous(), rows, None, ctx.tokens), None, None, None
 
 
 class MultiHeadSelfAttention(nn.Module):

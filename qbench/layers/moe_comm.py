@@ -2,7 +2,7 @@
 
 `A2AExchange.start(out, inp, out_splits, in_splits)` moves rows between ranks with
 all_to_all_single and uneven splits (rows, dim 0) and returns a handle with wait(); another
-transport (issue 8's `--system blocks`) only needs the same method.
+transport only needs the same method.
 
 The plan of one step, for W ranks, L local experts, D chunks, built on the device with tensor ops
 (no loops over experts or chunks) and read to the host once (the split sizes NCCL needs):
@@ -10,8 +10,10 @@ The plan of one step, for W ranks, L local experts, D chunks, built on the devic
                    one all_to_all of these [W * L] counts tells every rank what it receives
   parts(c, D)      a segment of c rows split into D nearly equal chunk parts
   send buffer      chunk-major: chunk i, then destination r, then expert l, then that part's rows
-  receive chunk i  source-major (s, l) as all_to_all delivers it; the experts want expert-major
-                   (l, s), so `index` gathers rows into that order (and index_copy_ puts them back).
+  receive buffer   one tensor; chunk i's rows arrive source-major (s, l) as all_to_all delivers them.
+                   The expert GEMMs take them in that order: W * L segments per chunk, segment s * L + l
+                   multiplied by expert l (kernels/grouped_gemm.py), so no permutation is needed, and
+                   the weight gradients run once over all chunks (D * W * L segments, `offsets_all`).
 """
 
 from __future__ import annotations
@@ -61,8 +63,7 @@ class ChunkPlan:
 
     send_splits: list[int]  # [W] rows sent to each rank
     recv_splits: list[int]  # [W] rows received from each rank
-    index: Any  # int64 [received rows]: expert-major row j is received row index[j]
-    offsets: Any  # int64 [L + 1] group offsets of the expert-major rows
+    offsets: Any  # int64 [W * L + 1] chunk-local segment offsets of the received rows, order (s, l)
 
 
 @dataclass
@@ -72,6 +73,7 @@ class StepPlan:
     kept: list[int]  # [E] kept assignments per expert on this rank
     send_rows: int
     recv_rows: int
+    offsets_all: Any  # int64 [D * W * L + 1] segment offsets of all chunks in the one receive buffer
 
 
 @dataclass
@@ -81,12 +83,12 @@ class DevicePlan:
     rows: Any  # [kT] row of every assignment in the send buffer, -1 when not sent
     hot_rows: Any  # [kT] row in the local replica buffer, -1 otherwise (None without replication)
     hot_offsets: Any  # [N + 1] group offsets of the replica buffer (None without replication)
-    index: Any  # [bound] expert-major gather index of all chunks (valid up to the received rows)
-    offsets: Any  # [D, L + 1]
-    got: Any  # [W * L, D] received chunk parts (to rebuild `index` if the bound was too small)
+    offsets: Any  # [D, W * L + 1] chunk-local segment offsets
+    offsets_all: Any  # [D * W * L + 1]
     small: Any  # the few integers the host needs, read with one .tolist()
     degree: int
     world_size: int
+    source: Any = None  # [send rows] token of every send-buffer row (fast path), or None
 
 
 def chunk_parts(counts, degree: int):
@@ -131,11 +133,11 @@ def send_rows(routing, sent, hot_mask):
     import torch
 
     e, pos = routing.flat_e, routing.pos
-    per_chunk = sent.sum(0)
-    base = (torch.cumsum(per_chunk, 0) - per_chunk) + (torch.cumsum(sent, 0) - sent)  # [E, D] first row
-    if sent.shape[1] == 1:
-        rows = base[e, 0] + pos
+    if sent.shape[1] == 1:  # one chunk: the buffer is sorted by expert
+        rows = (torch.cumsum(sent[:, 0], 0) - sent[:, 0])[e] + pos
     else:
+        per_chunk = sent.sum(0)
+        base = (torch.cumsum(per_chunk, 0) - per_chunk) + (torch.cumsum(sent, 0) - sent)  # [E, D] first row
         start = torch.cumsum(sent, 1) - sent  # [E, D] first position of each part in the expert's list
         st = start[e]
         chunk = (st[:, 1:] <= pos.unsqueeze(1)).sum(1, keepdim=True)
@@ -144,23 +146,18 @@ def send_rows(routing, sent, hot_mask):
     return torch.where(keep, rows, -1)
 
 
-def receive_index(got, world_size: int, degree: int, bound: int):
-    """Expert-major gather index of every chunk (concatenated, chunk-local values, `bound` long) and
-    the group offsets [D, L + 1]; got [W * L, D] received chunk parts per (source, local expert)."""
+def segment_offsets(got):
+    """got [W * L, D] received chunk parts per (source, local expert) -> chunk-local segment offsets
+    [D, W * L + 1] (received order is (s, l) inside each chunk) and the offsets of all chunks in one
+    buffer [D * W * L + 1]."""
     import torch
 
-    W, D = world_size, degree
-    G = got.view(W, -1, D).permute(2, 0, 1)  # [D, W, L] storage order (s, l) inside chunk i
-    flat = G.reshape(D, -1)
-    start = (torch.cumsum(flat, 1) - flat).view_as(G)  # chunk-local first row of segment (s, l)
-    lens = G.transpose(1, 2).reshape(-1)  # target order (i, l, s)
-    end = torch.cumsum(lens, 0)
-    j = torch.arange(bound, device=got.device)
-    seg = torch.searchsorted(end, j, right=True).clamp(max=lens.numel() - 1)
-    index = start.transpose(1, 2).reshape(-1)[seg] + j - (end - lens)[seg]
-    rows = G.sum(1)  # [D, L]
-    offsets = torch.cat([rows.new_zeros((D, 1)), torch.cumsum(rows, 1)], 1)
-    return index, offsets
+    ends = torch.cumsum(got.t(), 1)  # [D, W * L]
+    offsets = torch.nn.functional.pad(ends, (1, 0))
+    totals = ends[:, -1]
+    base = torch.cumsum(totals, 0) - totals
+    offsets_all = torch.cat([(offsets[:, :-1] + base.unsqueeze(1)).reshape(-1), totals.sum().view(1)])
+    return offsets, offsets_all
 
 
 def hot_rows(routing, hot_ids):
@@ -193,14 +190,26 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
     got = chunk_parts(exchange_counts(seg, group), degree)
     sent = chunk_parts(seg, degree)
     W = world_size
-    splits = torch.cat([sent.view(W, -1, degree).sum(1).t().reshape(-1),
-                        got.view(W, -1, degree).sum(1).t().reshape(-1)])
-    # Upper bound of the received rows: every rank sends at most E * capacity (padded) or k * T rows.
-    per_rank = kept.numel() * routing.capacity if routing.padded else routing.flat_e.numel()
-    index, offsets = receive_index(got, W, degree, W * per_rank)
+    splits = torch.stack([sent, got]).view(2, W, -1, degree).sum(2).transpose(1, 2).reshape(-1)
+    offsets, offsets_all = segment_offsets(got)
     rows = send_rows(routing, sent, hot_mask)
-    return DevicePlan(rows, hot_r, hot_off, index, offsets, got, torch.cat([splits, kept, hot_ids]),
-                      degree, W)
+    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, torch.cat([splits, kept, hot_ids]), degree, W)
+
+
+def prepare_fast(routing, world_size: int, degree: int, group=None, rows=None, source=None) -> DevicePlan:
+    """`prepare` without replication, with the split sizes and offsets from one kernel
+    (kernels/moe_route.py); rows/source from the routing kernel when there is one chunk."""
+    import torch
+
+    from kernels.moe_route import plan_offsets
+
+    kept = routing.kept
+    seg = torch.full_like(kept, routing.capacity) if routing.padded else kept
+    splits, offsets, offsets_all = plan_offsets(seg, exchange_counts(seg, group), world_size, degree)
+    if rows is None:
+        rows = send_rows(routing, chunk_parts(seg, degree), None)
+    return DevicePlan(rows, None, None, offsets, offsets_all, torch.cat([splits, kept]), degree, world_size,
+                      source)
 
 
 def finish(dp: DevicePlan) -> StepPlan:
@@ -208,15 +217,7 @@ def finish(dp: DevicePlan) -> StepPlan:
     D, W = dp.degree, dp.world_size
     values = dp.small.tolist()
     send, recv = values[: D * W], values[D * W: 2 * D * W]
-    E = dp.got.shape[0]
+    E = (dp.offsets.shape[1] - 1)
     kept, hot = values[2 * D * W: 2 * D * W + E], values[2 * D * W + E:]
-    totals = [sum(recv[i * W:(i + 1) * W]) for i in range(D)]
-    index = dp.index
-    if sum(totals) > index.numel():  # ranks with more tokens than this one: rebuild at the exact size
-        index, _ = receive_index(dp.got, W, D, sum(totals))
-    chunks, first = [], 0
-    for i in range(D):
-        chunks.append(ChunkPlan(send[i * W:(i + 1) * W], recv[i * W:(i + 1) * W],
-                                index[first:first + totals[i]], dp.offsets[i]))
-        first += totals[i]
-    return StepPlan(chunks, hot, kept, sum(send), sum(totals))
+    chunks = [ChunkPlan(send[i * W:(i + 1) * W], recv[i * W:(i + 1) * W], dp.offsets[i]) for i in range(D)]
+    return StepPlan(chunks, hot, kept, sum(send), sum(recv), dp.offsets_all)

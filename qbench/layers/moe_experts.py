@@ -1,13 +1,15 @@
 """The expert-parallel core of the MoE layer: dispatch -> expert FFN -> combine, pipelined in chunks.
 
-Expert FFN of L local experts on rows sorted by expert (offsets [L + 1]):
+Expert FFN of L local experts on rows in segments (segment s uses expert s % L; offsets [R * L + 1]):
     pre = x W1[g] + b1[g]  [rows, h];  a = act(pre);  y = a W2[g] + b2[g]  [rows, d]
-both products one grouped GEMM each (kernels/grouped_gemm.py). The backward is written out (weight
-gradients with the grouped weight-gradient kernel, input gradients with the forward kernel on W^T)
-so that it pipelines like the forward:
+both products one grouped GEMM each (kernels/grouped_gemm.py). The backward is written out so that
+it pipelines like the forward: per chunk only the input-gradient path (dact, dpre, dx) runs before
+that chunk's all-to-all starts; the weight gradients run once over all chunks at the end (the
+received rows of every chunk live in one buffer), so a higher degree D adds no weight-gradient work.
 
     forward   start dispatch a2a of every chunk (async) | replicas | per chunk: wait, FFN, start combine
-    backward  start a2a of every chunk's output gradient | replicas | per chunk: wait, FFN', start a2a
+    backward  start a2a of every chunk's output gradient | replicas | per chunk: wait, dx path, start
+              a2a | weight gradients of all chunks (overlapping the last transfers)
 NCCL runs the all-to-alls on its own stream, so chunk i+1's transfer overlaps chunk i's GEMMs; with
 degree 1 nothing overlaps. Replicated ("hot") experts compute this rank's own rows locally, with
 weights broadcast from their owners (`Replicate`), while the dispatch is in flight.
@@ -33,75 +35,80 @@ class ExpertConfig:
         return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 
 
-def _act(pre, activation: str):
-    import torch.nn.functional as F
-
-    return F.gelu(pre) if activation == "gelu" else F.relu(pre)
-
-
-def _act_backward(grad, pre, act, activation: str):
+def _act(pre, activation: str, out=None):
     import torch
 
+    if out is None:
+        out = torch.empty_like(pre)
     if activation == "gelu":
-        return torch.ops.aten.gelu_backward(grad, pre)
-    return torch.ops.aten.threshold_backward(grad, act, 0)
+        return torch.ops.aten.gelu.out(pre, out=out)
+    return torch.clamp_min(pre, 0, out=out)
 
 
-def ffn_forward(x, offsets, w1, b1, w2, b2, cfg: ExpertConfig):
-    pre = grouped_matmul_forward(x, w1, offsets, b1, backend=cfg.backend)
-    act = _act(pre, cfg.activation)
-    return pre, act, grouped_matmul_forward(act, w2, offsets, b2, backend=cfg.backend)
+def _act_backward(grad, pre, act, activation: str, out=None):
+    import torch
+
+    if out is None:
+        out = torch.empty_like(pre)
+    if activation == "gelu":
+        return torch.ops.aten.gelu_backward.grad_input(grad, pre, grad_input=out)
+    return torch.ops.aten.threshold_backward.grad_input(grad, act, 0, grad_input=out)
+
+
+def ffn_forward(x, offsets, w1, b1, w2, b2, cfg: ExpertConfig, out=None):
+    """(pre, act, y) of the expert FFN; `out` = (pre, act, y) buffers to write into, or None."""
+    pre_o, act_o, y_o = out if out is not None else (None, None, None)
+    pre = grouped_matmul_forward(x, w1, offsets, b1, backend=cfg.backend, out=pre_o)
+    act = _act(pre, cfg.activation, act_o)
+    return pre, act, grouped_matmul_forward(act, w2, offsets, b2, backend=cfg.backend, out=y_o)
+
+
+def ffn_input_grad(dy, pre, act, offsets, w1, w2, cfg: ExpertConfig, out=None):
+    """(dpre, dx) of ffn_forward for output gradient dy [rows, d]; out = (dpre, dx) buffers or None."""
+    dpre_o, dx_o = out if out is not None else (None, None)
+    dact = grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=cfg.backend)
+    dpre = _act_backward(dact, pre, act, cfg.activation, dpre_o)
+    return dpre, grouped_matmul_forward(dpre, w1.transpose(1, 2), offsets, backend=cfg.backend, out=dx_o)
+
+
+def ffn_weight_grads(x, act, dy, dpre, offsets, num_experts: int, cfg: ExpertConfig):
+    """(dw1, db1, dw2, db2) over every segment of `offsets` at once."""
+    G, backend = num_experts, cfg.backend
+    return (grouped_matmul_wgrad(x, dpre, offsets, G, backend=backend),
+            grouped_bias_grad(dpre, offsets, G, backend=backend),
+            grouped_matmul_wgrad(act, dy, offsets, G, backend=backend),
+            grouped_bias_grad(dy, offsets, G, backend=backend))
 
 
 def ffn_backward(dy, saved, offsets, w1, w2, cfg: ExpertConfig):
     """Gradients (dx, dw1, db1, dw2, db2) of ffn_forward for output gradient dy [rows, d]."""
     x, pre, act = saved
-    G = w1.shape[0]
-    dw2 = grouped_matmul_wgrad(act, dy, offsets, G, backend=cfg.backend)
-    db2 = grouped_bias_grad(dy, offsets, G, backend=cfg.backend)
-    dact = grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=cfg.backend)
-    dpre = _act_backward(dact, pre, act, cfg.activation)
-    dw1 = grouped_matmul_wgrad(x, dpre, offsets, G, backend=cfg.backend)
-    db1 = grouped_bias_grad(dpre, offsets, G, backend=cfg.backend)
-    dx = grouped_matmul_forward(dpre, w1.transpose(1, 2), offsets, backend=cfg.backend)
-    return dx, dw1, db1, dw2, db2
+    dpre, dx = ffn_input_grad(dy, pre, act, offsets, w1, w2, cfg)
+    return (dx, *ffn_weight_grads(x, act, dy, dpre, offsets, w1.shape[0], cfg))
 
 
-def _accumulate(total, grads):
-    if total is None:
-        return list(grads)
-    for a, b in zip(total, grads):
-        a.add_(b)
-    return total
+def _chunked(plan, rows: int, like, width: int):
+    """One [rows, width] buffer and its per-chunk views (chunk i: plan.chunks[i]'s received rows)."""
+    buf = like.new_empty((rows, width))
+    return buf, buf.split([sum(c.recv_splits) for c in plan.chunks])
 
 
-def _pipeline(chunks_in, plan, direction: str, compute, cfg: ExpertConfig):
-    """Run one direction of the chunked exchange: a2a in (async, all chunks), per chunk wait ->
-    compute(i, rows) -> a2a back (async); returns the concatenated returned rows."""
-    import torch
+def _sent(plan, t):
+    return t.split([sum(c.send_splits) for c in plan.chunks])
 
-    forward = direction == "forward"
-    like = chunks_in[0]
-    inbound = [like.new_empty((sum(c.recv_splits), like.shape[1])) for c in plan.chunks]
-    with cfg.phase("dispatch" if forward else "backward_a2a"):
-        handles = [cfg.exchange.start(inbound[i], chunks_in[i].contiguous(), c.recv_splits, c.send_splits)
-                   for i, c in enumerate(plan.chunks)]
-    yield  # the caller runs the replicas here, overlapping the transfers just started
-    outbound, back_handles = [], []
-    for i, c in enumerate(plan.chunks):
-        with cfg.phase("dispatch" if forward else "backward_a2a"):
-            handles[i].wait()
-        with cfg.phase("experts" if forward else "backward_experts"):
-            rows = compute(i, inbound[i].index_select(0, c.index))
-            rows = torch.empty_like(inbound[i]).index_copy_(0, c.index, rows)  # back to received order
-        out = torch.empty_like(chunks_in[i])
-        with cfg.phase("combine" if forward else "backward_a2a"):
-            back_handles.append(cfg.exchange.start(out, rows.contiguous(), c.send_splits, c.recv_splits))
-        outbound.append(out)
-    with cfg.phase("combine" if forward else "backward_a2a"):
-        for h in back_handles:
+
+def _start(cfg, phase: str, outs, ins, chunks, inbound: bool):
+    """Start one all-to-all per chunk (async); inbound: rows come to this rank's experts."""
+    with cfg.phase(phase):
+        return [cfg.exchange.start(o, i, c.recv_splits if inbound else c.send_splits,
+                                   c.send_splits if inbound else c.recv_splits)
+                for o, i, c in zip(outs, ins, chunks)]
+
+
+def _wait(cfg, phase: str, handles) -> None:
+    with cfg.phase(phase):
+        for h in handles:
             h.wait()
-    yield torch.cat(outbound) if outbound else chunks_in[0].new_empty((0, chunks_in[0].shape[1]))
 
 
 def _make_expert_parallel():
@@ -112,48 +119,53 @@ def _make_expert_parallel():
 
         @staticmethod
         def forward(ctx, send, hot_x, w1, b1, w2, b2, rw1, rb1, rw2, rb2, plan, hot_offsets, cfg):
-            ctx.plan, ctx.cfg, ctx.hot_offsets = plan, cfg, hot_offsets
-            ctx.saved, ctx.hot_saved = [], None
-            ctx.save_for_backward(w1, w2, rw1, rw2)
-            chunks_in = send.split([sum(c.send_splits) for c in plan.chunks])
-
-            def compute(i, xe):
-                pre, act, y = ffn_forward(xe, plan.chunks[i].offsets, w1, b1, w2, b2, cfg)
-                ctx.saved.append((xe, pre, act))
-                return y
-
-            steps = _pipeline(chunks_in, plan, "forward", compute, cfg)
-            next(steps)
-            hot_y = hot_x.new_empty((0, hot_x.shape[1]))
+            ctx.plan, ctx.cfg, ctx.hot_offsets, ctx.hot_saved = plan, cfg, hot_offsets, None
+            R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
+            x, x_c = _chunked(plan, R, send, d)
+            waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
+            hot_y = hot_x.new_empty((0, d))
             if rw1 is not None:
                 with cfg.phase("experts"):
                     pre, act, hot_y = ffn_forward(hot_x, hot_offsets, rw1, rb1, rw2, rb2, cfg)
                 ctx.hot_saved = (hot_x, pre, act)
-            back = next(steps)
+            (pre, pre_c), (act, act_c), (y, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
+            back = torch.empty_like(send)
+            backs, back_c = [], _sent(plan, back)
+            for i, c in enumerate(plan.chunks):
+                _wait(cfg, "dispatch", waits[i:i + 1])
+                with cfg.phase("experts"):
+                    ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
+                backs += _start(cfg, "combine", back_c[i:i + 1], y_c[i:i + 1], [c], inbound=False)
+            _wait(cfg, "combine", backs)
+            ctx.save_for_backward(w1, w2, rw1, rw2, x, pre, act)
             return back, hot_y
 
         @staticmethod
         def backward(ctx, d_back, d_hot):
-            w1, w2, rw1, rw2 = ctx.saved_tensors
+            w1, w2, rw1, rw2, x, pre, act = ctx.saved_tensors
             plan, cfg = ctx.plan, ctx.cfg
-            grads = None
-
-            def compute(i, dye):
-                nonlocal grads
-                dx, *g = ffn_backward(dye, ctx.saved[i], plan.chunks[i].offsets, w1, w2, cfg)
-                grads = _accumulate(grads, g)
-                return dx
-
-            d_chunks = d_back.contiguous().split([sum(c.send_splits) for c in plan.chunks])
-            steps = _pipeline(d_chunks, plan, "backward", compute, cfg)
-            next(steps)
+            R, d, h = plan.recv_rows, d_back.shape[1], w1.shape[2]
+            d_back = d_back.contiguous()
+            dy, dy_c = _chunked(plan, R, d_back, d)
+            waits = _start(cfg, "backward_a2a", dy_c, _sent(plan, d_back), plan.chunks, inbound=True)
             d_hot_x, hot_grads = None, [None] * 4
             if rw1 is not None:
                 with cfg.phase("backward_experts"):
                     d_hot_x, *hot_grads = ffn_backward(d_hot.contiguous(), ctx.hot_saved, ctx.hot_offsets,
                                                        rw1, rw2, cfg)
-            d_send = next(steps)
-            ctx.saved = ctx.hot_saved = None
+            (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
+            pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
+            d_send = torch.empty_like(d_back)
+            backs, send_c = [], _sent(plan, d_send)
+            for i, c in enumerate(plan.chunks):
+                _wait(cfg, "backward_a2a", waits[i:i + 1])
+                with cfg.phase("backward_experts"):
+                    ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
+                backs += _start(cfg, "backward_a2a", send_c[i:i + 1], dx_c[i:i + 1], [c], inbound=False)
+            with cfg.phase("backward_experts"):
+                grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all, w1.shape[0], cfg)
+            _wait(cfg, "backward_a2a", backs)
+            ctx.hot_saved = None
             return (d_send, d_hot_x, *grads, *hot_grads, None, None, None)
 
     return ExpertParallel

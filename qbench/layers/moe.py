@@ -97,14 +97,15 @@ class MoELayer(nn.Module):
             self.last = {"routing": routing, "plan": plan, "kept": plan.kept}
         return self._experts(x2, routing, plan, dplan).reshape(shape)
 
-    def _route_kernels(self, logits):
-        """route() by the routing kernels; with one chunk also the send rows and their tokens."""
+    def _route_kernels(self, logits, padded: bool | None = None, one_chunk: bool | None = None):
+        """route() by the routing kernels; with one chunk also the send rows and their tokens
+        (rows sorted by expert, `padded` to the capacity when cf > 0 unless told otherwise)."""
         k, cf = self.opts.top_k, self.opts.capacity_factor
         T, E = logits.shape
         cap = capacity_limit(cf, T, k, E) if cf != 0 else None
-        one_chunk = self.opts.overlap_degree == 1
+        one_chunk = self.opts.overlap_degree == 1 if one_chunk is None else one_chunk
         idx, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
-            logits, k, cap, cf > 0, self.forced, rows=one_chunk)
+            logits, k, cap, cf > 0 if padded is None else padded, self.forced, rows=one_chunk)
         weights = torch.softmax(logits.gather(1, idx).float(), dim=1)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 

@@ -53,7 +53,6 @@ class BlockPlan:
     src_off: Any  # int64 [W, E] first row of (source, expert) in the source's layout
     send_splits: list[int]  # host [W]: rows this rank sends to each owner
     recv_splits: list[int]  # host [W]: real rows this rank receives from each source
-    valid: Any  # bool [nb * B, 1]: False on padding rows
     hot: list[int] = field(default_factory=list)  # replicated global experts (not in counts_all)
     cache: dict = field(default_factory=dict)  # per-transport derived tensors
 
@@ -64,6 +63,14 @@ class BlockPlan:
     @property
     def recv_rows(self) -> int:
         return sum(self.recv_splits)
+
+    @property
+    def valid(self):
+        """bool [nb * B, 1]: False on padding rows (computed on demand: the step itself needs no mask)."""
+        import torch
+
+        js = torch.arange(self.block_size, device=self.block_rows.device)
+        return (js.unsqueeze(0) < self.block_rows.unsqueeze(1)).reshape(-1, 1)
 
     @property
     def padded_rows(self) -> int:
@@ -98,10 +105,8 @@ def build_plan(counts_all, rank: int, num_local_experts: int, block_size: int, e
     c = mine.t().reshape(-1)[seg]
     rows = torch.clamp(c - i * B, max=B)
     offsets = torch.cat([flat.new_zeros(1), torch.cumsum(nblk.sum(1), 0)]) * B
-    valid = (torch.arange(B, device=dev).unsqueeze(0) < rows.unsqueeze(1)).reshape(-1, 1)
     plan = BlockPlan(B, nb, s.to(torch.int32), src_off[s, rank * L + l] + i * B, rows.to(torch.int32),
-                     l.to(torch.int32), offsets, S, S_max, n_remote, rank, W, L, counts_all, src_off, send, recv,
-                     valid)
+                     l.to(torch.int32), offsets, S, S_max, n_remote, rank, W, L, counts_all, src_off, send, recv)
     return plan, out
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from kernels import use_triton
 from qbench.layers import moe_comm as comm
-from qbench.layers.moe import MoELayer, MoEOptions
+from qbench.layers.moe import MoELayer, MoEOptions, _Combine, _GatherTokens
 from qbench.layers.moe_blocks import build_plan, make_transport
 from qbench.layers.moe_experts import ExpertConfig, _act, _act_backward, ffn_backward, ffn_forward, replicate
 from qbench.layers.moe_routing import route
@@ -36,9 +37,9 @@ class BlocksFunction(torch.autograd.Function):
         with cfg.phase("ag"):
             pre, gathered = transport.pull_matmul(x_src, w1, b1, plan)
         with cfg.phase("experts"):
-            # padding rows of a transport's product may hold anything; zero them so that act and the
-            # weight gradients stay finite (0 * garbage can be NaN)
-            act = _act(pre.masked_fill_(~plan.valid, 0), cfg.activation)
+            # padding rows: every transport multiplies zero rows there (pre = b1, finite), and the
+            # zero padding of gathered X and dY keeps them out of every weight gradient
+            act = _act(pre, cfg.activation)
             hot_y, ctx.hot_saved = hot_x.new_empty((0, hot_x.shape[1])), None
             if rw1 is not None:
                 hpre, hact, hot_y = ffn_forward(hot_x, hot_offsets, rw1, rb1, rw2, rb2, cfg)
@@ -58,7 +59,7 @@ class BlocksFunction(torch.autograd.Function):
         with cfg.phase("backward_experts"):
             from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_wgrad
 
-            dpre = _act_backward(dact.masked_fill_(~plan.valid, 0), pre, act, cfg.activation)
+            dpre = _act_backward(dact, pre, act, cfg.activation)  # padding rows: dY = 0, so dact = 0
             grads = (grouped_matmul_wgrad(X, dpre, off, L, backend=backend),
                      grouped_bias_grad(dpre, off, L, backend=backend),
                      grouped_matmul_wgrad(act, dY, off, L, backend=backend),
@@ -87,18 +88,25 @@ class BlocksMoELayer(MoELayer):
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
+        fast = use_triton(x2) and self.opts.replicate_hot == 0
         with self._phase("gate"):
-            logits = self.gate(x2.to(self.gate.weight.dtype))
-            routing = route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced)
+            logits = self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
+            if fast:  # routing kernels: also every assignment's source row and each row's token
+                routing, rows, source = self._route_kernels(logits, padded=False, one_chunk=True)
+            else:
+                routing = route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced)
         with self._phase("plan"):
-            plan, rows, hot_rows, hot_offsets, kept = self._plan(routing)
+            plan, rows_t, hot_rows, hot_offsets, kept = self._plan(routing, with_rows=not fast)
+            rows = rows if fast else rows_t
             self.last = {"routing": routing, "plan": plan, "kept": kept}
-        T, d = x2.shape
-        tokens = torch.arange(routing.flat_e.numel(), device=x2.device) % T
-        gathered = x2.index_select(0, tokens)  # [kT, d] the token of every assignment
-        x_src = _scatter(gathered, rows, plan.src_rows)
         weights = (self.w1, self.b1, self.w2, self.b2)
-        replicas, hot_x = (None,) * 4, gathered[:0]
+        replicas, hot_x = (None,) * 4, x2[:0]
+        if fast:
+            x_src = _GatherTokens.apply(x2, source[:plan.src_rows], rows, False)
+        else:
+            T = x2.shape[0]
+            gathered = x2.index_select(0, torch.arange(routing.flat_e.numel(), device=x2.device) % T)
+            x_src = _scatter(gathered, rows, plan.src_rows)
         if plan.hot:
             hot_x = _scatter(gathered, hot_rows, sum(kept[e] for e in plan.hot))
             replicas = replicate(weights, plan.hot, self.opts.num_local_experts, self.rank, self.group)
@@ -108,7 +116,7 @@ class BlocksMoELayer(MoELayer):
         with self._phase("combine"):
             return self._combine(routing, rows, hot_rows, y_src, hot_y).reshape(shape)
 
-    def _plan(self, routing):
+    def _plan(self, routing, with_rows: bool = True):
         """Counts exchange, hot experts, block plan (one host read), and every assignment's row in the
         source layout (-1: dropped or replicated) and in the replica buffer (-1: not replicated)."""
         kept, hot_ids, hot_r, hot_off = routing.kept, routing.kept.new_empty(0), None, None
@@ -121,6 +129,8 @@ class BlocksMoELayer(MoELayer):
         plan, (kept_host, hot) = build_plan(counts_all, self.rank, self.opts.num_local_experts,
                                             self.block_size, extra=(kept, hot_ids))
         plan.hot = hot
+        if not with_rows:
+            return plan, None, hot_r, hot_off, kept_host
         src_off = plan.src_off[self.rank]
         e = routing.flat_e
         sent = routing.keep & (counts[e] > 0)  # kept and not replicated (a replicated expert counts 0)
@@ -128,13 +138,11 @@ class BlocksMoELayer(MoELayer):
         return plan, rows, hot_r, hot_off, kept_host
 
     def _combine(self, routing, rows, hot_rows, y_src, hot_y):
-        T, k, d = routing.idx.shape[0], self.opts.top_k, y_src.shape[1]
-        source = torch.cat([y_src, hot_y, y_src.new_zeros((1, d))])  # last row: dropped assignments
-        where = torch.where(rows >= 0, rows, y_src.shape[0] + hot_y.shape[0])
+        source, where = y_src, rows  # rows < 0 (dropped or replicated) add nothing
         if hot_rows is not None:
-            where = torch.where(hot_rows >= 0, y_src.shape[0] + hot_rows, where)
-        y = source.index_select(0, where).view(k, T, d)
-        return (y * routing.weights.t().to(y.dtype).unsqueeze(-1)).sum(0)
+            source = torch.cat([y_src, hot_y])
+            where = torch.where(hot_rows >= 0, y_src.shape[0] + hot_rows, rows)
+        return _Combine.apply(source, where, routing.weights, False)
 
 
 def _scatter(src, rows, total: int):

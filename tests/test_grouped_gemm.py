@@ -152,3 +152,114 @@ def test_large_groups_on_gpu(dtype):
     offsets = _offsets(sizes)
     _assert_close(gg.grouped_matmul(x, w, offsets, b), gg.grouped_matmul_reference(x, w, offsets, b),
                   TOL[dtype], "large forward")
+
+
+# Fused epilogues. Shapes: segments (R = 3 per group, source-major, empty ones too) and one single row.
+# The aligned case (K, N multiples of 8) also runs torch's grouped matmul, which needs 16-byte strides.
+EPILOGUE_CASES = [([2, 0, 5, 1, 0, 3], 2, 19, 13), ([1], 1, 7, 5), ([3, 0, 1, 6], 2, 16, 24)]
+ACTS = ["gelu", "relu"]
+
+
+def _backends(dtype, K, N):
+    # torch._grouped_mm runs bf16 on CPU and on Hopper GPUs alike, with 16-byte aligned strides only
+    torch_ok = dtype == torch.bfloat16 and K % 8 == 0 and N % 8 == 0
+    return ["auto", "reference"] + (["torch"] if torch_ok else [])
+
+
+def _act64(pre, activation):
+    return torch.nn.functional.gelu(pre) if activation == "gelu" else torch.relu(pre)
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}")
+def test_activation_epilogue_matches_torch(case, dtype, activation):
+    sizes, G, K, N = case
+    x, w, b = _inputs(sizes, K, N, dtype, seed=K * 10 + len(activation))
+    w, b, offsets, T = w[:G].contiguous(), b[:G].contiguous(), _offsets(sizes), sum(sizes)
+    pre64 = _segment_dense(x.cpu(), w.cpu(), offsets.cpu(), b.cpu())  # float64, independent of the kernel
+    act64 = _act64(pre64, activation)
+    for backend in _backends(dtype, K, N):
+        pre, act = gg.grouped_matmul_forward(x, w, offsets, b, backend=backend, activation=activation)
+        assert pre.dtype == act.dtype == dtype and pre.shape == act.shape == (T, N)
+        # pre: as the plain product. act: |act'| <= 1.13, so pre's fp32-sum error passes through about
+        # unchanged and the gap is act's rounding to dtype (plus pre's, where torch rounds pre first).
+        _assert_close(pre.cpu(), pre64, TOL[dtype], f"{backend} pre")
+        _assert_close(act.cpu(), act64, TOL[dtype], f"{backend} {activation}(pre)")
+    # into views of larger buffers (the MoE layer passes per-chunk views); nothing outside them written
+    bufs = [torch.full((T + 4, N), float("nan"), device=DEVICE).to(dtype) for _ in range(2)]
+    got = gg.grouped_matmul_forward(x, w, offsets, b, out=bufs[0][2:T + 2], activation=activation,
+                                    act_out=bufs[1][1:T + 1])
+    assert got[0].data_ptr() == bufs[0][2:].data_ptr() and got[1].data_ptr() == bufs[1][1:].data_ptr()
+    _assert_close(bufs[0][2:T + 2].cpu(), pre64, TOL[dtype], "pre into out=")
+    _assert_close(bufs[1][1:T + 1].cpu(), act64, TOL[dtype], "act into act_out=")
+    assert bufs[0][:2].isnan().all() and bufs[0][T + 2:].isnan().all(), "out= wrote outside its view"
+    assert bufs[1][:1].isnan().all() and bufs[1][T + 1:].isnan().all(), "act_out= wrote outside its view"
+
+
+@pytest.mark.parametrize("activation", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}")
+def test_activation_grad_epilogue_matches_torch(case, dtype, activation):
+    # dact = dy @ w2[g]^T (w2 [G, N, K] passed transposed, a strided view, as the layer does), and the
+    # launch stores dpre = dact * act'(pre) for a given pre [T, N]
+    sizes, G, K, N = case
+    gen = torch.Generator().manual_seed(K * 7 + len(activation))
+    T, offsets = sum(sizes), _offsets(sizes)
+    dy = torch.randn(T, K, generator=gen).to(DEVICE, dtype)
+    w2 = (torch.randn(G, N, K, generator=gen) / K**0.5).to(DEVICE, dtype)
+    pre = torch.randn(T, N, generator=gen).to(DEVICE, dtype)
+    pre[::2, ::3] = 0  # relu'(0) = 0, as torch's threshold_backward
+    dact64 = _segment_dense(dy.cpu(), w2.cpu().transpose(1, 2), offsets.cpu(), None)
+    pre64 = pre.cpu().double()
+    if activation == "gelu":
+        want = torch.ops.aten.gelu_backward(dact64, pre64)
+    else:
+        want = torch.ops.aten.threshold_backward(dact64, torch.relu(pre64), 0)
+    for backend in _backends(dtype, K, N):
+        got = gg.grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=backend,
+                                        grad_of=(pre, activation))
+        assert got.dtype == dtype and got.shape == (T, N)
+        # |act'| <= 1.13: dact's fp32-sum error passes through about unchanged; the gap is the rounding
+        # of dpre to dtype (plus dact's, where torch rounds dact first)
+        _assert_close(got.cpu(), want, TOL[dtype], f"{backend} d{activation}")
+    out = torch.full((T + 2, N), float("nan"), device=DEVICE).to(dtype)
+    gg.grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, out=out[1:T + 1], grad_of=(pre, activation))
+    _assert_close(out[1:T + 1].cpu(), want, TOL[dtype], "dpre into out=")
+    assert out[0].isnan().all() and out[T + 1].isnan().all(), "out= wrote outside its view"
+
+
+def test_bad_epilogue_arguments_are_rejected():
+    x, w, _ = _inputs([2, 3], 8, 4, torch.float32, seed=2)
+    offsets, pre = _offsets([2, 3]), torch.zeros(5, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="gelu, relu or None"):
+        gg.grouped_matmul_forward(x, w, offsets, activation="tanh")
+    with pytest.raises(ValueError, match="not both"):
+        gg.grouped_matmul_forward(x, w, offsets, activation="gelu", grad_of=(pre, "gelu"))
+    with pytest.raises(ValueError, match="must be \\[T, N\\]"):
+        gg.grouped_matmul_forward(x, w, offsets, grad_of=(pre[:, :3], "relu"))
+    with pytest.raises(ValueError, match="alias"):
+        gg.grouped_matmul_forward(x, w, offsets, out=pre, grad_of=(pre, "relu"))
+
+
+@pytest.mark.parametrize("activation", ACTS)
+def test_expert_ffn_matches_autograd(activation):
+    """ffn_forward / ffn_input_grad (fused epilogues) against autograd through plain torch ops."""
+    from qbench.layers.moe_experts import ExpertConfig, ffn_forward, ffn_input_grad
+
+    sizes, L, d, h = [3, 1, 0, 4], 2, 11, 18  # 2 segments per expert
+    gen = torch.Generator().manual_seed(13)
+    x, dy = torch.randn(8, d, generator=gen), torch.randn(8, d, generator=gen)
+    w1, w2 = torch.randn(L, d, h, generator=gen) / d**0.5, torch.randn(L, h, d, generator=gen) / h**0.5
+    b1, b2 = torch.randn(L, h, generator=gen), torch.randn(L, d, generator=gen)
+    ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)) % L
+    xd = x.double().requires_grad_()
+    pre = torch.einsum("td,tdh->th", xd, w1.double()[ids]) + b1.double()[ids]
+    y = torch.einsum("th,thd->td", _act64(pre, activation), w2.double()[ids]) + b2.double()[ids]
+    (dx_want,) = torch.autograd.grad(y, xd, dy.double())
+    cfg, offsets = ExpertConfig(activation, "auto", None), _offsets(sizes)
+    dev = [t.to(DEVICE) for t in (x, w1, b1, w2, b2, dy)]
+    p, a, y_got = ffn_forward(dev[0], offsets, *dev[1:5], cfg)
+    _assert_close(y_got.cpu(), y.detach(), TOL[torch.float32], "ffn y")
+    dpre, dx = ffn_input_grad(dev[5], p, a, offsets, dev[1], dev[3], cfg)
+    _assert_close(dx.cpu(), dx_want, TOL[torch.float32], "ffn dx")

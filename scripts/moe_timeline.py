@@ -12,27 +12,35 @@ from pathlib import Path
 import click
 
 
-def rank_main(ctx, config, degrees, steps, out_dir):
+def training_step(model, x, dy):
     import torch
 
+    opt = torch.optim.SGD(model.parameters(), lr=1e-5)
+
+    def step(i):
+        opt.zero_grad(set_to_none=True)
+        model(x).backward(dy)
+        opt.step()
+
+    return step
+
+
+def rank_main(ctx, config, degrees, steps, out_dir, system, locality):
     from qbench.layers import moe_run
     from qbench.layers.moe_trace import PhaseMarks, record_timeline
 
+    gemm = "triton" if ctx.device.startswith("cuda") else "auto"
     for D in degrees:
         case = dict(num_local_experts=config.num_local_experts[0], a2a_ffn_overlap_degree=D,
-                    replicate_hot=config.replicate_hot[0], routing=config.routings[0], gemm="triton" if ctx.device.startswith("cuda") else "auto")
+                    replicate_hot=config.replicate_hot[0], routing=config.routings[0], gemm=gemm,
+                    system=system, locality=locality)
         model, moe, x, dy = moe_run.build(ctx, config, case)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-5)
-
-        def step(i):
-            opt.zero_grad(set_to_none=True)
-            model(x).backward(dy)
-            opt.step()
-
+        step = training_step(model, x, dy)
         for i in range(config.warmup):
             step(i)
         moe.timer = PhaseMarks()
-        table = record_timeline(step, steps, Path(out_dir), f"D{D}", ctx.rank)
+        label = f"{system}-D{D}" + (f"-loc{locality:g}" if locality is not None else "")
+        table = record_timeline(step, steps, Path(out_dir), label, ctx.rank)
         moe.timer = None
         yield str(table)
 
@@ -45,11 +53,13 @@ def rank_main(ctx, config, degrees, steps, out_dir):
 @click.option("--num-local-experts", default=8)
 @click.option("--routing", default="randn")
 @click.option("--replicate-hot", default=0)
-def main(out_dir, overlap, steps, world_size, num_local_experts, routing, replicate_hot):
+@click.option("--system", type=click.Choice(("a2a", "blocks")), default="a2a")
+@click.option("--locality", type=float, default=None)
+def main(out_dir, overlap, steps, world_size, num_local_experts, routing, replicate_hot, system, locality):
+    import torch
+
     from qbench import dist
     from qbench.benches.moe import MoEBenchConfig
-
-    import torch
 
     cuda = torch.cuda.is_available()
     small = {} if cuda else dict(model_dim=64, hidden_size=128, samples=256)
@@ -58,7 +68,7 @@ def main(out_dir, overlap, steps, world_size, num_local_experts, routing, replic
                             num_local_experts=(num_local_experts,), replicate_hot=(replicate_hot,),
                             routings=(routing,), warmup=10, **small)
     degrees = [int(v) for v in overlap.split(",")]
-    for path in dist.launch(rank_main, (config, degrees, steps, out_dir), world_size=world_size,
+    for path in dist.launch(rank_main, (config, degrees, steps, out_dir, system, locality), world_size=world_size,
                             backend=config.backend, device=config.device):
         print(path)
 

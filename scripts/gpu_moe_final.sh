@@ -15,14 +15,14 @@ check_part() {
   moe check 120 --system a2a,blocks --locality 0.25,1.0 --num-steps 20 --warmup 5
 }
 a2a_part() {
-  moe overlap 150 --a2a-ffn-overlap-degree 1,2,4 --num-steps 50 --seed-format
-  moe replicate 120 --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 30 --warmup 5
-  moe experts 150 --num-local-experts 8,16,32,64 --num-steps 30 --warmup 5
-  timeout 100 python3 scripts/moe_timeline.py "$OUT/timeline" --overlap 1,2 --steps 3 > "$OUT/timeline.log" 2>&1
+  moe overlap 80 --a2a-ffn-overlap-degree 1,2,4 --num-steps 50 --seed-format
+  moe replicate 60 --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 30 --warmup 5
+  moe experts 80 --num-local-experts 8,16,32,64 --num-steps 30 --warmup 5
+  timeout 50 python3 scripts/moe_timeline.py "$OUT/timeline" --overlap 1,2 --steps 3 > "$OUT/timeline.log" 2>&1
   echo "== timeline rc=$?"
 }
 blocks_part() {
-  TAIL=40 moe blocks-sweep 420 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64 \
+  TAIL=40 moe blocks-sweep 300 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64 \
     --num-steps 30 --warmup 5 --seed-format
 }
 nvidia-smi -L

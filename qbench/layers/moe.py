@@ -84,8 +84,9 @@ class MoELayer(nn.Module):
         x2 = x.reshape(-1, shape[-1])
         with self._phase("gate"):
             logits = self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
-            fast = use_triton(logits) and self.opts.replicate_hot == 0
-            routing, rows, source = self._route_kernels(logits) if fast else (
+            kernels = use_triton(logits)
+            fast = kernels and self.opts.replicate_hot == 0  # replication plans with tensor ops
+            routing, rows, source = self._route_kernels(logits, one_chunk=None if fast else False) if kernels else (
                 route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced), None, None)
         with self._phase("plan"):
             if fast:

@@ -165,3 +165,100 @@ def plan_offsets(seg, got, world_size: int, degree: int):
     _plan_kernel[(1,)](seg, got, splits, offsets, offsets_all, W, n // W, D,
                        BW=triton.next_power_of_2(W), BE=triton.next_power_of_2(n))
     return splits, offsets, offsets_all
+
+
+@triton.jit
+def _block_counts_kernel(counts_ptr, src_off_ptr, first_ptr, off_local_ptr, small_ptr, W, L, RANK, B,
+                         BW: tl.constexpr, BL: tl.constexpr):
+    # counts [W, E] (E = W * L): rows source s sends to global expert e. One program.
+    s = tl.arange(0, BW)
+    l = tl.arange(0, BL)
+    s_ok = s < W
+    l_ok = l < L
+    run = tl.zeros((BW,), dtype=tl.int64)  # per-source running row count over experts
+    sent_to = tl.zeros((BW,), dtype=tl.int64)  # rows this rank sends to owner r (indexed by r)
+    recv = tl.zeros((BW,), dtype=tl.int64)  # rows each source sends to this rank's experts
+    nb = tl.sum(tl.zeros((BL,), dtype=tl.int64), 0)  # this rank's blocks
+    local = tl.sum(tl.zeros((BL,), dtype=tl.int64), 0)  # ... of them from itself
+    for r in range(W):  # owners in order: expert e = r * L + l
+        c = tl.load(counts_ptr + s[:, None] * (W * L) + r * L + l[None, :],
+                    mask=s_ok[:, None] & l_ok[None, :], other=0)  # [BW, BL]
+        excl = tl.cumsum(c, 1) - c + run[:, None]
+        tl.store(src_off_ptr + s[:, None] * (W * L) + r * L + l[None, :], excl, mask=s_ok[:, None] & l_ok[None, :])
+        run += tl.sum(c, 1)
+        mine = tl.sum(tl.where(s[:, None] == RANK, c, 0), 0)  # [BL] this rank's rows to owner r
+        sent_to += tl.where(s == r, tl.sum(mine, 0), 0)
+        if r == RANK:
+            nblk = (c + B - 1) // B  # [BW, BL] blocks of (source s, my expert l)
+            per_l = tl.sum(nblk, 0)  # [BL]
+            l_first = tl.cumsum(per_l, 0) - per_l  # first block of expert l
+            # first block of segment (l, s), ordered l-major then s
+            seg_first = l_first[None, :] + tl.cumsum(nblk, 0) - nblk
+            tl.store(first_ptr + l[None, :] * W + s[:, None], seg_first, mask=s_ok[:, None] & l_ok[None, :])
+            tl.store(off_local_ptr + 1 + l, (l_first + per_l) * B, mask=l_ok)
+            tl.store(off_local_ptr + l, tl.zeros((BL,), dtype=tl.int64), mask=l == 0)
+            nb = tl.sum(per_l, 0)
+            local = tl.sum(tl.sum(tl.where(s[:, None] == RANK, nblk, 0), 1), 0)
+            recv = tl.sum(c, 1)
+    # small = [nb, remote blocks, S (mine), max S, send splits [W], recv splits [W]]
+    tl.store(small_ptr + 0, nb)
+    tl.store(small_ptr + 1, nb - local)
+    tl.store(small_ptr + 2, tl.sum(tl.where(s == RANK, run, 0), 0))
+    tl.store(small_ptr + 3, tl.max(tl.where(s_ok, run, 0), 0))
+    tl.store(small_ptr + 4 + s, sent_to, mask=s_ok)
+    tl.store(small_ptr + 4 + W + s, recv, mask=s_ok)
+
+
+@triton.jit
+def _block_list_kernel(counts_ptr, src_off_ptr, first_ptr, src_out, row_out, rows_out, expert_out,
+                       W, L, RANK, B, BI: tl.constexpr):
+    # one program per segment (local expert l, source s): its blocks i = 0 .. ceil(c / B) - 1
+    seg = tl.program_id(0)
+    l = seg // W
+    s = seg % W
+    e = RANK * L + l
+    c = tl.load(counts_ptr + s * (W * L) + e)
+    start = tl.load(src_off_ptr + s * (W * L) + e)
+    first = tl.load(first_ptr + seg)
+    n = (c + B - 1) // B
+    for i0 in range(0, n, BI):
+        i = i0 + tl.arange(0, BI)
+        ok = i < n
+        b = first + i
+        tl.store(src_out + b, s.to(tl.int32) + tl.zeros((BI,), dtype=tl.int32), mask=ok)
+        tl.store(row_out + b, start + i * B, mask=ok)
+        tl.store(rows_out + b, tl.minimum(c - i * B, B).to(tl.int32), mask=ok)
+        tl.store(expert_out + b, l.to(tl.int32) + tl.zeros((BI,), dtype=tl.int32), mask=ok)
+
+
+def block_counts(counts_all, rank: int, num_local_experts: int, block_size: int):
+    """Everything of a block plan that needs no host value: (src_off [W, E], first block of every
+    segment (l, s) [L * W], offsets_local [L + 1], small [4 + 2W]: blocks, remote blocks, S, max S,
+    send splits, receive splits) from counts_all [W, E] int64."""
+    import torch
+
+    W, E = counts_all.shape
+    L, dev = num_local_experts, counts_all.device
+    counts = counts_all.contiguous()
+    src_off = torch.empty_like(counts)
+    first = torch.empty(L * W, dtype=torch.int64, device=dev)
+    offsets = torch.empty(L + 1, dtype=torch.int64, device=dev)
+    small = torch.empty(4 + 2 * W, dtype=torch.int64, device=dev)
+    _block_counts_kernel[(1,)](counts, src_off, first, offsets, small, W, L, rank, block_size,
+                               BW=triton.next_power_of_2(W), BL=triton.next_power_of_2(L))
+    return src_off, first, offsets, small
+
+
+def block_list(counts_all, src_off, first, rank: int, num_local_experts: int, block_size: int, num_blocks: int):
+    """(block_src int32, block_row int64, block_rows int32, block_expert int32), each [num_blocks]."""
+    import torch
+
+    W = counts_all.shape[0]
+    dev = counts_all.device
+    src, rows, expert = (torch.empty(num_blocks, dtype=torch.int32, device=dev) for _ in range(3))
+    row = torch.empty(num_blocks, dtype=torch.int64, device=dev)
+    if num_blocks:
+        _block_list_kernel[(num_local_experts * W,)](counts_all.contiguous(), src_off, first, src, row, rows, expert,
+                                                     W, num_local_experts, rank, block_size,
+                                                     BI=16 if interpreting() else 128)
+    return src, row, rows, expert

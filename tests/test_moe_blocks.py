@@ -160,3 +160,21 @@ def _read_back(stdout, blocks):
                 kept = record["samples"][f"{phase}_time_rank{r}"][1:]  # the importer skips the first of 3 steps
                 assert g[f"{name}_rank{r}"] == pytest.approx(statistics.median(kept), abs=1e-6), (name, r)
         assert g["remote_fraction"] == pytest.approx(m["remote_fraction"])
+
+
+@pytest.mark.parametrize("W,L,B", [(1, 3, 4), (3, 2, 5), (4, 5, 64)])
+def test_plan_kernels_match_the_tensor_op_plan(W, L, B):
+    from qbench.layers import moe_blocks
+
+    gen = torch.Generator().manual_seed(W + L + B)
+    counts = torch.randint(0, 150, (W, W * L), generator=gen) * (torch.rand(W, W * L, generator=gen) > 0.2)
+    for rank in range(W):
+        extra = (torch.arange(3),)
+        fast, got_extra = moe_blocks._build_plan_kernels(counts, rank, L, B, extra)
+        slow, want_extra = moe_blocks._build_plan_ops(counts, rank, L, B, extra)
+        assert got_extra == want_extra
+        for name in ("num_blocks", "src_rows", "max_src_rows", "blocks_remote", "send_splits", "recv_splits"):
+            assert getattr(fast, name) == getattr(slow, name), f"rank {rank}: {name}"
+        for name in ("block_src", "block_row", "block_rows", "block_expert", "offsets_local", "src_off"):
+            a, b = getattr(fast, name), getattr(slow, name)
+            assert a.tolist() == b.tolist(), f"rank {rank}: {name} {a.tolist()[:8]} vs {b.tolist()[:8]}"

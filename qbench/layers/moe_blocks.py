@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernels import use_triton
 from kernels.grouped_gemm import grouped_matmul_forward
 from qbench.layers.moe_comm import A2AExchange
 
@@ -79,7 +80,37 @@ class BlockPlan:
 
 def build_plan(counts_all, rank: int, num_local_experts: int, block_size: int, extra=()):
     """(BlockPlan, host values of `extra`) from counts_all [W, E]; one host read in all.
-    extra: 1-D int64 device tensors read in the same .tolist() (concatenated, returned as lists)."""
+    extra: 1-D int64 device tensors read in the same .tolist() (concatenated, returned as lists).
+    Two small kernels (kernels/moe_route.py) where Triton runs, tensor ops otherwise."""
+    if use_triton(counts_all):
+        return _build_plan_kernels(counts_all, rank, num_local_experts, block_size, extra)
+    return _build_plan_ops(counts_all, rank, num_local_experts, block_size, extra)
+
+
+def _host_values(small, W: int, extra):
+    values = small.tolist()  # the plan's only host synchronisation
+    rest, out = values[4 + 2 * W:], []
+    for t in extra:
+        out.append(rest[:t.numel()])
+        rest = rest[t.numel():]
+    return values[:4], values[4:4 + W], values[4 + W:4 + 2 * W], out
+
+
+def _build_plan_kernels(counts_all, rank: int, L: int, B: int, extra):
+    import torch
+
+    from kernels.moe_route import block_counts, block_list
+
+    W = counts_all.shape[0]
+    src_off, first, offsets, small = block_counts(counts_all, rank, L, B)
+    (nb, n_remote, S, S_max), send, recv, out = _host_values(torch.cat([small, *extra]), W, extra)
+    src, row, rows, expert = block_list(counts_all, src_off, first, rank, L, B, nb)
+    plan = BlockPlan(B, nb, src, row, rows, expert, offsets, S, S_max, n_remote, rank, W, L, counts_all, src_off,
+                     send, recv)
+    return plan, out
+
+
+def _build_plan_ops(counts_all, rank: int, num_local_experts: int, block_size: int, extra):
     import torch
 
     W, E = counts_all.shape
@@ -90,13 +121,7 @@ def build_plan(counts_all, rank: int, num_local_experts: int, block_size: int, e
     remote = nblk.sum() - nblk[:, rank].sum()
     small = torch.cat([nblk.sum().view(1), remote.view(1), counts_all[rank].sum().view(1),
                        counts_all.sum(1).max().view(1), counts_all[rank].view(W, L).sum(1), mine.sum(1), *extra])
-    values = small.tolist()  # the plan's only host synchronisation
-    nb, n_remote, S, S_max = values[:4]
-    send, recv = values[4:4 + W], values[4 + W:4 + 2 * W]
-    rest, out = values[4 + 2 * W:], []
-    for t in extra:
-        out.append(rest[:t.numel()])
-        rest = rest[t.numel():]
+    (nb, n_remote, S, S_max), send, recv, out = _host_values(small, W, extra)
     flat = nblk.reshape(-1)
     seg = torch.repeat_interleave(torch.arange(L * W, device=dev), flat, output_size=nb)
     first = torch.cumsum(flat, 0) - flat  # first block of segment (l, s)

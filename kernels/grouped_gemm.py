@@ -332,7 +332,7 @@ def _check_epilogue(x, w, out, activation, act_out, grad_of) -> None:
     for name, t in (("act_out", act_out), ("grad_of's pre", None if grad_of is None else grad_of[0])):
         if t is not None and (tuple(t.shape) != shape or (shape[1] > 1 and t.stride(1) != 1)):
             raise ValueError(f"{name} must be [T, N] = {shape} with unit column stride, got {tuple(t.shape)}")
-    if grad_of is not None and out is not None and out.numel() and out.data_ptr() == grad_of[0].data_ptr():
+    if grad_of is not None and out is not None and out.data_ptr() == grad_of[0].data_ptr():
         raise ValueError("out must not alias pre: autotuning reruns the kernel, which reads pre")
 
 

@@ -10,11 +10,6 @@ rank, then local expert) without first permuting them into expert-major order.
 The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`):
     dw[g] = sum over the segments s of g of x[rows of s]^T @ dy[rows of s]   -> [G, K, N]
 and the input gradient is the forward kernel with w transposed (a strided view, no copy).
-Fused epilogues of the forward kernel (an MLP's activation without a separate elementwise pass):
-    activation="gelu"|"relu":   out = pre = y, act_out = act(pre)                    both [T, N]
-    grad_of=(pre, activation):  the product is dact; out = dpre = dact * act'(pre)  [T, N]
-GELU is the exact (erf) one, as torch's default; relu'(pre) = (pre > 0). The kernel applies both to
-the fp32 accumulator (before rounding to x.dtype); the reference does the same in fp32.
 
 Used by the MoE expert FFN (one group per local expert) and by FragmentedLinear (one group per
 fragment). The tile map is computed inside the kernel from `offsets`, so a launch never reads the
@@ -67,40 +62,13 @@ def _dot_accumulate(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     return acc
 
 
-# Epilogue codes (constexpr ACT of the forward kernel); 0 compiles the plain product.
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}
-
-
-@triton.jit
-def _activate(x, ACT: tl.constexpr):
-    """act(x) on an fp32 tile: relu, or exact (erf) GELU x * Phi(x)."""
-    if ACT == 1:
-        x = tl.maximum(x, 0.0)
-    else:
-        x = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
-    return x
-
-
-@triton.jit
-def _activate_grad(dact, pre, ACT: tl.constexpr):
-    """dact * act'(pre) on fp32 tiles; GELU' = Phi(pre) + pre * phi(pre), relu' = (pre > 0)."""
-    if ACT == 1:
-        d = tl.where(pre > 0, dact, 0.0)
-    else:
-        cdf = 0.5 * (1.0 + tl.math.erf(pre * 0.7071067811865476))
-        pdf = tl.exp(-0.5 * pre * pre) * 0.3989422804014327  # 1 / sqrt(2 pi)
-        d = dact * (cdf + pre * pdf)
-    return d
-
-
-@triton.autotune(configs=_FWD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST", "ACT", "GRAD"])
+@triton.autotune(configs=_FWD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
 @triton.jit
 def _grouped_fwd_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, aux_ptr, off_ptr,
+    x_ptr, w_ptr, b_ptr, y_ptr, off_ptr,
     T, N, K, G, NW,
-    sxm, sxk, swg, swk, swn, sbg, sym, sam,
-    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, GRAD: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_G: tl.constexpr,
+    sxm, sxk, swg, swk, swn, sbg, sym,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_G: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Tile map over the G segments (weight group of segment g: g % NW): segment g has cdiv(rows_g, BM)
@@ -144,17 +112,8 @@ def _grouped_fwd_kernel(
     if HAS_BIAS:
         bias = tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0)
         acc += bias[None, :].to(tl.float32)
-    keep = row_ok[:, None] & (cols[None, :] < N)
-    # aux [T, N] (row stride sam): act_out of the forward epilogue, pre of the gradient one
-    aux = aux_ptr + rows[:, None].to(tl.int64) * sam + cols[None, :]
-    if GRAD:  # acc is dact: store dpre = dact * act'(pre) in place of the product
-        pre = tl.load(aux, mask=keep, other=0.0).to(tl.float32)
-        acc = _activate_grad(acc, pre, ACT)
     y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=keep)
-    if not GRAD:
-        if ACT != 0:  # y held pre; act(pre) from the fp32 accumulator
-            tl.store(aux, _activate(acc, ACT).to(aux_ptr.dtype.element_ty), mask=keep)
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
 
 
 @triton.autotune(configs=_WGRAD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
@@ -227,10 +186,9 @@ def segments_per_group(offsets, num_groups: int) -> int:
     return (offsets.numel() - 1) // num_groups if num_groups else 1
 
 
-def _launch_fwd(x, w, offsets, bias, out=None, act=0, aux=None, grad=False):
+def _launch_fwd(x, w, offsets, bias, out=None):
     """Triton forward launch; w may be any strided view (the input gradient passes w^T); `out` (a
-    row-contiguous [T, N] view) receives y when given. act = ACTIVATIONS code: aux [T, N] receives
-    act(y) (grad False), or holds pre and out receives y * act'(pre) (grad True)."""
+    row-contiguous [T, N] view) receives y when given."""
     import torch
 
     T, K = x.shape
@@ -243,13 +201,12 @@ def _launch_fwd(x, w, offsets, bias, out=None, act=0, aux=None, grad=False):
         return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
     offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    a = aux if aux is not None else y  # dummy pointer when ACT is 0
     grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"]),)
     _grouped_fwd_kernel[grid](
-        x, w, b, y, a, offsets, T, N, K, S, G,
+        x, w, b, y, offsets, T, N, K, S, G,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
-        b.stride(0) if bias is not None else 0, y.stride(0), a.stride(0) if aux is not None else 0,
-        HAS_BIAS=bias is not None, ACT=act, GRAD=grad, IEEE=_ieee(x), UPCAST=_upcast(x),
+        b.stride(0) if bias is not None else 0, y.stride(0),
+        HAS_BIAS=bias is not None, IEEE=_ieee(x), UPCAST=_upcast(x),
         BLOCK_G=triton.next_power_of_2(S + 1),
     )
     return y
@@ -293,68 +250,20 @@ def _torch_offs(offsets):
     return offsets[1:].to(torch.int32)
 
 
-def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None,
-                           activation=None, act_out=None, grad_of=None):
+def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None):
     """y = x @ w[s % G] (+ bias[s % G]) per segment s, no autograd; written into `out` when given.
-    backend: auto | triton | torch | reference. Epilogues (see the module docstring):
-    activation "gelu" | "relu" -> (pre, act): pre = y into `out`, act(pre) into `act_out` (or new);
-    grad_of=(pre [T, N], "gelu" | "relu") -> dpre = y * act'(pre) into `out` (which must not be pre)."""
-    _check_epilogue(x, w, out, activation, act_out, grad_of)
+    backend: auto | triton | torch | reference."""
     if backend == "reference" or (backend == "auto" and not use_triton(x, w)):
-        y = _reference_fp32(x, w, offsets, bias)
+        y = grouped_matmul_reference(x, w, offsets, bias)
     elif backend == "torch":
         import torch
 
         ws, bs = _per_segment(w, offsets), None if bias is None else _per_segment(bias, offsets)
         y = torch._grouped_mm(x, ws, offs=_torch_offs(offsets))
         y = y if bias is None else y + _bias_rows(bs, offsets, x.shape[0])
-    elif activation is None and grad_of is None:
-        return _launch_fwd(x, w, offsets, bias, out)
-    elif x.shape[1] == 0 or w.shape[0] == 0:  # an empty product: nothing for the kernel to fuse into
-        y = _reference_fp32(x, w, offsets, bias)
-    elif grad_of is not None:
-        return _launch_fwd(x, w, offsets, bias, out, ACTIVATIONS[grad_of[1]], grad_of[0], grad=True)
     else:
-        act = x.new_empty((x.shape[0], w.shape[2])) if act_out is None else act_out
-        return _launch_fwd(x, w, offsets, bias, out, ACTIVATIONS[activation], act), act
-    return _epilogue_torch(y, x.dtype, out, activation, act_out, grad_of)
-
-
-def _check_epilogue(x, w, out, activation, act_out, grad_of) -> None:
-    shape = (x.shape[0], w.shape[2])
-    kind = activation if grad_of is None else grad_of[1]
-    if kind not in ACTIVATIONS or (grad_of is not None and kind is None):
-        raise ValueError(f"activation must be gelu, relu or None, got {kind!r}")
-    if grad_of is not None and (activation is not None or act_out is not None):
-        raise ValueError("pass either activation (and act_out) or grad_of, not both")
-    if act_out is not None and activation is None:
-        raise ValueError("act_out needs an activation")
-    for name, t in (("act_out", act_out), ("grad_of's pre", None if grad_of is None else grad_of[0])):
-        if t is not None and (tuple(t.shape) != shape or (shape[1] > 1 and t.stride(1) != 1)):
-            raise ValueError(f"{name} must be [T, N] = {shape} with unit column stride, got {tuple(t.shape)}")
-    if grad_of is not None and out is not None and out.data_ptr() == grad_of[0].data_ptr():
-        raise ValueError("out must not alias pre: autotuning reruns the kernel, which reads pre")
-
-
-def _epilogue_torch(y, dtype, out, activation, act_out, grad_of):
-    """The kernel's epilogues composed of torch ops on the product y (fp32 from the reference,
-    x.dtype from torch's grouped matmul); each result rounded once to dtype, into out / act_out."""
-    import torch
-    import torch.nn.functional as F
-
-    if grad_of is not None:
-        pre, kind = grad_of[0].to(y.dtype), grad_of[1]
-        d = torch.ops.aten.gelu_backward(y, pre) if kind == "gelu" else torch.where(pre > 0, y, 0.0)
-        return _into(out, d.to(dtype))
-    pre = _into(out, y.to(dtype))
-    if activation is None:
-        return pre
-    act = F.gelu(y) if activation == "gelu" else F.relu(y)
-    return pre, _into(act_out, act.to(dtype))
-
-
-def _into(buf, t):
-    return t if buf is None else buf.copy_(t)
+        return _launch_fwd(x, w, offsets, bias, out)
+    return y if out is None else out.copy_(y)
 
 
 def _per_segment(t, offsets):
@@ -452,11 +361,6 @@ def grouped_matmul(x, w, offsets, bias=None, *, backend: str = "auto"):
 
 def grouped_matmul_reference(x, w, offsets, bias=None):
     """Plain torch: one matmul per group (fp32 accumulation, result in x.dtype)."""
-    return _reference_fp32(x, w, offsets, bias).to(x.dtype)
-
-
-def _reference_fp32(x, w, offsets, bias=None):
-    """grouped_matmul_reference before its rounding: [T, N] fp32."""
     import torch
 
     _check(x, w, offsets, bias)
@@ -468,7 +372,7 @@ def _reference_fp32(x, w, offsets, bias=None):
             y[lo:hi] = x[lo:hi].float() @ w[g].float()
             if bias is not None:
                 y[lo:hi] += bias[g].float()
-    return y
+    return y.to(x.dtype)
 
 
 def grouped_wgrad_reference(x, dy, offsets, num_groups: int):

@@ -56,22 +56,18 @@ def _act_backward(grad, pre, act, activation: str, out=None):
 
 
 def ffn_forward(x, offsets, w1, b1, w2, b2, cfg: ExpertConfig, out=None):
-    """(pre, act, y) of the expert FFN; `out` = (pre, act, y) buffers to write into, or None.
-    pre and act come from one launch (the activation is the first GEMM's epilogue, applied to its
-    fp32 accumulator), so no separate elementwise pass reads pre back."""
+    """(pre, act, y) of the expert FFN; `out` = (pre, act, y) buffers to write into, or None."""
     pre_o, act_o, y_o = out if out is not None else (None, None, None)
-    pre, act = grouped_matmul_forward(x, w1, offsets, b1, backend=cfg.backend, out=pre_o,
-                                      activation=cfg.activation, act_out=act_o)
+    pre = grouped_matmul_forward(x, w1, offsets, b1, backend=cfg.backend, out=pre_o)
+    act = _act(pre, cfg.activation, act_o)
     return pre, act, grouped_matmul_forward(act, w2, offsets, b2, backend=cfg.backend, out=y_o)
 
 
 def ffn_input_grad(dy, pre, act, offsets, w1, w2, cfg: ExpertConfig, out=None):
-    """(dpre, dx) of ffn_forward for output gradient dy [rows, d]; out = (dpre, dx) buffers or None.
-    dpre = dact * act'(pre) is the dact GEMM's epilogue (dact itself is never stored); `act` is
-    unused since relu'(pre) = (pre > 0) needs only pre (kept for the callers' signature)."""
+    """(dpre, dx) of ffn_forward for output gradient dy [rows, d]; out = (dpre, dx) buffers or None."""
     dpre_o, dx_o = out if out is not None else (None, None)
-    dpre = grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=cfg.backend, out=dpre_o,
-                                  grad_of=(pre, cfg.activation))
+    dact = grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=cfg.backend)
+    dpre = _act_backward(dact, pre, act, cfg.activation, dpre_o)
     return dpre, grouped_matmul_forward(dpre, w1.transpose(1, 2), offsets, backend=cfg.backend, out=dx_o)
 
 

@@ -82,9 +82,22 @@ def test_two_node_torchrun_launch_over_loopback(tmp_path):
                "--master-addr", "127.0.0.1", "--master-port", port, "-m", "qbench", "moe",
                "--num-local-experts", "2", "--model-dim", "16", "--hidden-size", "24", "--samples", "16",
                "--num-steps", "2", "--warmup", "1", "--device", "cpu", "--out", str(out)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()))
-    results = [p.communicate(timeout=240) for p in procs]
-    for p, (_, err) in zip(procs, results):
-        assert p.returncode == 0, err[-2000:]
+        # output to files, not pipes: a node blocked on a full pipe that nobody reads yet would hold the
+        # other node's torchrun at its exit barrier
+        log = (tmp_path / f"node{node}.log").open("w")
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=_env()), log))
+    logs = lambda: "\n".join(f"--- node {n}:\n" + (tmp_path / f"node{n}.log").read_text()[-1500:]  # noqa: E731
+                              for n in (0, 1))
+    try:
+        for p, _ in procs:
+            p.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        for p, _ in procs:
+            p.kill()
+        pytest.fail(f"the two-node run did not end within 240 s\n{logs()}")
+    finally:
+        for _, log in procs:
+            log.close()
+    assert all(p.returncode == 0 for p, _ in procs), logs()
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["params"]["world_size"] == 2 and records[0]["status"] == "ok"

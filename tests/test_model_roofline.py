@@ -210,3 +210,25 @@ def test_moe_floor_uses_routing_statistics_when_present():
     # overlapped all-to-all and FFN: the floor is the larger of the two, so the same time reads lower
     (over,) = against.rows_for([store.make_record("moe", {**params, "a2a_ffn_overlap_degree": 2}, metrics)], H200)
     assert over.floor_ms == pytest.approx(max(gate + ffn, a2a), rel=1e-9)
+
+
+def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch):
+    """The moe bench's floor_ms is the model's step floor (one floor for one step), forward only in
+    eval, and counts only remote rows for --system blocks."""
+    import torch
+
+    from qbench.benches import moe as moe_bench
+    from qbench.model import floors
+
+    params = {"world_size": 4, "dtype": "float16", "model_dim": 1024, "hidden_size": 4096, "samples": 8192,
+              "num_local_experts": 8, "top_k": 2, "a2a_ffn_overlap_degree": 1, "capacity_factor": 0.0}
+    stats = {"computed_rows": 65536.0, "rank_load_max_over_mean": 1.01, "sent_rows": 16384.0}
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    got = moe_bench.floor_ms(params, stats, "cuda")
+    assert got == floors.moe(params, stats, H200)["step_time"].floor_ms
+    forward = floors.moe(params, stats, H200)["forward_time"].floor_ms
+    assert moe_bench.floor_ms({**params, "eval": True}, stats, "cuda") == forward < got
+    local = moe_bench.floor_ms({**params, "system": "blocks"}, {**stats, "remote_rows": 0.0}, "cuda")
+    remote = moe_bench.floor_ms({**params, "system": "blocks"}, {**stats, "remote_rows": 12288.0}, "cuda")
+    assert local < remote and abs(remote - got) < 0.05 * got  # 3/4 of 16384 rows remote ~ the all-to-all
+    assert moe_bench.floor_ms(params, stats, "cpu") is None

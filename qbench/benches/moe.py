@@ -12,7 +12,8 @@ Metrics (times in ms: median over steps of the max over ranks):
   backward_a2a, backward_experts), tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
   per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
   tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert
-  and per-rank load (max / mean), dropped_tokens, roofline_fraction (expert GEMMs + 4 all-to-alls).
+  and per-rank load (max / mean), dropped_tokens, roofline_fraction (the busiest rank's floor from
+  qbench/model/floors.py: gate and expert GEMMs plus the token exchange, as `qbench model --against`).
 System blocks adds: ag_time, ga_time, backward_ag_time, backward_ga_time (max over ranks per step),
   blocks_total / blocks_remote (max over owner ranks), blocks_rank<r> / remote_blocks_rank<r> /
   remote_fraction_rank<r> (per rank, the importer's names), remote_fraction (all ranks' remote blocks
@@ -220,7 +221,7 @@ def summarize(config, case, world_size, samples, stats, memory, device):
     _block_metrics(samples, stats, metrics, unit_of)
     if memory is not None:
         metrics["peak_memory_mb"], unit_of["peak_memory_mb"] = memory, units.MB
-    floor = floor_ms(config, stats, world_size, E, device)
+    floor = floor_ms(params_of(config, case, world_size), stats, device)
     if floor is not None:
         metrics["floor_ms"], unit_of["floor_ms"] = floor, units.MS
         metrics["roofline_fraction"] = floor / step
@@ -241,30 +242,23 @@ def _block_metrics(samples, stats, metrics: dict[str, Any], unit_of: dict[str, s
             unit_of[name] = units.RATIO if "fraction" in name or "imbalance" in name else units.COUNT
 
 
-def floor_ms(config, stats, world_size: int, num_experts: int, device: str) -> float | None:
-    """Floor of one step: the expert GEMMs (and gate) at peak + four all-to-alls over NVLink."""
+def floor_ms(params: dict, stats: dict, device: str) -> float | None:
+    """Floor of one step (forward only in eval) for the busiest rank, by the performance model's
+    MoE floor (qbench/model/floors.py: gate and expert GEMMs at peak compute or memory, plus the token
+    exchange over NVLink); None off CUDA or on a GPU without a hardware preset."""
     if device != "cuda":
         return None
     try:
         import torch
 
+        from qbench.model.floors import moe as moe_floors
         from qbench.model.hardware import preset_for_gpu
-        from qbench.model.roofline import collective_ms
-        from qbench.model.roofline import floor_ms as gemm_floor
     except ImportError:
         return None
     hardware = preset_for_gpu(torch.cuda.get_device_name())
     if hardware is None:
         return None
-    bytes_per = 4 if config.dtype == "float32" else 2
-    flops = full_flops(config, stats, world_size, num_experts)
-    a2a_bytes = stats["sent_rows"] * config.model_dim * bytes_per
-    transfers = 2 if config.eval else 4
-    comm = transfers * collective_ms(a2a_bytes, world_size, hardware, kind="all_to_all")
-    if "remote_rows" in stats:  # blocks: only the busiest rank's remote rows cross NVLink (+5 us a call)
-        remote_bytes = stats["remote_rows"] * config.model_dim * bytes_per
-        comm = transfers * (remote_bytes / hardware.nvlink_bytes_per_s * 1e3 + 5e-3)
-    return gemm_floor(flops, 0.0, hardware, config.dtype) + comm
+    return moe_floors(params, stats, hardware)["step_time"].floor_ms
 
 
 def seed_lines(record: dict) -> list[str]:

@@ -131,10 +131,9 @@ def moe(params: Mapping, metrics: Mapping, hw: Hardware) -> dict[str, Floor]:
         rows = metrics["computed_rows"] / n * max(1.0, float(metrics.get("rank_load_max_over_mean") or 1.0))
     else:
         rows = T * k * (min(1.0, cf) if cf > 0 else 1.0)
-    sent = metrics.get("sent_rows") or T * k  # rows one rank dispatches
     gate = gemm(T, d, experts * n, dt, hw)
     ffn = combine([analyze(2 * rows * d * h, (rows * d + rows * h + experts * d * h) * e, hw, dt)] * 2, hw)
-    a2a = 2 * collective_ms(sent * d * e, n, hw, kind="all_to_all")  # dispatch + combine
+    a2a = 2 * _transfer_ms(params, metrics, n, d * e, hw)  # dispatch + combine (AG + GA for blocks)
     overlap = int(params.get("a2a_ffn_overlap_degree") or 1) > 1
     compute = combine([gate, ffn], hw)
     fwd = _with_network(compute, a2a, overlap)
@@ -145,7 +144,18 @@ def moe(params: Mapping, metrics: Mapping, hw: Hardware) -> dict[str, Floor]:
     bwd = _with_network(bwd_compute, a2a, overlap)
     step = replace(fwd, floor_ms=fwd.floor_ms + bwd.floor_ms, flops=fwd.flops + bwd.flops,
                    bytes_moved=fwd.bytes_moved + bwd.bytes_moved)
+    if params.get("eval"):  # forward only: the step is the forward
+        step = fwd
     return {"forward_time": fwd, "backward_time": bwd, "step_time": step}
+
+
+def _transfer_ms(params: Mapping, metrics: Mapping, n: int, row_bytes: float, hw: Hardware) -> float:
+    """One direction of the token exchange: an all-to-all of the rows one rank sends, of which (n-1)/n
+    leave it; for --system blocks only the busiest rank's remote rows cross NVLink (+ 5 us a call)."""
+    if params.get("system") == "blocks" and metrics.get("remote_rows") is not None:
+        return metrics["remote_rows"] * row_bytes / hw.nvlink_bytes_per_s * 1e3 + 5e-3
+    sent = metrics.get("sent_rows") or params["samples"] * params["top_k"]
+    return collective_ms(sent * row_bytes, n, hw, kind="all_to_all")
 
 
 def _with_network(compute: Floor, network_ms: float, overlap: bool) -> Floor:

@@ -1,4 +1,5 @@
-"""Kernel timelines of `qbench moe` steps on every rank (see qbench/layers/moe_trace.py).
+"""Kernel timelines of `qbench moe` steps on every rank (see qbench/layers/moe_trace.py), without
+the timing and the reference check (`qbench moe --trace DIR` records the same after timing).
 
     python3 scripts/moe_timeline.py OUT_DIR [--overlap 1,2,4] [--steps 3] [--world-size 4] [...]
 Builds the layer exactly as `qbench moe` does (seed config by default), warms up, then records
@@ -12,19 +13,6 @@ from pathlib import Path
 import click
 
 
-def training_step(model, x, dy):
-    import torch
-
-    opt = torch.optim.SGD(model.parameters(), lr=1e-5)
-
-    def step(i):
-        opt.zero_grad(set_to_none=True)
-        model(x).backward(dy)
-        opt.step()
-
-    return step
-
-
 def rank_main(ctx, config, degrees, steps, out_dir, system, locality):
     from qbench.layers import moe_run
     from qbench.layers.moe_trace import PhaseMarks, record_timeline
@@ -35,10 +23,11 @@ def rank_main(ctx, config, degrees, steps, out_dir, system, locality):
                     replicate_hot=config.replicate_hot[0], routing=config.routings[0], gemm=gemm,
                     system=system, locality=locality)
         model, moe, x, dy = moe_run.build(ctx, config, case)
-        step = training_step(model, x, dy)
+        marks = PhaseMarks()
+        step = moe_run.make_step(config, model, x, dy, marks.phase)
         for i in range(config.warmup):
             step(i)
-        moe.timer = PhaseMarks()
+        moe.timer = marks
         label = f"{system}-D{D}" + (f"-loc{locality:g}" if locality is not None else "")
         table = record_timeline(step, steps, Path(out_dir), label, ctx.rank)
         moe.timer = None

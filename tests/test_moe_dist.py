@@ -1,6 +1,7 @@
 """The distributed MoE layer over gloo at world sizes 1, 2 and 4 against the dense reference, the
 failure path of the launcher, a two-node torchrun launch over loopback, and the command end to end."""
 
+import gzip
 import json
 import os
 import shutil
@@ -60,11 +61,16 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
     cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "2", "--num-local-experts", "2",
            "--model-dim", "64", "--hidden-size", "24", "--samples", "24", "--num-steps", "3", "--warmup", "1",
            "--a2a-ffn-overlap-degree", "2", "--model", "attn-moe", "--batch-size", "2",
-           "--seed-format", "--out", str(out)]
+           "--seed-format", "--out", str(out), "--trace", str(tmp_path / "traces")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
     assert record["status"] == "ok" and record["params"]["model"] == "attn-moe"
+    for rank in (0, 1):  # --trace: every rank's profiled steps, with the layer's phases as ranges
+        trace = json.loads(gzip.open(tmp_path / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.json.gz").read())
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert {"step 0", "forward", "backward", "gate", "dispatch"} <= names, sorted(n for n in names if n)[:20]
+        assert (tmp_path / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.csv").exists()
     assert len(record["samples"]["step_time"]) == 3
     from qbench.importers_moe import STEP, SUMMARY
 

@@ -61,6 +61,7 @@ class MoEBenchConfig:
     eval: bool = False
     seed: int = 0
     timeout_s: float = 600.0
+    trace_dir: str | None = None  # also record a few profiled steps per configuration here
     systems: tuple[str, ...] = ("a2a",)
     block_size: int = 64
     localities: tuple[float | None, ...] = (None,)  # None: the routing kind alone decides
@@ -141,6 +142,14 @@ def rank_main(ctx, config: MoEBenchConfig) -> Iterator[dict]:
         yield one_case(ctx, config, case)
 
 
+def case_label(case: dict[str, Any]) -> str:
+    """File-name label of one configuration, e.g. a2a-L8-D1-hot0-randn-triton (-loc0.5)."""
+    routing = "".join(c if c.isalnum() or c in ".-" else "_" for c in str(case["routing"]).split("/")[-1])
+    label = (f"{case.get('system', 'a2a')}-L{case['num_local_experts']}-D{case['a2a_ffn_overlap_degree']}"
+             f"-hot{case['replicate_hot']}-{routing}-{case['gemm']}")
+    return label + (f"-loc{case['locality']:g}" if case.get("locality") is not None else "")
+
+
 def params_of(config: MoEBenchConfig, case: dict[str, Any], world_size: int) -> dict[str, Any]:
     return {"world_size": world_size, "dtype": config.dtype, "model_dim": config.model_dim,
             "hidden_size": config.hidden_size, "samples": config.samples, "batch_size": config.batch_size,
@@ -179,6 +188,8 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
         stats.update(moe_run.block_stats(ctx, moe))
     samples = moe_run.time_steps(ctx, config, model, moe, x, dy)
     memory = moe_run.peak_memory_mb(ctx)
+    if config.trace_dir:
+        moe_run.trace_steps(ctx, config, model, moe, x, dy, case_label(case))
     metrics, unit_of = summarize(config, case, ctx.world_size, samples, stats, memory, device)
     metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
     unit_of["check_max_rel_error"] = units.REL_ERROR

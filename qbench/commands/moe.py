@@ -13,6 +13,7 @@ Examples:
   qbench moe --world-size 4 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4
   qbench moe --world-size 4 --gemm triton,torch --dtype bfloat16 --seed-format
+  qbench moe --world-size 4 --a2a-ffn-overlap-degree 1,2 --trace results/moe-traces
   qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64
   torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe
 """
@@ -63,6 +64,9 @@ def _options(fn):
         click.option("--eval", "eval_mode", is_flag=True, help="Forward only, under no_grad."),
         click.option("--seed-format", is_flag=True, help="Also print the seeds' [Benchmark]/STEP/[Summary] lines."),
         click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Draw the run's figure here."),
+        click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+                     help="After timing, profile 3 more steps per configuration: per-rank Chrome/Perfetto "
+                          "traces (.json.gz) and CSVs of the GPU kernels in this folder."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -167,7 +171,7 @@ def build_config(kw):
         overlap_degrees=kw["a2a_ffn_overlap_degree"], replicate_hot=kw["replicate_hot"], routings=kw["routing"],
         gemms=kw["gemm"], model=kw["model"], num_steps=pick("num_steps", 100), warmup=pick("warmup", 10),
         eval=kw["eval_mode"], systems=kw["system"], block_size=kw["block_size"],
-        localities=kw["locality"] or (None,), transport=kw["transport"])
+        localities=kw["locality"] or (None,), transport=kw["transport"], trace_dir=kw["trace_dir"])
 
 
 def _world_size(given, device: str, gpus: int) -> int:

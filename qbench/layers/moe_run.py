@@ -100,24 +100,35 @@ def routing_stats(ctx, model, moe, x) -> dict[str, float]:
             "sent_rows": float(plan.send_rows)}
 
 
+def make_step(config, model, x, dy, phase):
+    """One step as the bench times it: zero_grad, forward, backward, SGD (forward only under no_grad
+    in eval); phase(name) is a context manager around the forward and the backward."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-5)
+
+    def step(i: int) -> None:
+        if config.eval:
+            with torch.no_grad(), phase("forward"):
+                model(x)
+            return
+        opt.zero_grad(set_to_none=True)
+        with phase("forward"):
+            out = model(x)
+        with phase("backward"):
+            out.backward(dy)
+        opt.step()
+
+    return step
+
+
 def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
     """Per-step samples (ms, max over ranks): step_time, forward_time, backward_time, <phase>_time."""
     device = "cuda" if ctx.device.startswith("cuda") else "cpu"
     timer = PhaseTimer(device)
     moe.timer = timer
-    opt = torch.optim.SGD(model.parameters(), lr=1e-5)
+    run = make_step(config, model, x, dy, timer.phase)
 
     def step(i: int) -> None:
-        if config.eval:
-            with torch.no_grad(), timer.phase("forward"):
-                model(x)
-        else:
-            opt.zero_grad(set_to_none=True)
-            with timer.phase("forward"):
-                out = model(x)
-            with timer.phase("backward"):
-                out.backward(dy)
-            opt.step()
+        run(i)
         timer.next_step()
 
     if device == "cuda":
@@ -132,6 +143,21 @@ def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
             for r, row in enumerate(_every_rank(values, ctx)):
                 samples[f"{name}_time_rank{r}"] = [round(v, 6) for v in row]  # the seed's precision
     return samples
+
+
+def trace_steps(ctx, config, model, moe, x, dy, label: str, steps: int = 3) -> None:
+    """After the timed steps: `steps` more under the profiler, written to config.trace_dir as
+    <label>-rank<r>.json.gz (Chrome / Perfetto trace) and .csv (GPU kernels and phase ranges)."""
+    from pathlib import Path
+
+    from qbench.layers.moe_trace import PhaseMarks, record_timeline
+
+    marks = PhaseMarks()
+    moe.timer = marks
+    try:
+        record_timeline(make_step(config, model, x, dy, marks.phase), steps, Path(config.trace_dir), label, ctx.rank)
+    finally:
+        moe.timer = None
 
 
 def _every_rank(values: list[float], ctx) -> list[list[float]]:

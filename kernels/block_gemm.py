@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels import interpreting, use_triton
+from kernels.grouped_gemm import _dot_accumulate, _ieee, _upcast
 
 # A program owns one block (BM = B rounded up to a power of two rows) and one N tile. Interpreter
 # runs (CPU tests) use tiny tiles to stay fast; GPU configs are the Hopper tensor-core shapes for
@@ -79,16 +80,15 @@ def make_peer_table(addresses: list[int], anchor, row_stride: int) -> PeerTable:
 
 
 @triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc += a @ b in fp32; IEEE: exact fp32 products (no TF32) so fp32 matches its reference;
-    UPCAST widens bf16 tiles under the interpreter, whose bf16 dot is wrong."""
-    if UPCAST:
-        a, b = a.to(tl.float32), b.to(tl.float32)
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
+def _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, N, BN: tl.constexpr):
+    """This program's block and N tile (block-major order: a block's N tiles run side by side, so its
+    rows stay hot), and the block's source rank, first source row, valid rows and local expert."""
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BN)
+    blk = pid // n_tiles
+    pid_n = pid % n_tiles
+    return (blk, pid_n, tl.load(bsrc_ptr + blk), tl.load(brow_ptr + blk), tl.load(brows_ptr + blk),
+            tl.load(bexp_ptr + blk))
 
 
 @triton.jit
@@ -129,15 +129,7 @@ def _gather_matmul_kernel(
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_GATHERED: tl.constexpr, ALIGNED: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    # Block-major program order: the N tiles of one block run side by side (its A rows stay hot).
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BN)
-    blk = pid // n_tiles
-    pid_n = pid % n_tiles
-    src = tl.load(bsrc_ptr + blk)
-    row0 = tl.load(brow_ptr + blk)
-    nrows = tl.load(brows_ptr + blk)
-    l = tl.load(bexp_ptr + blk)
+    blk, pid_n, src, row0, nrows, l = _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, N, BN)
     # The source rank's buffer: an address from the table, typed like the gathered rows.
     js = tl.arange(0, BM)
     ks = tl.arange(0, BK)
@@ -155,7 +147,7 @@ def _gather_matmul_kernel(
             if pid_n == 0:
                 tl.store(g_tile, a, mask=(js < B)[:, None] & k_ok[None, :])
         b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        acc = _dot(a, b, acc, IEEE, UPCAST)
+        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
         a_tile += BK
         g_tile += BK
         w_tile += BK * swk
@@ -177,14 +169,7 @@ def _matmul_scatter_kernel(
     HAS_BIAS: tl.constexpr, ALIGNED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BN)
-    blk = pid // n_tiles
-    pid_n = pid % n_tiles
-    src = tl.load(bsrc_ptr + blk)
-    row0 = tl.load(brow_ptr + blk)
-    nrows = tl.load(brows_ptr + blk)
-    l = tl.load(bexp_ptr + blk)
+    blk, pid_n, src, row0, nrows, l = _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, N, BN)
     js = tl.arange(0, BM)
     ks = tl.arange(0, BK)
     cols = pid_n * BN + tl.arange(0, BN)
@@ -196,7 +181,7 @@ def _matmul_scatter_kernel(
         k_ok = (k0 + ks) < K
         a = tl.load(a_tile, mask=valid[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        acc = _dot(a, b, acc, IEEE, UPCAST)
+        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
         a_tile += BK
         w_tile += BK * swk
     acc = _epilogue(acc, b_ptr, l, cols, N, sbl, HAS_BIAS)
@@ -243,20 +228,6 @@ def peer_table(peers):
             raise ValueError("peer buffers need unit column stride")
     anchor = max(peers, key=lambda t: t.numel())  # an empty tensor may have no address
     return make_peer_table([t.data_ptr() for t in peers], anchor, first.stride(0))
-
-
-def _ieee(dtype) -> bool:
-    """fp32 gets IEEE products (no TF32, matching the fp32 reference); so does the interpreter's
-    bf16, which is widened to fp32 first."""
-    import torch
-
-    return dtype == torch.float32 or _upcast(dtype)
-
-
-def _upcast(dtype) -> bool:
-    import torch
-
-    return interpreting() and dtype == torch.bfloat16
 
 
 def _bm(plan) -> int:

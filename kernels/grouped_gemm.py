@@ -166,19 +166,19 @@ def _check(x, w, offsets, bias) -> None:
         raise ValueError(f"bias must be [G, N] = {(w.shape[0], w.shape[2])}, got {tuple(bias.shape)}")
 
 
-def _ieee(x) -> bool:
+def _ieee(dtype) -> bool:
     """fp32 inputs get IEEE products (no TF32), so the kernel matches the fp32 reference."""
     import torch
 
-    return x.dtype == torch.float32 or _upcast(x)
+    return dtype == torch.float32 or _upcast(dtype)
 
 
-def _upcast(x) -> bool:
+def _upcast(dtype) -> bool:
     """The Triton interpreter's bf16 tl.dot returns garbage (checked with triton 3.9), so under the
     interpreter bf16 tiles are widened to fp32 before the product; compiled kernels never upcast."""
     import torch
 
-    return interpreting() and x.dtype == torch.bfloat16
+    return interpreting() and dtype == torch.bfloat16
 
 
 def segments_per_group(offsets, num_groups: int) -> int:
@@ -206,7 +206,7 @@ def _launch_fwd(x, w, offsets, bias, out=None):
         x, w, b, y, offsets, T, N, K, S, G,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
         b.stride(0) if bias is not None else 0, y.stride(0),
-        HAS_BIAS=bias is not None, IEEE=_ieee(x), UPCAST=_upcast(x),
+        HAS_BIAS=bias is not None, IEEE=_ieee(x.dtype), UPCAST=_upcast(x.dtype),
         BLOCK_G=triton.next_power_of_2(S + 1),
     )
     return y
@@ -224,7 +224,7 @@ def _launch_wgrad(x, dy, offsets, G):
     _grouped_wgrad_kernel[grid](
         x, dy, dw, offsets, N, K, G, segments_per_group(offsets, G),
         x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1),
-        IEEE=_ieee(x), UPCAST=_upcast(x),
+        IEEE=_ieee(x.dtype), UPCAST=_upcast(x.dtype),
     )
     return dw
 

@@ -83,38 +83,34 @@ class MoELayer(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         with self._phase("gate"):
-            logits = self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
-            kernels = use_triton(logits)
-            fast = kernels and self.opts.replicate_hot == 0  # replication plans with tensor ops
-            routing, rows, source = self._route_kernels(logits, one_chunk=None if fast else False) if kernels else (
-                route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced), None, None)
+            one_chunk = self.opts.overlap_degree == 1 and self.opts.replicate_hot == 0
+            routing, rows, source = self._gate_route(x2, with_rows=one_chunk)
         with self._phase("plan"):
-            if fast:
-                dplan = comm.prepare_fast(routing, self.world_size, self.opts.overlap_degree, self.group, rows, source)
-            else:
-                dplan = comm.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
-                                     self.group)
+            dplan = comm.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
+                                 self.group, rows, source)
             plan = comm.finish(dplan)  # the step's only host synchronisation
             self.last = {"routing": routing, "plan": plan, "kept": plan.kept}
         return self._experts(x2, routing, plan, dplan).reshape(shape)
 
-    def _route_kernels(self, logits, padded: bool | None = None, one_chunk: bool | None = None):
-        """route() by the routing kernels; with one chunk also the send rows and their tokens
-        (rows sorted by expert, `padded` to the capacity when cf > 0 unless told otherwise)."""
+    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None):
+        """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows
+        then also gives every assignment's row in the expert-sorted send buffer (-1: dropped) and each
+        row's token (`padded` to the capacity when cf > 0 unless told otherwise); else rows = source = None."""
+        logits = self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
         k, cf = self.opts.top_k, self.opts.capacity_factor
+        if not use_triton(logits):
+            return route(logits, k, cf, self.forced), None, None
         T, E = logits.shape
         cap = capacity_limit(cf, T, k, E) if cf != 0 else None
-        one_chunk = self.opts.overlap_degree == 1 if one_chunk is None else one_chunk
         idx, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
-            logits, k, cap, cf > 0 if padded is None else padded, self.forced, rows=one_chunk)
+            logits, k, cap, cf > 0 if padded is None else padded, self.forced, rows=with_rows)
         weights = torch.softmax(logits.gather(1, idx).float(), dim=1)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
     def _experts(self, x2, routing, plan, dplan):
         rows = dplan.rows
         if dplan.source is not None:  # the routing kernel's token of every send row
-            table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if routing.padded else x2
-            send = table.index_select(0, dplan.source[:plan.send_rows])
+            send = _GatherTokens.apply(x2, dplan.source[:plan.send_rows], rows, routing.padded)
         else:
             send = _gather_rows(x2, rows, plan.send_rows, routing.padded)
         weights = (self.w1, self.b1, self.w2, self.b2)

@@ -20,12 +20,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from kernels import use_triton
 from qbench.layers import moe_comm as comm
-from qbench.layers.moe import MoELayer, MoEOptions, _Combine, _GatherTokens
+from qbench.layers.moe import MoELayer, MoEOptions, _Combine, _gather_rows, _GatherTokens
 from qbench.layers.moe_blocks import build_plan, make_transport
 from qbench.layers.moe_experts import ExpertConfig, _act, _act_backward, ffn_backward, ffn_forward, replicate
-from qbench.layers.moe_routing import route
 
 
 class BlocksFunction(torch.autograd.Function):
@@ -88,27 +86,20 @@ class BlocksMoELayer(MoELayer):
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        fast = use_triton(x2) and self.opts.replicate_hot == 0
-        with self._phase("gate"):
-            logits = self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
-            if fast:  # routing kernels: also every assignment's source row and each row's token
-                routing, rows, source = self._route_kernels(logits, padded=False, one_chunk=True)
-            else:
-                routing = route(logits, self.opts.top_k, self.opts.capacity_factor, self.forced)
+        with self._phase("gate"):  # source layout = rows sorted by expert, unpadded
+            routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False)
         with self._phase("plan"):
-            plan, rows_t, hot_rows, hot_offsets, kept = self._plan(routing, with_rows=not fast)
-            rows = rows if fast else rows_t
+            plan, rows_t, hot_rows, hot_offsets, kept = self._plan(routing, with_rows=rows is None)
+            rows = rows if rows is not None else rows_t
             self.last = {"routing": routing, "plan": plan, "kept": kept}
         weights = (self.w1, self.b1, self.w2, self.b2)
         replicas, hot_x = (None,) * 4, x2[:0]
-        if fast:
+        if source is not None:
             x_src = _GatherTokens.apply(x2, source[:plan.src_rows], rows, False)
         else:
-            T = x2.shape[0]
-            gathered = x2.index_select(0, torch.arange(routing.flat_e.numel(), device=x2.device) % T)
-            x_src = _scatter(gathered, rows, plan.src_rows)
+            x_src = _gather_rows(x2, rows, plan.src_rows, False)
         if plan.hot:
-            hot_x = _scatter(gathered, hot_rows, sum(kept[e] for e in plan.hot))
+            hot_x = _gather_rows(x2, hot_rows, sum(kept[e] for e in plan.hot), False)
             replicas = replicate(weights, plan.hot, self.opts.num_local_experts, self.rank, self.group)
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, None, self.timer)
         y_src, hot_y = BlocksFunction.apply(x_src, hot_x, *weights, *replicas, plan, hot_offsets, cfg,
@@ -143,12 +134,6 @@ class BlocksMoELayer(MoELayer):
             source = torch.cat([y_src, hot_y])
             where = torch.where(hot_rows >= 0, y_src.shape[0] + hot_rows, rows)
         return _Combine.apply(source, where, routing.weights, False)
-
-
-def _scatter(src, rows, total: int):
-    """[total, d] with src[a] at rows[a]; rows < 0 skipped (they land on a scratch row)."""
-    buf = src.new_empty((total + 1, src.shape[1]))
-    return buf.index_copy(0, torch.where(rows >= 0, rows, total), src)[:total]
 
 
 def _all_gather(counts, world_size: int, group=None):

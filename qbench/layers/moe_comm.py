@@ -175,9 +175,14 @@ def hot_rows(routing, hot_ids):
     return torch.where((h >= 0) & routing.keep, rows, -1), offsets
 
 
-def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=None) -> DevicePlan:
-    """Everything of the plan that the device can build before the split sizes reach the host."""
+def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=None, rows=None,
+            source=None) -> DevicePlan:
+    """Everything of the plan that the device can build before the split sizes reach the host. Split
+    sizes and offsets come from one kernel where Triton runs (kernels/moe_route.py), from tensor ops
+    otherwise; rows/source: the routing kernel's send rows and their tokens (one chunk, no replication)."""
     import torch
+
+    from kernels import use_triton
 
     kept = routing.kept
     seg = torch.full_like(kept, routing.capacity) if routing.padded else kept
@@ -187,29 +192,19 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
         hot_mask = torch.zeros(kept.shape, dtype=torch.bool, device=kept.device).index_fill_(0, hot_ids, True)
         seg = seg.masked_fill(hot_mask, 0)
         hot_r, hot_off = hot_rows(routing, hot_ids)
-    got = chunk_parts(exchange_counts(seg, group), degree)
-    sent = chunk_parts(seg, degree)
-    W = world_size
-    splits = torch.stack([sent, got]).view(2, W, -1, degree).sum(2).transpose(1, 2).reshape(-1)
-    offsets, offsets_all = segment_offsets(got)
-    rows = send_rows(routing, sent, hot_mask)
-    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, torch.cat([splits, kept, hot_ids]), degree, W)
+    got = exchange_counts(seg, group)
+    if use_triton(seg):
+        from kernels.moe_route import plan_offsets
 
-
-def prepare_fast(routing, world_size: int, degree: int, group=None, rows=None, source=None) -> DevicePlan:
-    """`prepare` without replication, with the split sizes and offsets from one kernel
-    (kernels/moe_route.py); rows/source from the routing kernel when there is one chunk."""
-    import torch
-
-    from kernels.moe_route import plan_offsets
-
-    kept = routing.kept
-    seg = torch.full_like(kept, routing.capacity) if routing.padded else kept
-    splits, offsets, offsets_all = plan_offsets(seg, exchange_counts(seg, group), world_size, degree)
+        splits, offsets, offsets_all = plan_offsets(seg, got, world_size, degree)
+    else:
+        sent, got = chunk_parts(seg, degree), chunk_parts(got, degree)
+        splits = torch.stack([sent, got]).view(2, world_size, -1, degree).sum(2).transpose(1, 2).reshape(-1)
+        offsets, offsets_all = segment_offsets(got)
     if rows is None:
-        rows = send_rows(routing, chunk_parts(seg, degree), None)
-    return DevicePlan(rows, None, None, offsets, offsets_all, torch.cat([splits, kept]), degree, world_size,
-                      source)
+        rows = send_rows(routing, chunk_parts(seg, degree), hot_mask)
+    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, torch.cat([splits, kept, hot_ids]), degree,
+                      world_size, source)
 
 
 def finish(dp: DevicePlan) -> StepPlan:

@@ -62,6 +62,23 @@ def parse_names(choices: tuple[str, ...]):
     return parse
 
 
+def parse_number_list(convert, valid, kind: str, example: str, rule: str):
+    """A parser of comma lists: 'a,b' -> (convert(a), convert(b)), each passing valid(x); errors say
+    '<value> is not a list of <kind> like <example>' or '<value>: <rule>'."""
+    def parse(value):
+        if value is None or isinstance(value, tuple):
+            return value
+        try:
+            numbers = tuple(convert(v) for v in str(value).split(","))
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not a list of {kind} like {example}") from None
+        if not all(valid(n) for n in numbers):
+            raise click.BadParameter(f"{value!r}: {rule}")
+        return numbers
+
+    return parse
+
+
 def callback(parser):
     """Wrap a value parser as a click callback."""
     return lambda ctx, param, value: parser(value)

@@ -224,6 +224,7 @@ def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch):
               "num_local_experts": 8, "top_k": 2, "a2a_ffn_overlap_degree": 1, "capacity_factor": 0.0}
     stats = {"computed_rows": 65536.0, "rank_load_max_over_mean": 1.01, "sent_rows": 16384.0}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     got = moe_bench.floor_ms(params, stats, "cuda")
     assert got == floors.moe(params, stats, H200)["step_time"].floor_ms
     forward = floors.moe(params, stats, H200)["forward_time"].floor_ms

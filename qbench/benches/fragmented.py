@@ -290,15 +290,11 @@ def forward_cost(case: Case, selected: int | None) -> tuple[float, float]:
 
 
 def _roofline(flops: float, moved: float, dtype: str, forward_ms: float, device: str) -> float | None:
-    if device != "cuda" or not forward_ms:
-        return None
-    import torch
-
-    from qbench.model.hardware import preset_for_gpu
+    from qbench.model.hardware import current_gpu_preset
     from qbench.model.roofline import floor_ms, roofline_fraction
 
-    hardware = preset_for_gpu(torch.cuda.get_device_name())
-    if hardware is None:
+    hardware = current_gpu_preset(device)
+    if hardware is None or not forward_ms:
         return None
     return roofline_fraction(floor_ms(flops, moved, hardware, dtype), forward_ms)
 

@@ -233,17 +233,11 @@ def throughputs(shape, medians: dict) -> dict:
 def roofline_fraction(shape, medians: dict, config) -> float | None:
     """Floor of the SwitchBack-global step (int8 matmuls at the int8 peak, grad-weight at the 16-bit
     peak, quantizers at HBM bandwidth) over its measured total; None without a known GPU preset."""
-    if config.device != "cuda" or "time_global" not in medians:
-        return None
-    try:
-        import torch
+    from qbench.model.hardware import current_gpu_preset
+    from qbench.model.roofline import floor_ms
 
-        from qbench.model.hardware import preset_for_gpu
-        from qbench.model.roofline import floor_ms
-    except ImportError:
-        return None
-    hw = preset_for_gpu(torch.cuda.get_device_name())
-    if hw is None:
+    hw = current_gpu_preset(config.device)
+    if hw is None or "time_global" not in medians:
         return None
     nbytes = _quantize_bytes(shape)
     floor = floor_ms(_flops(shape), 0, hw, config.dtype) + 2 * floor_ms(_flops(shape), 0, hw, "int8")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from qbench.options import callback, out_options, parse_names, parse_positive_ints
+from qbench.options import callback, out_options, parse_names, parse_number_list, parse_positive_ints
 
 EPILOG = """\b
 Examples:
@@ -73,28 +73,9 @@ def _options(fn):
     return out_options(fn)
 
 
-def _non_negative(value):
-    if value is None or isinstance(value, tuple):
-        return value
-    try:
-        numbers = tuple(int(v) for v in str(value).split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of integers like 0,4") from None
-    if any(n < 0 for n in numbers):
-        raise click.BadParameter(f"{value!r}: counts must be >= 0")
-    return numbers
-
-
-def _localities(value):
-    if value is None or isinstance(value, tuple):
-        return value
-    try:
-        numbers = tuple(float(v) for v in str(value).split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of probabilities like 0.25,1.0") from None
-    if any(not 0.0 <= p <= 1.0 for p in numbers):
-        raise click.BadParameter(f"{value!r}: probabilities must lie in [0, 1]")
-    return numbers
+_non_negative = parse_number_list(int, lambda n: n >= 0, "integers", "0,4", "counts must be >= 0")
+_localities = parse_number_list(float, lambda p: 0.0 <= p <= 1.0, "probabilities", "0.25,1.0",
+                                "probabilities must lie in [0, 1]")
 
 
 def _routings(value):

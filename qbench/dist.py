@@ -83,9 +83,6 @@ def _init(rank: int, world_size: int, local_rank: int, backend: str, device: str
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world_size)))
     kwargs = {"device_id": torch.device(device)} if device.startswith("cuda") else {}
-    if backend == "nccl" and os.environ.get("QBENCH_NCCL_HIGH_PRIORITY") == "1":
-        # NCCL kernels on a high-priority stream get SMs ahead of queued expert GEMM blocks
-        kwargs["pg_options"] = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
     dist.init_process_group(
         backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs
     )

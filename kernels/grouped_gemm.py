@@ -200,6 +200,10 @@ def _launch_fwd(x, w, offsets, bias, out=None):
     if K == 0 or G == 0:
         return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
     offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+    from kernels import grouped_gemm_tma as tma  # Hopper: the persistent TMA kernel where it applies
+
+    if tma.enabled() and tma.supported(x, w, offsets, y, bias):
+        return tma.launch_fwd(x, w, offsets, bias, y)
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
     grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"]),)
     _grouped_fwd_kernel[grid](

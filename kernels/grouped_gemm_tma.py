@@ -1,0 +1,197 @@
+"""Persistent, TMA-fed grouped GEMM forward for Hopper (same math and contract as the pointer
+kernel `_grouped_fwd_kernel` in kernels/grouped_gemm.py):
+    y[r, :] = x[r, :] @ w[s % G] (+ bias[s % G])   for every row r of segment s
+    x [T, K], w [G, K, N], offsets int64 [S + 1] (S = R * G segments), bias [G, N] | None -> y [T, N]
+    fp16/bf16 in, fp32 accumulation, y in x.dtype.
+
+One program per SM walks the (row tile, N tile) work items of all segments. The tile map (segment s
+has cdiv(rows_s, BM) row tiles) is computed in the kernel from `offsets`, so a launch never syncs
+with the host. Operand tiles arrive through host-built tensor descriptors (the bulk tensor copy
+engine): A tiles [BM, BK] from x [T, K] (rows past the segment's end belong to the next segment, or
+read as zero past T: they are computed and masked at the store), B tiles from w viewed 2-D:
+  plain       w [G, K, N] contiguous          -> [G*K, N], tile [BK, BN] at (g*K + k0, n0);
+              needs K % BK == 0 so that a tile never reaches into group g + 1
+  transposed  w = v.transpose(1, 2), v [G, N, K] contiguous (the input gradient's w^T)
+              -> v as [G*N, K], tile [BN, BK] at (g*N + n0, k0), used as its transpose; rows of
+              group g + 1 land only in columns n >= N, which the store masks
+The store is a masked pointer store, not a TMA store: a row tile may straddle two segments.
+`supported()` says when this kernel applies; kernels/grouped_gemm.py falls back to the pointer
+kernel otherwise, or when QBENCH_GROUPED_TMA=0 (read at every call, so one process can A/B both).
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from kernels import interpreting
+from kernels.grouped_gemm import _dot_accumulate, _ieee, _upcast
+
+# (BM, BN, num_stages, num_warps). Shared memory = stages * (BM + BN) * BK * 2 bytes (+ the epilogue's
+# layout conversion): 128x256 at 3 stages is 144 KiB, within the 227 KiB of an H100/H200 SM. 64-row
+# tiles serve many small segments (64 groups x R=4 at 16k rows leaves ~64 rows per segment).
+_HOPPER = [(128, 256, 3, 8), (128, 128, 4, 8), (256, 128, 3, 8), (64, 256, 4, 4), (64, 128, 4, 4)]
+# The interpreter gets one tiny tile (fast CPU tests) and a few programs, so that every program of
+# the persistent loop walks several work items.
+_INTERP_TILE, _INTERP_PROGRAMS = (16, 16, 16), 3
+BK_TMA = _INTERP_TILE[2] if interpreting() else 64  # every config's K tile: plain w needs K % BK_TMA == 0
+
+
+def _set_block_shapes(nargs):
+    """Autotune pre-hook: the descriptors' block shapes follow the config's tile."""
+    bm, bn, bk = nargs["BM"], nargs["BN"], nargs["BK"]
+    nargs["x_desc"].block_shape = [bm, bk]
+    nargs["w_desc"].block_shape = [bn, bk] if nargs["TRANS_W"] else [bk, bn]
+
+
+def _configs():
+    if interpreting():
+        bm, bn, bk = _INTERP_TILE
+        return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 2}, num_warps=1, num_stages=1,
+                              pre_hook=_set_block_shapes)]
+    return [triton.Config({"BM": bm, "BN": bn, "BK": BK_TMA, "GROUP_M": 8}, num_warps=w, num_stages=s,
+                          pre_hook=_set_block_shapes) for bm, bn, s, w in _HOPPER]
+
+
+@triton.jit
+def _tile_origin(tile, total_m, n_tiles, lo, tiles, tile_end, ss,
+                 BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Work item -> (segment s, first row, first column). Row tiles go in bands of GROUP_M so that
+    neighbouring programs share weight columns in L2; s = number of segments ending at or before it."""
+    band = GROUP_M * n_tiles
+    first_m = (tile // band) * GROUP_M
+    band_m = tl.minimum(total_m - first_m, GROUP_M)  # the last band may hold fewer row tiles
+    pid_m = first_m + (tile % band) % band_m
+    n0 = ((tile % band) // band_m) * BN
+    s = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
+    s_lo = tl.sum(tl.where(ss == s, lo, 0), 0)
+    s_first = tl.sum(tl.where(ss == s, tile_end - tiles, 0), 0)
+    return s, s_lo + (pid_m - s_first) * BM, n0
+
+
+@triton.autotune(configs=_configs(), key=["N", "K", "S", "TRANS_W"])
+@triton.jit
+def _grouped_fwd_tma_kernel(
+    x_desc, w_desc, b_ptr, y_ptr, off_ptr,
+    N, K, S, G, sbg, sym,
+    TRANS_W: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_S: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # Tile map over the S segments: tiles[s] row tiles each, tile_end = their inclusive cumsum.
+    ss = tl.arange(0, BLOCK_S)
+    # int32 row numbers (T < 2**31, checked on the host): descriptor coordinates are 32-bit
+    lo = tl.load(off_ptr + ss, mask=ss < S, other=0).to(tl.int32)
+    hi = tl.load(off_ptr + ss + 1, mask=ss < S, other=0).to(tl.int32)
+    tiles = (hi - lo + BM - 1) // BM
+    tile_end = tl.cumsum(tiles, 0)
+    total_m = tl.sum(tiles, 0)
+    n_tiles = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    for tile in tl.range(tl.program_id(0), total_m * n_tiles, NUM_PROGRAMS, flatten=True):
+        s, row0, n0 = _tile_origin(tile, total_m, n_tiles, lo, tiles, tile_end, ss, BM, BN, GROUP_M)
+        wg = s % G
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = x_desc.load([row0, ki * BK])  # [BM, BK]
+            if TRANS_W:
+                b = w_desc.load([wg * N + n0, ki * BK]).T  # [BN, BK] -> [BK, BN]
+            else:
+                b = w_desc.load([wg * K + ki * BK, n0])  # [BK, BN]
+            acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
+        rows = row0 + tl.arange(0, BM)
+        cols = n0 + tl.arange(0, BN)
+        s_hi = tl.sum(tl.where(ss == s, hi, 0), 0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < s_hi) & (cols[None, :] < N))
+
+
+def enabled() -> bool:
+    """QBENCH_GROUPED_TMA=0 keeps the pointer kernel (read at call time, for in-process A/B runs)."""
+    return os.environ.get("QBENCH_GROUPED_TMA", "1") != "0"
+
+
+def weight_layout(w) -> str | None:
+    """'plain' (w [G, K, N] contiguous), 'transposed' (w = v.transpose(1, 2), v [G, N, K] contiguous)
+    or None (any other strides: the pointer kernel handles those)."""
+    G, K, N = w.shape
+    if w.stride() == (K * N, N, 1):
+        return "plain"
+    if w.stride() == (K * N, 1, K):
+        return "transposed"
+    return None
+
+
+def _aligned(t, row_elems: int) -> bool:
+    """Descriptor rules: 16-byte aligned base and row stride (2-byte elements)."""
+    return t.data_ptr() % 16 == 0 and (row_elems * t.element_size()) % 16 == 0
+
+
+def shapes_supported(x, w, offsets, out, bias=None) -> bool:
+    """Everything but the device: dtypes, layouts, strides and alignment that the kernel needs."""
+    import torch
+
+    if x.dtype not in (torch.float16, torch.bfloat16) or w.dtype != x.dtype or out.dtype != x.dtype:
+        return False
+    T, K = x.shape
+    layout = weight_layout(w)
+    if layout is None or min(T, K, w.shape[0], w.shape[2]) == 0 or T >= 2**31:
+        return False
+    N = w.shape[2]
+    row_ok = x.stride(1) == 1 and _aligned(x, x.stride(0)) and out.stride(1) == 1
+    w_ok = _aligned(w, N) and K % BK_TMA == 0 if layout == "plain" else _aligned(w, K)
+    bias_ok = bias is None or bias.stride(1) == 1
+    return row_ok and w_ok and bias_ok and offsets.dtype == torch.int64 and offsets.is_contiguous()
+
+
+def supported(x, w, offsets, out, bias=None) -> bool:
+    """CUDA device of compute capability >= 9 (TMA, wgmma) and `shapes_supported`."""
+    import torch
+
+    if not (x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)):
+        return False
+    return shapes_supported(x, w, offsets, out, bias)
+
+
+def _descriptors(x, w, layout):
+    """Host descriptors over x [T, K] and the 2-D view of w; block shapes are set by the pre-hook."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    G, K, N = w.shape
+    dummy = [16, 16]
+    x_desc = TensorDescriptor(x, [x.shape[0], K], [x.stride(0), 1], dummy)
+    if layout == "plain":
+        return x_desc, TensorDescriptor(w, [G * K, N], [N, 1], dummy)
+    return x_desc, TensorDescriptor(w, [G * N, K], [K, 1], dummy)
+
+
+def _programs(device) -> int:
+    import torch
+
+    if interpreting():
+        return _INTERP_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch_fwd(x, w, offsets, bias, y):
+    """y [T, N] (row-contiguous, may be a view) <- grouped x @ w (+ bias). The caller checked
+    `supported` (or `shapes_supported` under the interpreter) and handled empty shapes."""
+    T, K = x.shape
+    G, _, N = w.shape
+    S = offsets.numel() - 1
+    layout = weight_layout(w)
+    x_desc, w_desc = _descriptors(x, w, layout)
+    sms = _programs(x.device)
+    # upper bound of the work items: cdiv(T, BM) + S row tiles (one partial tile per segment)
+    grid = lambda meta: (min(sms, (triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"])),)
+    b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
+    _grouped_fwd_tma_kernel[grid](
+        x_desc, w_desc, b, y, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0),
+        TRANS_W=layout == "transposed", HAS_BIAS=bias is not None, IEEE=_ieee(x.dtype),
+        UPCAST=_upcast(x.dtype), BLOCK_S=triton.next_power_of_2(S + 1), NUM_PROGRAMS=sms,
+    )
+    return y

@@ -6,6 +6,11 @@ tiles and 3 persistent programs, so every program walks several work items. On a
 tests run the compiled kernel; `test_real_size_on_gpu` adds MoE-sized shapes there.
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -158,3 +163,50 @@ def test_real_size_on_gpu(dtype, transposed):
     assert tma.supported(x, w, offsets, y, b)
     got = gg.grouped_matmul_forward(x, w, offsets, b)
     _assert_close(got, gg.grouped_matmul_reference(x, w, offsets, b), TOL[dtype], "real size")
+
+
+def compile_for_sm90() -> None:
+    """Compile every Hopper config for both layouts in fp16, and the first config in bf16 (same code
+    but for the element type), for sm_90 without a GPU (in a child process without TRITON_INTERPRET);
+    prints one line per kernel: wgmma and TMA instruction counts in the PTX, shared memory bytes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = tma._grouped_fwd_tma_kernel.fn  # the JIT function under the autotuner
+    for dt in ("fp16", "bf16"):
+        for trans in (False, True):
+            for bm, bn, stages, warps in tma._HOPPER if dt == "fp16" else tma._HOPPER[:1]:
+                bk = tma.BK_TMA
+                w_block = f"{bn}, {bk}" if trans else f"{bk}, {bn}"
+                sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{w_block}]>",
+                       "b_ptr": f"*{dt}", "y_ptr": f"*{dt}", "off_ptr": "*i64", **dict.fromkeys(
+                           ("N", "K", "S", "G", "sbg", "sym"), "i32")}
+                const = dict(TRANS_W=trans, HAS_BIAS=True, IEEE=False, UPCAST=False, BLOCK_S=64,
+                             NUM_PROGRAMS=132, BM=bm, BN=bn, BK=bk, GROUP_M=8)
+                sig.update(dict.fromkeys(const, "constexpr"))
+                src = ASTSource(fn=fn, signature=sig, constexprs=const)
+                kernel = triton.compile(src, target=GPUTarget("cuda", 90, 64),
+                                        options={"num_warps": warps, "num_stages": stages})
+                ptx = kernel.asm["ptx"]
+                print(dt, trans, bm, bn, ptx.count("wgmma.mma_async"), ptx.count("cp.async.bulk.tensor"),
+                      kernel.metadata.shared, flush=True)
+
+
+@pytest.mark.slow
+def test_compiles_for_hopper_without_a_gpu():
+    """Every config compiles for sm_90 with wgmma products and TMA loads, inside an H100/H200 SM's
+    227 KiB of shared memory (a config over it would only fail at launch on the GPU)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset; 1 is its default
+    code = "from tests.test_grouped_gemm_tma import compile_for_sm90; compile_for_sm90()"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert len(lines) == 2 * len(tma._HOPPER) + 2, done.stdout
+    for dt, trans, bm, bn, wgmma, tma_loads, shared in lines:
+        what = f"{dt} transposed={trans} {bm}x{bn}"
+        assert int(wgmma) > 0 and int(tma_loads) > 0, f"{what}: no wgmma/TMA in the PTX"
+        assert int(shared) <= 227 * 1024, f"{what}: needs {shared} bytes of shared memory"

@@ -6,7 +6,7 @@ pointer kernel (kernels/grouped_gemm.py), at the shapes of `qbench moe`'s seed c
   b  forward act @ w2      x [T, 4096] @ w [G, 4096, 1024] + bias   plain w
   c  input grad dy @ w2^T  x [T, 1024] @ w2.transpose(1, 2), w2 [G, 4096, 1024]   transposed w
   d  input grad @ w1^T     x [T, 4096] @ w1.transpose(1, 2), w1 [G, 1024, 4096]   transposed w
-  e  shape a with 16, 32 and 64 groups
+  e  shape a with 16, 32 and 64 groups (fp16 only)
 Rows arrive source-major (segment s = source * G + expert, R = 4 segments per group) with uneven,
 seeded random routing; fp16 and bf16.
 
@@ -62,10 +62,12 @@ class Case:
     bias: bool
 
 
-def cases() -> list[Case]:
+def cases(dtype) -> list[Case]:
+    """a-d in every dtype; e in fp16 only (how time scales with the group count does not depend on
+    the dtype, and each group count compiles its own kernels: this keeps the script under 4 minutes)."""
+    e = [Case(f"e fwd x@w1 G={g}", D, H, g, False, True) for g in E_GROUPS] if dtype == torch.float16 else []
     return [Case("a fwd x@w1", D, H, 8, False, True), Case("b fwd act@w2", H, D, 8, False, True),
-            Case("c dgrad dy@w2^T", D, H, 8, True, False), Case("d dgrad dpre@w1^T", H, D, 8, True, False),
-            *[Case(f"e fwd x@w1 G={g}", D, H, g, False, True) for g in E_GROUPS]]
+            Case("c dgrad dy@w2^T", D, H, 8, True, False), Case("d dgrad dpre@w1^T", H, D, 8, True, False), *e]
 
 
 def _counts(groups: int, gen) -> torch.Tensor:
@@ -187,7 +189,7 @@ def _params(case: Case, dtype, inp: dict) -> dict:
 
 def run_all(dtypes: list) -> tuple[list[dict], list[str]]:
     """Check every case first (stop on any mismatch), then time them all; records + config notes."""
-    plan = [(case, dtype) for dtype in dtypes for case in cases()]
+    plan = [(case, dtype) for dtype in dtypes for case in cases(dtype)]
     inputs = {key: make_inputs(key[0], key[1], seed=i) for i, key in enumerate(plan)}
     checked = {key: check(*key, inputs[key]) for key in plan}
     configs = [f"{c.name} {DTYPE_NAME[d]}: {picked}" for (c, d), (_, _, picked) in checked.items()]

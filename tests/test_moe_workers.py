@@ -8,6 +8,7 @@ CASES = [  # (dtype, capacity factor, overlap degree, replicated experts, routin
     (torch.float32, -0.5, 3, 2, "zipf:1.5"),
     (torch.float32, 0.0, 2, 2, "rand-skew"),
     (torch.float16, 0.0, 1, 1, "uniform"),
+    (torch.float32, 1.0, 1, 2, "rand-skew"),  # one chunk: the replication kernels, padded send buffer
     (torch.bfloat16, 1.5, 2, 1, "randn"),
 ]
 TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes

@@ -22,7 +22,8 @@ from kernels import use_triton
 from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position
 from qbench.layers import moe_comm as comm
-from qbench.layers.moe_experts import ExpertConfig, expert_parallel, replicate
+from qbench.layers.moe_experts import ExpertConfig, expert_parallel
+from qbench.layers.moe_replicas import Replicas
 from qbench.layers.moe_routing import Routing, capacity_limit, route
 
 
@@ -87,7 +88,7 @@ class MoELayer(nn.Module):
             routing, rows, source = self._gate_route(x2, with_rows=one_chunk)
         with self._phase("plan"):
             dplan = comm.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
-                                 self.group, rows, source)
+                                 self.group, rows, source, self.rank)
             plan = comm.finish(dplan)  # the step's only host synchronisation
             self.last = {"routing": routing, "plan": plan, "kept": plan.kept}
         return self._experts(x2, routing, plan, dplan).reshape(shape)
@@ -109,18 +110,15 @@ class MoELayer(nn.Module):
 
     def _experts(self, x2, routing, plan, dplan):
         rows = dplan.rows
-        if dplan.source is not None:  # the routing kernel's token of every send row
-            send = _GatherTokens.apply(x2, dplan.source[:plan.send_rows], rows, routing.padded)
-        else:
-            send = _gather_rows(x2, rows, plan.send_rows, routing.padded)
+        send = gather_tokens(x2, rows, plan.send_rows, routing.padded, dplan.source)
         weights = (self.w1, self.b1, self.w2, self.b2)
-        replicas, hot_x, hot_total = (None,) * 4, x2[:0], 0
+        replicas, hot_x = None, x2[:0]
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)
-            hot_x = _gather_rows(x2, dplan.hot_rows, hot_total, False)
-            replicas = replicate(weights, plan.hot, self.opts.num_local_experts, self.rank, self.group)
+            hot_x = gather_tokens(x2, dplan.hot_rows, hot_total, False, dplan.hot_source)
+            replicas = Replicas(plan.hot, self.opts.num_local_experts, self.rank, self.group)
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, comm.A2AExchange(self.group), self.timer)
-        back, hot_y = expert_parallel(send, hot_x, weights, replicas, plan, dplan.hot_offsets, cfg)
+        back, hot_y = expert_parallel(send, hot_x, weights, plan, dplan.hot_offsets, cfg, replicas)
         with self._phase("combine"):
             source, where = back, rows  # rows < 0 (dropped or replicated) add nothing
             if plan.hot:
@@ -128,6 +126,14 @@ class MoELayer(nn.Module):
                 hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows, -1)
                 where = torch.where(rows >= 0, rows, hot_where)
             return _Combine.apply(source, where, routing.weights, routing.padded)
+
+
+def gather_tokens(x2, rows, total: int, padded: bool, source=None):
+    """Buffer [total, d] whose row rows[a] is token a % T of x2 [T, d] (rows < 0 skipped), differentiable.
+    source: the plan kernels' inverse map (token of every buffer row), else it is built here."""
+    if source is not None:
+        return _GatherTokens.apply(x2, source[:total], rows, padded)
+    return _gather_rows(x2, rows, total, padded)
 
 
 def _gather_rows(x2, rows, total: int, padded: bool):

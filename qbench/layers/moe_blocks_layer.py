@@ -11,47 +11,67 @@ Backward (reverse): dact, dY = pull_matmul(dy_src, W2^T); dpre = act'(dact, pre)
     dW2 = wgrad(act, dY), db2 = sum dY, dW1 = wgrad(X, dpre), db1 = sum dpre over offsets_local
     (padding rows of X and dY are zero, so no masks); dx_src = matmul_push(dpre, W1^T).
 Hot experts (--replicate-hot N): as the a2a layer, the N globally most-loaded experts are computed on
-every rank for its own rows with their owners' weights (`replicate`), and left out of counts_all.
-Phases (PhaseTimer): gate, plan, ag, experts, ga, combine; backward_ag, backward_experts, backward_ga.
+every rank for its own rows with their owners' weights (moe_replicas.Replicas), and left out of counts_all.
+Phases (PhaseTimer): gate, plan, ag, experts, ga, combine, replicas; backward_ag, backward_experts,
+backward_ga.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
+
+from kernels import use_triton
+from kernels.moe_hot import hot_plan
 from qbench.layers import moe_comm as comm
-from qbench.layers.moe import MoELayer, MoEOptions, _Combine, _gather_rows, _GatherTokens
+from qbench.layers.moe import MoELayer, MoEOptions, _Combine, gather_tokens
 from qbench.layers.moe_blocks import build_plan, make_transport
-from qbench.layers.moe_experts import ExpertConfig, _act, _act_backward, ffn_backward, ffn_forward, replicate
+from qbench.layers.moe_experts import ExpertConfig, _act, _act_backward, ffn_forward, hot_backward
+from qbench.layers.moe_replicas import Replicas
 
 
 class BlocksFunction(torch.autograd.Function):
-    """(x_src [S, d], hot_x [H, d], weights, replica weights) -> (y_src [S, d], hot_y [H, d])."""
+    """(x_src [S, d], hot_x [H, d], weights) -> (y_src [S, d], hot_y [H, d]); `replicas` (Replicas or
+    None) brings the hot experts' weights (broadcast first: the pulls do not use NCCL) and takes
+    their gradients home (reduce started as soon as they exist, added at the end)."""
 
     @staticmethod
-    def forward(ctx, x_src, hot_x, w1, b1, w2, b2, rw1, rb1, rw2, rb2, plan, hot_offsets, cfg, transport):
+    def forward(ctx, x_src, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, transport, replicas):
         ctx.plan, ctx.cfg, ctx.transport, ctx.hot_offsets = plan, cfg, transport, hot_offsets
+        ctx.replicas, ctx.hot_saved = replicas, None
+        if replicas is not None:
+            with cfg.phase("replicas"):
+                replicas.broadcast(w1, b1, w2, b2)
         with cfg.phase("ag"):
             pre, gathered = transport.pull_matmul(x_src, w1, b1, plan)
         with cfg.phase("experts"):
             # padding rows: every transport multiplies zero rows there (pre = b1, finite), and the
             # zero padding of gathered X and dY keeps them out of every weight gradient
             act = _act(pre, cfg.activation)
-            hot_y, ctx.hot_saved = hot_x.new_empty((0, hot_x.shape[1])), None
-            if rw1 is not None:
-                hpre, hact, hot_y = ffn_forward(hot_x, hot_offsets, rw1, rb1, rw2, rb2, cfg)
-                ctx.hot_saved = (hot_x, hpre, hact)
         with cfg.phase("ga"):
             y_src = transport.matmul_push(act, w2, b2, plan)
-        ctx.save_for_backward(gathered, pre, act, w1, w2, rw1, rw2)
+        hot_y = hot_x.new_empty((0, hot_x.shape[1]))
+        if replicas is not None:
+            with cfg.phase("experts"):
+                rw = replicas.weights()
+                hpre, hact, hot_y = ffn_forward(hot_x, hot_offsets, *rw, cfg)
+            ctx.hot_saved = (hot_x, hpre, hact, rw[0], rw[2])
+        ctx.save_for_backward(gathered, pre, act, w1, w2)
         return y_src, hot_y
 
     @staticmethod
     def backward(ctx, dy_src, d_hot):
-        X, pre, act, w1, w2, rw1, rw2 = ctx.saved_tensors
-        plan, cfg, transport = ctx.plan, ctx.cfg, ctx.transport
+        X, pre, act, w1, w2 = ctx.saved_tensors
+        plan, cfg, transport, replicas = ctx.plan, ctx.cfg, ctx.transport, ctx.replicas
         L, off, backend = w1.shape[0], plan.offsets_local, cfg.backend
+        d_hot_x = None
+        if replicas is not None:
+            with cfg.phase("backward_experts"):
+                d_hot_x, *hot_grads = hot_backward(d_hot, ctx.hot_saved, ctx.hot_offsets, cfg)
+            with cfg.phase("replicas"):
+                replicas.reduce(*hot_grads)
         with cfg.phase("backward_ag"):
             dact, dY = transport.pull_matmul(dy_src.contiguous(), w2.transpose(1, 2), None, plan)
         with cfg.phase("backward_experts"):
@@ -62,14 +82,13 @@ class BlocksFunction(torch.autograd.Function):
                      grouped_bias_grad(dpre, off, L, backend=backend),
                      grouped_matmul_wgrad(act, dY, off, L, backend=backend),
                      grouped_bias_grad(dY, off, L, backend=backend))
-            d_hot_x, hot_grads = None, [None] * 4
-            if rw1 is not None:
-                d_hot_x, *hot_grads = ffn_backward(d_hot.contiguous(), ctx.hot_saved, ctx.hot_offsets,
-                                                   rw1, rw2, cfg)
         with cfg.phase("backward_ga"):
             dx_src = transport.matmul_push(dpre, w1.transpose(1, 2), None, plan)
-        ctx.hot_saved = None
-        return (dx_src, d_hot_x, *grads, *hot_grads, None, None, None, None)
+        if replicas is not None:
+            with cfg.phase("replicas"):
+                replicas.add_to(*grads)
+        ctx.hot_saved = ctx.replicas = None
+        return (dx_src, d_hot_x, *grads, None, None, None, None, None)
 
 
 class BlocksMoELayer(MoELayer):
@@ -89,44 +108,43 @@ class BlocksMoELayer(MoELayer):
         with self._phase("gate"):  # source layout = rows sorted by expert, unpadded
             routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False)
         with self._phase("plan"):
-            plan, rows_t, hot_rows, hot_offsets, kept = self._plan(routing, with_rows=rows is None)
-            rows = rows if rows is not None else rows_t
-            self.last = {"routing": routing, "plan": plan, "kept": kept}
+            plan, hot = self._plan(routing, rows, source)
+            self.last = {"routing": routing, "plan": plan, "kept": hot.kept}
         weights = (self.w1, self.b1, self.w2, self.b2)
-        replicas, hot_x = (None,) * 4, x2[:0]
-        if source is not None:
-            x_src = _GatherTokens.apply(x2, source[:plan.src_rows], rows, False)
-        else:
-            x_src = _gather_rows(x2, rows, plan.src_rows, False)
+        x_src = gather_tokens(x2, hot.rows, plan.src_rows, False, hot.source)
+        replicas, hot_x = None, x2[:0]
         if plan.hot:
-            hot_x = _gather_rows(x2, hot_rows, sum(kept[e] for e in plan.hot), False)
-            replicas = replicate(weights, plan.hot, self.opts.num_local_experts, self.rank, self.group)
+            hot_x = gather_tokens(x2, hot.hot_rows, sum(hot.kept[e] for e in plan.hot), False, hot.hot_source)
+            replicas = Replicas(plan.hot, self.opts.num_local_experts, self.rank, self.group)
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, None, self.timer)
-        y_src, hot_y = BlocksFunction.apply(x_src, hot_x, *weights, *replicas, plan, hot_offsets, cfg,
-                                            self.transport)
+        y_src, hot_y = BlocksFunction.apply(x_src, hot_x, *weights, plan, hot.hot_offsets, cfg, self.transport,
+                                            replicas)
         with self._phase("combine"):
-            return self._combine(routing, rows, hot_rows, y_src, hot_y).reshape(shape)
+            return self._combine(routing, hot.rows, hot.hot_rows, y_src, hot_y).reshape(shape)
 
-    def _plan(self, routing, with_rows: bool = True):
-        """Counts exchange, hot experts, block plan (one host read), and every assignment's row in the
-        source layout (-1: dropped or replicated) and in the replica buffer (-1: not replicated)."""
-        kept, hot_ids, hot_r, hot_off = routing.kept, routing.kept.new_empty(0), None, None
-        counts = kept
-        if self.opts.replicate_hot > 0:
-            hot_ids = comm.hottest_device(kept, self.opts.replicate_hot, self.group)
-            counts = kept.index_fill(0, hot_ids, 0)
-            hot_r, hot_off = comm.hot_rows(routing, hot_ids)
-        counts_all = _all_gather(counts, self.world_size, self.group)
-        plan, (kept_host, hot) = build_plan(counts_all, self.rank, self.opts.num_local_experts,
-                                            self.block_size, extra=(kept, hot_ids))
-        plan.hot = hot
-        if not with_rows:
-            return plan, None, hot_r, hot_off, kept_host
-        src_off = plan.src_off[self.rank]
-        e = routing.flat_e
-        sent = routing.keep & (counts[e] > 0)  # kept and not replicated (a replicated expert counts 0)
-        rows = torch.where(sent, src_off[e] + routing.pos, -1)
-        return plan, rows, hot_r, hot_off, kept_host
+    def _plan(self, routing, rows=None, source=None):
+        """Counts exchange (one all_gather), hot experts, block plan (one host read), and every
+        assignment's row in the source layout (-1: dropped or replicated) and in the replica buffer
+        (-1: not replicated), with the inverse maps where the kernels made them."""
+        kept, L, n_hot = routing.kept, self.opts.num_local_experts, self.opts.replicate_hot
+        counts_all = comm.gather_counts(kept, self.world_size, self.group)
+        hot = _Hot(rows, source)
+        hot_ids = kept.new_empty(0)
+        if n_hot > 0 and use_triton(kept):
+            hp = hot_plan(counts_all, routing, self.rank, L, n_hot, routing.weights.shape[0], padded=False)
+            counts_all, hot_ids = hp.masked, hp.hot_ids
+            hot = _Hot(hp.rows, hp.source, hp.hot_rows, hp.hot_source, hp.hot_offsets)
+        elif n_hot > 0:
+            hot_ids = comm.hottest_device(kept, n_hot, self.group)
+            counts_all = counts_all.index_fill(1, hot_ids, 0)
+            hot.hot_rows, hot.hot_offsets = comm.hot_rows(routing, hot_ids)
+        plan, (hot.kept, hot_list) = build_plan(counts_all, self.rank, L, self.block_size, extra=(kept, hot_ids))
+        plan.hot = hot_list
+        if hot.rows is None:  # tensor-op path: rows from the plan's source offsets
+            e, src_off = routing.flat_e, plan.src_off[self.rank]
+            sent = routing.keep & (counts_all[self.rank][e] > 0)  # kept and not replicated
+            hot.rows = torch.where(sent, src_off[e] + routing.pos, -1)
+        return plan, hot
 
     def _combine(self, routing, rows, hot_rows, y_src, hot_y):
         source, where = y_src, rows  # rows < 0 (dropped or replicated) add nothing
@@ -136,10 +154,13 @@ class BlocksMoELayer(MoELayer):
         return _Combine.apply(source, where, routing.weights, False)
 
 
-def _all_gather(counts, world_size: int, group=None):
-    """[E] per-expert counts of every rank -> [W, E] (one all_gather)."""
-    if world_size == 1:
-        return counts.unsqueeze(0)
-    out = counts.new_empty(world_size * counts.numel())  # flat: gloo's all_gather_into_tensor wants 1-D
-    dist.all_gather_into_tensor(out, counts.contiguous(), group=group)
-    return out.view(world_size, -1)
+@dataclass
+class _Hot:
+    """Rows of one step's assignments (see BlocksMoELayer._plan) and the host kept counts."""
+
+    rows: Any = None
+    source: Any = None
+    hot_rows: Any = None
+    hot_source: Any = None
+    hot_offsets: Any = None
+    kept: list = field(default_factory=list)

@@ -89,6 +89,7 @@ class DevicePlan:
     degree: int
     world_size: int
     source: Any = None  # [send rows] token of every send-buffer row (fast path), or None
+    hot_source: Any = None  # [replica rows] token of every replica-buffer row (fast path), or None
 
 
 def chunk_parts(counts, degree: int):
@@ -175,16 +176,31 @@ def hot_rows(routing, hot_ids):
     return torch.where((h >= 0) & routing.keep, rows, -1), offsets
 
 
+def gather_counts(counts, world_size: int, group=None):
+    """[E] per-expert counts of every rank -> [W, E] (one all_gather)."""
+    import torch.distributed as dist
+
+    if world_size == 1:
+        return counts.unsqueeze(0)
+    out = counts.new_empty(world_size * counts.numel())  # flat: gloo's all_gather_into_tensor wants 1-D
+    dist.all_gather_into_tensor(out, counts.contiguous(), group=group)
+    return out.view(world_size, -1)
+
+
 def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=None, rows=None,
-            source=None) -> DevicePlan:
+            source=None, rank: int = 0) -> DevicePlan:
     """Everything of the plan that the device can build before the split sizes reach the host. Split
     sizes and offsets come from one kernel where Triton runs (kernels/moe_route.py), from tensor ops
-    otherwise; rows/source: the routing kernel's send rows and their tokens (one chunk, no replication)."""
+    otherwise; rows/source: the routing kernel's send rows and their tokens (one chunk, no replication).
+    With replication and one chunk, where Triton runs: one all_gather of the counts and the
+    replication kernels (kernels/moe_hot.py) instead of an all_reduce, an all_to_all and ~40 ops."""
     import torch
 
     from kernels import use_triton
 
     kept = routing.kept
+    if replicate_hot > 0 and degree == 1 and use_triton(kept):
+        return _prepare_hot(routing, world_size, replicate_hot, group, rank)
     seg = torch.full_like(kept, routing.capacity) if routing.padded else kept
     hot_ids, hot_mask, hot_r, hot_off = kept.new_empty(0), None, None, None
     if replicate_hot > 0:
@@ -205,6 +221,21 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
         rows = send_rows(routing, chunk_parts(seg, degree), hot_mask)
     return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, torch.cat([splits, kept, hot_ids]), degree,
                       world_size, source)
+
+
+def _prepare_hot(routing, world_size: int, replicate_hot: int, group, rank: int) -> DevicePlan:
+    import torch
+
+    from kernels.moe_hot import hot_plan
+    from kernels.moe_route import plan_offsets
+
+    kept = routing.kept
+    counts_all = gather_counts(kept, world_size, group)
+    hp = hot_plan(counts_all, routing, rank, kept.numel() // world_size, replicate_hot, routing.weights.shape[0],
+                  routing.padded)
+    splits, offsets, offsets_all = plan_offsets(hp.seg, hp.got, world_size, 1)
+    return DevicePlan(hp.rows, hp.hot_rows, hp.hot_offsets, offsets, offsets_all,
+                      torch.cat([splits, kept, hp.hot_ids]), 1, world_size, hp.source, hp.hot_source)
 
 
 def finish(dp: DevicePlan) -> StepPlan:

@@ -7,12 +7,16 @@ it pipelines like the forward: per chunk only the input-gradient path (dact, dpr
 that chunk's all-to-all starts; the weight gradients run once over all chunks at the end (the
 received rows of every chunk live in one buffer), so a higher degree D adds no weight-gradient work.
 
-    forward   start dispatch a2a of every chunk (async) | replicas | per chunk: wait, FFN, start combine
-    backward  start a2a of every chunk's output gradient | replicas | per chunk: wait, dx path, start
-              a2a | weight gradients of all chunks (overlapping the last transfers)
+    forward   start dispatch a2a of every chunk (async) | start replica broadcast | per chunk: wait,
+              FFN, start combine | replicas' FFN
+    backward  start a2a of every chunk's output gradient | replicas' backward | per chunk: wait, dx
+              path, start a2a | start replica reduce | weight gradients of all chunks (overlapping
+              the last transfers) | add the replicas' gradients
 NCCL runs the all-to-alls on its own stream, so chunk i+1's transfer overlaps chunk i's GEMMs; with
-degree 1 nothing overlaps. Replicated ("hot") experts compute this rank's own rows locally, with
-weights broadcast from their owners (`Replicate`), while the dispatch is in flight.
+degree 1 nothing overlaps. Replicated ("hot") experts compute this rank's own rows locally with their
+owners' weights (qbench/layers/moe_replicas.py: one broadcast per owner, queued behind the dispatch),
+after the local experts, while the combine is in flight; their gradients go home with one reduce per
+owner, queued behind the last exchange so that it overlaps the weight gradients.
 """
 
 from __future__ import annotations
@@ -115,19 +119,18 @@ def _make_expert_parallel():
     import torch
 
     class ExpertParallel(torch.autograd.Function):
-        """(send [S, d], hot_x [H, d], expert and replica weights) -> (back [S, d], hot_y [H, d])."""
+        """(send [S, d], hot_x [H, d], expert weights) -> (back [S, d], hot_y [H, d]); `replicas` (a
+        moe_replicas.Replicas or None) brings the hot experts' weights and takes their gradients home."""
 
         @staticmethod
-        def forward(ctx, send, hot_x, w1, b1, w2, b2, rw1, rb1, rw2, rb2, plan, hot_offsets, cfg):
-            ctx.plan, ctx.cfg, ctx.hot_offsets, ctx.hot_saved = plan, cfg, hot_offsets, None
+        def forward(ctx, send, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, replicas):
+            ctx.plan, ctx.cfg, ctx.hot_offsets, ctx.replicas, ctx.hot_saved = plan, cfg, hot_offsets, replicas, None
             R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
             x, x_c = _chunked(plan, R, send, d)
             waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
-            hot_y = hot_x.new_empty((0, d))
-            if rw1 is not None:
-                with cfg.phase("experts"):
-                    pre, act, hot_y = ffn_forward(hot_x, hot_offsets, rw1, rb1, rw2, rb2, cfg)
-                ctx.hot_saved = (hot_x, pre, act)
+            if replicas is not None:
+                with cfg.phase("replicas"):  # queued behind the dispatch on NCCL's stream
+                    replicas.broadcast(w1, b1, w2, b2)
             (pre, pre_c), (act, act_c), (y, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
             back = torch.empty_like(send)
             backs, back_c = [], _sent(plan, back)
@@ -136,23 +139,28 @@ def _make_expert_parallel():
                 with cfg.phase("experts"):
                     ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
                 backs += _start(cfg, "combine", back_c[i:i + 1], y_c[i:i + 1], [c], inbound=False)
+            hot_y = hot_x.new_empty((0, d))
+            if replicas is not None:  # while the combine is in flight
+                with cfg.phase("experts"):
+                    rw = replicas.weights()
+                    hpre, hact, hot_y = ffn_forward(hot_x, hot_offsets, *rw, cfg)
+                ctx.hot_saved = (hot_x, hpre, hact, rw[0], rw[2])
             _wait(cfg, "combine", backs)
-            ctx.save_for_backward(w1, w2, rw1, rw2, x, pre, act)
+            ctx.save_for_backward(w1, w2, x, pre, act)
             return back, hot_y
 
         @staticmethod
         def backward(ctx, d_back, d_hot):
-            w1, w2, rw1, rw2, x, pre, act = ctx.saved_tensors
-            plan, cfg = ctx.plan, ctx.cfg
+            w1, w2, x, pre, act = ctx.saved_tensors
+            plan, cfg, replicas = ctx.plan, ctx.cfg, ctx.replicas
             R, d, h = plan.recv_rows, d_back.shape[1], w1.shape[2]
             d_back = d_back.contiguous()
             dy, dy_c = _chunked(plan, R, d_back, d)
             waits = _start(cfg, "backward_a2a", dy_c, _sent(plan, d_back), plan.chunks, inbound=True)
-            d_hot_x, hot_grads = None, [None] * 4
-            if rw1 is not None:
+            d_hot_x = hot_grads = None
+            if replicas is not None:  # while the output gradient is in flight
                 with cfg.phase("backward_experts"):
-                    d_hot_x, *hot_grads = ffn_backward(d_hot.contiguous(), ctx.hot_saved, ctx.hot_offsets,
-                                                       rw1, rw2, cfg)
+                    d_hot_x, *hot_grads = hot_backward(d_hot, ctx.hot_saved, ctx.hot_offsets, cfg)
             (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
             pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
             d_send = torch.empty_like(d_back)
@@ -162,65 +170,25 @@ def _make_expert_parallel():
                 with cfg.phase("backward_experts"):
                     ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
                 backs += _start(cfg, "backward_a2a", send_c[i:i + 1], dx_c[i:i + 1], [c], inbound=False)
+            if replicas is not None:
+                with cfg.phase("replicas"):  # queued behind the last exchange; overlaps the weight gradients
+                    replicas.reduce(*hot_grads)
             with cfg.phase("backward_experts"):
                 grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all, w1.shape[0], cfg)
             _wait(cfg, "backward_a2a", backs)
-            ctx.hot_saved = None
-            return (d_send, d_hot_x, *grads, *hot_grads, None, None, None)
+            if replicas is not None:
+                with cfg.phase("replicas"):
+                    replicas.add_to(*grads)
+            ctx.hot_saved = ctx.replicas = None
+            return (d_send, d_hot_x, *grads, None, None, None, None)
 
     return ExpertParallel
 
 
-def _make_replicate():
-    import torch
-    import torch.distributed as dist
-
-    class Replicate(torch.autograd.Function):
-        """Hot experts' weights from their owners (broadcast); replica gradients summed back (reduce)."""
-
-        @staticmethod
-        def forward(ctx, w1, b1, w2, b2, hot, local_experts, rank, group):
-            ctx.hot, ctx.L, ctx.rank, ctx.group = hot, local_experts, rank, group
-            ctx.shapes = [tuple(t.shape) for t in (w1, b1, w2, b2)]
-            outs = []
-            for t in (w1, b1, w2, b2):
-                buf = torch.empty((len(hot), *t.shape[1:]), dtype=t.dtype, device=t.device)
-                for h, e in enumerate(hot):
-                    if e // local_experts == rank:
-                        buf[h].copy_(t[e % local_experts])
-                outs.append(buf)
-            for buf in outs:
-                _collective_per_expert(buf, hot, local_experts, group, dist.broadcast)
-            return tuple(outs)
-
-        @staticmethod
-        def backward(ctx, *grads):
-            results = []
-            for g, shape in zip(grads, ctx.shapes):
-                g = g.contiguous()
-                _collective_per_expert(g, ctx.hot, ctx.L, ctx.group, dist.reduce)
-                full = torch.zeros(shape, dtype=g.dtype, device=g.device)
-                for h, e in enumerate(ctx.hot):
-                    if e // ctx.L == ctx.rank:
-                        full[e % ctx.L] += g[h]
-                results.append(full)
-            return (*results, None, None, None, None)
-
-    return Replicate
-
-
-def _collective_per_expert(buf, hot, local_experts, group, op) -> None:
-    """Broadcast (or reduce) slot h of buf from (to) the owner of hot expert hot[h], asynchronously."""
-    import torch.distributed as dist
-
-    if dist.get_world_size(group) == 1:
-        return
-    handles = []
-    for h, e in enumerate(hot):
-        owner = dist.get_global_rank(group, e // local_experts) if group is not None else e // local_experts
-        handles.append(op(buf[h], owner, group=group, async_op=True))
-    for handle in handles:
-        handle.wait()
+def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
+    """(d_hot_x, dw1, db1, dw2, db2) of the replicas' FFN; saved = (hot_x, pre, act, rw1, rw2)."""
+    hot_x, pre, act, rw1, rw2 = saved
+    return ffn_backward(d_hot.contiguous(), (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
 
 
 class _Lazy:
@@ -229,14 +197,10 @@ class _Lazy:
     @classmethod
     def get(cls, name: str):
         if name not in cls.cache:
-            cls.cache[name] = {"ep": _make_expert_parallel, "rep": _make_replicate}[name]()
+            cls.cache[name] = {"ep": _make_expert_parallel}[name]()
         return cls.cache[name]
 
 
-def expert_parallel(send, hot_x, weights, replicas, plan, hot_offsets, cfg: ExpertConfig):
-    """Apply the expert-parallel Function; weights = (w1, b1, w2, b2), replicas the same or Nones."""
-    return _Lazy.get("ep").apply(send, hot_x, *weights, *replicas, plan, hot_offsets, cfg)
-
-
-def replicate(weights, hot: list[int], local_experts: int, rank: int, group=None):
-    return _Lazy.get("rep").apply(*weights, hot, local_experts, rank, group)
+def expert_parallel(send, hot_x, weights, plan, hot_offsets, cfg: ExpertConfig, replicas=None):
+    """Apply the expert-parallel Function; weights = (w1, b1, w2, b2); replicas: Replicas or None."""
+    return _Lazy.get("ep").apply(send, hot_x, *weights, plan, hot_offsets, cfg, replicas)

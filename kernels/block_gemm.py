@@ -14,6 +14,8 @@ Local (padded) layout: block b owns rows [b*B, (b+1)*B); rows past block_rows[b]
     matmul_scatter: dst[block_src[b]][block_row[b] + j] = a[b*B + j] @ w[block_expert[b]] (+ bias)
                     for j < block_rows[b] only
     gather_rows:    the gather alone (copy), for the unfused path: gather, then the grouped GEMM
+    scatter_rows:   dst[block_src[b]][block_row[b] + j] = out[b*B + j] for j < block_rows[b] (copy), for
+                    the unfused push: the grouped GEMM, then scatter
 
 Shapes: sources [S_s, K] (row stride shared by all peers, unit column stride), w [L, K, N] any strided
 view (w^T of the backward passes without a copy), bias [L, N] or None, out [nb*B, N], gathered
@@ -211,6 +213,26 @@ def _gather_rows_kernel(
     tl.store(g, a, mask=(js < B)[:, None] & (ks < K)[None, :])
 
 
+@triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM"])
+@triton.jit
+def _scatter_rows_kernel(
+    table_ptr, anchor_ptr, out_ptr, bsrc_ptr, brow_ptr, brows_ptr, K, B, s_dst, s_out,
+    ALIGNED: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+):
+    # One program per (block, K tile): copy the block's valid rows to its source rank's buffer.
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BK)
+    blk = pid // k_tiles
+    ks = (pid % k_tiles) * BK + tl.arange(0, BK)
+    src = tl.load(bsrc_ptr + blk)
+    row0 = tl.load(brow_ptr + blk)
+    nrows = tl.load(brows_ptr + blk)
+    js = tl.arange(0, BM)
+    ok = (js < nrows)[:, None] & (ks < K)[None, :]
+    a = tl.load(out_ptr + (blk.to(tl.int64) * B + js)[:, None] * s_out + ks[None, :], mask=ok)
+    tl.store(_peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_dst, ALIGNED)[:, None] + ks[None, :], a, mask=ok)
+
+
 # ---------------------------------------------------------------------------------------------
 # Launchers. `peers` is a PeerTable, or a list of local tensors standing in for the peers (tests).
 # `plan` is any object with block_size, num_blocks (host int) and the four per-block tensors.
@@ -321,6 +343,23 @@ def gather_rows(peers, plan, gathered=None):
     return gathered
 
 
+def scatter_rows(out, peers, plan) -> None:
+    """The push alone: the valid rows of every block of out [nb*B, K] to their source's buffer."""
+    table = peer_table(peers)
+    if not use_triton(out):
+        return scatter_rows_reference(out, peers, plan)
+    K = out.shape[1]
+    if plan.num_blocks == 0 or K == 0:
+        return None
+    out = out if out.stride(1) == 1 else out.contiguous()
+    grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
+    _scatter_rows_kernel[grid](
+        table.offsets, table.anchor, out, plan.block_src, plan.block_row, plan.block_rows,
+        K, plan.block_size, table.row_stride, out.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
+    )
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # References: the same math in plain torch, with a Python list of tensors standing in for the peers.
 
@@ -336,6 +375,12 @@ def gather_rows_reference(peers, plan, gathered):
     for b, (s, row, n, _) in enumerate(zip(*_host_blocks(plan))):
         gathered[b * B : b * B + n] = peers[s][row : row + n].to(gathered.device)
     return gathered
+
+
+def scatter_rows_reference(out, peers, plan) -> None:
+    B = plan.block_size
+    for b, (s, row, n, _) in enumerate(zip(*_host_blocks(plan))):
+        peers[s][row : row + n] = out[b * B : b * B + n].to(peers[s].device)
 
 
 def gather_matmul_reference(peers, plan, w, bias=None, *, out=None, gathered=None, activation=None, pre=None):

@@ -109,8 +109,7 @@ def _transport_step(ctx, local: bool):
     results, ys = {}, {}
     transports = [("a2a", A2ATransport())]
     if DEV == "cuda":
-        transports += [("symm fused", SymmTransport(device=dev)),
-                       ("symm split", SymmTransport(device=dev, mode="split"))]
+        transports += [("symm " + m, SymmTransport(device=dev, mode=m)) for m in ("split", "fused-ga", "fused")]
     for name, t in transports:
         def step(_i, t=t):
             pre, _ = t.pull_matmul(x, w1, None, plan)

@@ -127,6 +127,22 @@ def test_gather_rows_copy_matches_reference():
     assert torch.equal(got.cpu(), want.cpu())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scatter_rows_copies_valid_rows_only(dtype):
+    gen = torch.Generator().manual_seed(4)
+    B, N = 5, 13
+    plan = bg.blocks_reference(COUNTS, 1, 2, B, device=DEVICE)
+    out = torch.randn(plan.num_blocks * B, N, generator=gen).to(dtype).to(DEVICE)
+    sentinel = -1234.0  # rows no block of this owner targets (and padding rows' targets) keep it
+    got = [torch.full((int(c.sum()), N), sentinel, dtype=dtype, device=DEVICE) for c in COUNTS]
+    want = [t.clone() for t in got]
+    bg.scatter_rows(out, got, plan)
+    bg.scatter_rows_reference(out, want, plan)
+    for s in range(len(got)):
+        assert torch.equal(got[s].cpu(), want[s].cpu()), f"rank {s} rows after scatter_rows {dtype}"
+    assert sum(int((t != sentinel).all(1).sum()) for t in want) == 19  # the owner's valid rows
+
+
 def test_empty_experts_and_no_blocks():
     gen = torch.Generator().manual_seed(1)
     plan = bg.blocks_reference(EMPTY_EXPERT, 1, 2, 4, device=DEVICE)
@@ -248,7 +264,7 @@ def _rank_body(world, rank, counts, mode, out):
     }
 
 
-@pytest.mark.parametrize("world_size,mode", [(2, "fused"), (3, "split"), (4, "fused")])
+@pytest.mark.parametrize("world_size,mode", [(2, "fused"), (3, "split"), (4, "fused-ga")])
 def test_symm_transport_protocol_matches_references(world_size, mode, monkeypatch):
     import threading
 
@@ -259,7 +275,7 @@ def test_symm_transport_protocol_matches_references(world_size, mode, monkeypatc
     counts = torch.randint(0, 9, (world_size, world_size * L), generator=gen)
     counts[0, L] = 0  # an empty (source, expert) pair
     world, out = _World(world_size), {}
-    for name in ("gather_matmul", "matmul_scatter", "gather_rows"):
+    for name in ("gather_matmul", "matmul_scatter", "gather_rows", "scatter_rows"):
         monkeypatch.setattr(bg, name, _locked(world, getattr(bg, name)))
     monkeypatch.setattr(gg, "grouped_matmul_forward", _locked(world, gg.grouped_matmul_forward))
     threads = [threading.Thread(target=_rank_body, args=(world, r, counts, mode, out)) for r in range(world_size)]

@@ -87,7 +87,7 @@ def symm_cases(ctx):
     ok, reason = symm_available(None, ctx.device)
     yield ("available", ok, reason)
     for seed, dtype in enumerate((torch.float16, torch.bfloat16, torch.float32)):
-        for mode in ("fused", "split"):
+        for mode in ("fused", "fused-ga", "split"):
             counts = _counts(ctx.world_size, seed)
             transport = SymmTransport(device=ctx.device, mode=mode)
             got = _step(transport, _inputs(ctx.rank, counts, dtype, ctx.device))

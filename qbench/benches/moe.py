@@ -65,7 +65,7 @@ class MoEBenchConfig:
     systems: tuple[str, ...] = ("a2a",)
     block_size: int = 64
     localities: tuple[float | None, ...] = (None,)  # None: the routing kind alone decides
-    transport: str = "auto"  # blocks: auto (symm where available, else a2a) | symm | a2a
+    transport: str = "auto"  # blocks: auto (symm where available, else a2a) | symm[-fused-ga|-fused] | a2a
 
 
 def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
@@ -108,8 +108,8 @@ def _validate_blocks(config: MoEBenchConfig) -> None:
         if min(config.num_local_experts) < config.top_k:
             raise QbenchUsageError(f"--locality needs --num-local-experts >= --top-k {config.top_k} (a token's "
                                    "k distinct experts may all live on its own rank)")
-    if config.transport == "symm" and config.backend != "nccl":
-        raise QbenchUsageError("--transport symm needs CUDA GPUs with NCCL; use --transport auto")
+    if config.transport.startswith("symm") and config.backend != "nccl":
+        raise QbenchUsageError(f"--transport {config.transport} needs CUDA GPUs with NCCL; use --transport auto")
 
 
 def cases(config: MoEBenchConfig) -> list[dict[str, Any]]:

@@ -54,8 +54,10 @@ def _options(fn):
                      help="Rows per block of --system blocks."),
         click.option("--locality", callback=callback(_localities), default=None,
                      help="P[,P...]: each choice lives on the token's own rank with probability P (forced routing)."),
-        click.option("--transport", type=click.Choice(("auto", "symm", "a2a")), default="auto", show_default=True,
-                     help="blocks: symmetric memory where available (auto), or force one."),
+        click.option("--transport", type=click.Choice(("auto", "symm", "symm-fused-ga", "symm-fused", "a2a")),
+                     default="auto", show_default=True,
+                     help="blocks: symmetric memory where available (auto), or force one; symm-fused-ga / "
+                          "symm-fused fuse the push (and the pull) into the expert GEMMs."),
         click.option("--model", type=click.Choice(("layer", "attn-moe")), default="layer", show_default=True),
         click.option("--num-steps", type=click.IntRange(min=1), default=None, help="Timed steps (100; 10 on CPU)."),
         click.option("--warmup", type=click.IntRange(min=0), default=None, help="Untimed steps (10; 2 on CPU)."),

@@ -181,18 +181,20 @@ class A2ATransport:
 
 def make_transport(kind: str, group=None, device: str = "cpu", backend: str = "auto"):
     """kind "auto": the symmetric-memory transport where it says it can run, else all_to_all;
-    "a2a" / "symm" force one (symm raises when it is unavailable). Returns (transport, reason)."""
+    "a2a" / "symm" force one (symm raises when it is unavailable); "symm-fused-ga" / "symm-fused":
+    symm with the push (and the pull) fused into the GEMM (moe_symm.MODES). Returns (transport, reason)."""
     if kind == "a2a":
         return A2ATransport(group, backend), "forced"
     try:
         from qbench.layers.moe_symm import SymmTransport, symm_available
     except ImportError as exc:
-        if kind == "symm":
+        if kind.startswith("symm"):
             raise RuntimeError(f"the symmetric-memory transport is not installed: {exc}") from None
         return A2ATransport(group, backend), "no symmetric-memory transport module"
     ok, reason = symm_available(group, device)
     if not ok:
-        if kind == "symm":
+        if kind.startswith("symm"):
             raise RuntimeError(f"symmetric memory unavailable: {reason}")
         return A2ATransport(group, backend), reason
-    return SymmTransport(group=group, device=device, backend=backend), reason
+    mode = kind.removeprefix("symm-") if kind.startswith("symm-") else "split"
+    return SymmTransport(group=group, device=device, backend=backend, mode=mode), reason

@@ -93,23 +93,28 @@ def _itemsize(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+MODES = ("split", "fused-ga", "fused")
+
+
 class SymmTransport:
     """Block plan over symmetric memory. mode "split" (default): gather_rows pulls the blocks (each
-    byte crosses NVLink once), then the grouped GEMM runs on local rows; "fused": the first product
-    pulls its A tiles from the peers itself (every N tile of a block re-reads the block over NVLink).
-    On 4 x H200 at the seed config one pull + push took 0.80 ms split, 2.71 ms fused, 0.86 ms over
-    all_to_all (locality 1/4); scripts/gpu_moe_blocks.sh measures it again."""
-
-    name = "symm"
+    byte crosses NVLink once), then the grouped GEMM runs on local rows; the push runs the grouped
+    GEMM, then scatter_rows stores the rows to their sources. "fused-ga": the push's product stores
+    its tiles to the peers itself (matmul_scatter: 64-row tiles, measured 364 against 505 TFLOP/s for
+    the grouped GEMM on an H200). "fused": the pull's product also loads its A tiles from the peers
+    (every N tile of a block re-reads the block over NVLink). On 4 x H200 at the seed config one
+    pull + push took 0.80 ms with a split pull and a fused push, 2.71 ms fused, 0.86 ms over
+    all_to_all (locality 1/4); scripts/gpu_moe_blocks.sh measures them again."""
 
     def __init__(self, group=None, device=None, backend: str = "auto", mode: str = "split",
                  max_rows: int | None = None):
         import torch
 
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-        if mode not in ("fused", "split"):
-            raise ValueError(f"mode must be fused or split, got {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.group, self.backend, self.mode, self.max_rows = group, backend, mode, max_rows
+        self.name = "symm" if mode == "split" else f"symm-{mode}"  # the record's transport param
         self.device = torch.device(device) if device is not None else torch.device("cuda")
         self._buffers: dict[str, _Buffer] = {}
         self._epoch = 0  # barriers issued so far (identical on every rank: the calls are collective)
@@ -124,7 +129,7 @@ class SymmTransport:
             mine.copy_(src)  # callers that write into `source_buffer` skip this copy
         self._barrier(buf)  # sources wrote -> owners read
         table = buf.table(K, src.dtype)
-        if self.mode == "split":
+        if self.mode != "fused":
             from kernels.grouped_gemm import grouped_matmul_forward
 
             gathered = src.new_empty((plan.num_blocks * plan.block_size, K))
@@ -135,7 +140,13 @@ class SymmTransport:
     def matmul_push(self, a, w, bias, plan):
         N = w.shape[2]
         buf = self._ready("push", self._capacity(plan), N, a.dtype)
-        block_gemm.matmul_scatter(a, w, bias, buf.table(N, a.dtype), plan)
+        if self.mode == "split":
+            from kernels.grouped_gemm import grouped_matmul_forward
+
+            out = grouped_matmul_forward(a, w, plan.offsets_local, bias, backend=self.backend)
+            block_gemm.scatter_rows(out, buf.table(N, a.dtype), plan)
+        else:
+            block_gemm.matmul_scatter(a, w, bias, buf.table(N, a.dtype), plan)
         self._barrier(buf)  # owners wrote -> sources read
         return buf.view(plan.src_rows, N, a.dtype).clone()
 

@@ -128,11 +128,12 @@ class MoELayer(nn.Module):
             return _Combine.apply(source, where, routing.weights, routing.padded)
 
 
-def gather_tokens(x2, rows, total: int, padded: bool, source=None):
+def gather_tokens(x2, rows, total: int, padded: bool, source=None, out=None):
     """Buffer [total, d] whose row rows[a] is token a % T of x2 [T, d] (rows < 0 skipped), differentiable.
-    source: the plan kernels' inverse map (token of every buffer row), else it is built here."""
+    source: the plan kernels' inverse map (token of every buffer row), else it is built here; out: a
+    [total, d] buffer to gather into (used with `source` only)."""
     if source is not None:
-        return _GatherTokens.apply(x2, source[:total], rows, padded)
+        return _GatherTokens.apply(x2, source[:total], rows, padded, out)
     return _gather_rows(x2, rows, total, padded)
 
 
@@ -171,16 +172,16 @@ class _GatherTokens(torch.autograd.Function):
     buffer); backward: each token sums its k rows (rows [kT], the combine kernel without weights)."""
 
     @staticmethod
-    def forward(ctx, x2, source, rows, padded: bool):
+    def forward(ctx, x2, source, rows, padded: bool, out=None):
         ctx.save_for_backward(rows)
         ctx.tokens = x2.shape[0]
         table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
-        return table.index_select(0, source)
+        return table.index_select(0, source) if out is None else torch.index_select(table, 0, source, out=out)
 
     @staticmethod
     def backward(ctx, d_send):
         (rows,) = ctx.saved_tensors
-        return combine_rows(d_send.contiguous(), rows, None, ctx.tokens), None, None, None
+        return combine_rows(d_send.contiguous(), rows, None, ctx.tokens), None, None, None, None
 
 
 class MultiHeadSelfAttention(nn.Module):

@@ -111,7 +111,9 @@ class BlocksMoELayer(MoELayer):
             plan, hot = self._plan(routing, rows, source)
             self.last = {"routing": routing, "plan": plan, "kept": hot.kept}
         weights = (self.w1, self.b1, self.w2, self.b2)
-        x_src = gather_tokens(x2, hot.rows, plan.src_rows, False, hot.source)
+        into = getattr(self.transport, "source_buffer", None)  # symm: gather straight into the pull buffer
+        into = into(plan, x2.shape[1], x2.dtype) if into is not None and hot.source is not None else None
+        x_src = gather_tokens(x2, hot.rows, plan.src_rows, False, hot.source, into)
         replicas, hot_x = None, x2[:0]
         if plan.hot:
             hot_x = gather_tokens(x2, hot.hot_rows, sum(hot.kept[e] for e in plan.hot), False, hot.hot_source)

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# MoE round 3 on a 4 x H200 machine (repository root; results under $OUT). PARTS picks:
+#   probe   GPU tests of the new kernels (GPU 0) and the TMA grouped-GEMM A/B (GPU 1) side by side, then
+#           short qbench moe A/Bs: grouped GEMM TMA on/off, replication, blocks transports at high locality
+#   final   the runs quoted for issues 5 and 8 (seed config, replication, experts, the blocks sweep)
+export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-results/scratch}
+PARTS=${PARTS:-"probe"}
+mkdir -p "$OUT/runs"
+moe() { name=$1; limit=$2; shift 2
+        timeout "$limit" python3 -m qbench moe --world-size 4 --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
+        echo "== $name rc=$?"; grep -E "│|rror" "$OUT/$name.log" | tail -${TAIL:-8}; }
+probe_part() {
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q tests/test_grouped_gemm_tma.py tests/test_moe_hot.py \
+    tests/test_block_gemm.py tests/test_moe_route.py > "$OUT/gpu_tests.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/gpu_grouped_tma.py --out "$OUT/runs/grouped-tma" --dtypes fp16 \
+    > "$OUT/grouped_tma.log" 2>&1 &
+  wait; echo "== gpu tests"; tail -4 "$OUT/gpu_tests.log"; echo "== tma"; tail -30 "$OUT/grouped_tma.log"
+  moe seed-tma 60 --num-steps 30 --warmup 5
+  QBENCH_GROUPED_TMA=0 moe seed-pointer 60 --num-steps 30 --warmup 5
+  moe replicate 80 --routing rand-skew --replicate-hot 0,2,4 --num-steps 20 --warmup 5
+  TAIL=12 moe blocks-split 110 --system a2a,blocks --locality 0.75,1.0 --num-local-experts 16,32 --num-steps 20 \
+    --warmup 5 --trace "$OUT/trace"
+  moe blocks-fused-ga 70 --system blocks --transport symm-fused-ga --locality 1.0 --num-local-experts 16,32 \
+    --num-steps 20 --warmup 5
+}
+final_part() {
+  timeout 120 python3 -m pytest -q -x tests/test_moe_symm_gpu.py > "$OUT/symm_tests.log" 2>&1
+  echo "== symm gpu tests rc=$?"; tail -3 "$OUT/symm_tests.log"
+  moe seed 70 --num-steps 50 --warmup 5 --seed-format
+  moe replicate 90 --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 30 --warmup 5
+  moe experts 90 --num-local-experts 8,16,32,64 --num-steps 30 --warmup 5
+  TAIL=40 moe blocks-sweep 300 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64 \
+    --num-steps 30 --warmup 5 --seed-format
+}
+nvidia-smi -L
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+git log --oneline -1 2>/dev/null
+for part in $PARTS; do "${part}_part"; done
+cd "$OUT" && tar czf runs.tar.gz runs $( [[ -d trace ]] && echo trace ) && rm -rf runs trace

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MoE round 3 on a 4 x H200 machine (repository root; results under $OUT). PARTS picks:
-#   probe   GPU tests of the new kernels (GPU 0) and the TMA grouped-GEMM A/B (GPU 1) side by side, then
-#           short qbench moe A/Bs: grouped GEMM TMA on/off, replication, blocks transports at high locality
+#   kernels the TMA grouped-GEMM A/B and the GPU tests of the new kernels (one GPU)
+#   probe   short qbench moe A/Bs: grouped GEMM TMA on/off, replication, blocks transports at high locality
 #   final   the runs quoted for issues 5 and 8 (seed config, replication, experts, the blocks sweep)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/scratch}
@@ -10,12 +10,14 @@ mkdir -p "$OUT/runs"
 moe() { name=$1; limit=$2; shift 2
         timeout "$limit" python3 -m qbench moe --world-size 4 --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
         echo "== $name rc=$?"; grep -E "│|rror" "$OUT/$name.log" | tail -${TAIL:-8}; }
+kernels_part() {  # one GPU is enough
+  timeout 300 python3 scripts/gpu_grouped_tma.py --out "$OUT/runs/grouped-tma" > "$OUT/grouped_tma.log" 2>&1
+  echo "== tma rc=$?"; tail -40 "$OUT/grouped_tma.log"
+  timeout 240 python3 -m pytest -q tests/test_grouped_gemm_tma.py tests/test_moe_hot.py tests/test_block_gemm.py \
+    tests/test_moe_route.py tests/test_grouped_gemm.py > "$OUT/gpu_tests.log" 2>&1
+  echo "== gpu tests rc=$?"; tail -6 "$OUT/gpu_tests.log"
+}
 probe_part() {
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q tests/test_grouped_gemm_tma.py tests/test_moe_hot.py \
-    tests/test_block_gemm.py tests/test_moe_route.py > "$OUT/gpu_tests.log" 2>&1 &
-  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 scripts/gpu_grouped_tma.py --out "$OUT/runs/grouped-tma" --dtypes fp16 \
-    > "$OUT/grouped_tma.log" 2>&1 &
-  wait; echo "== gpu tests"; tail -4 "$OUT/gpu_tests.log"; echo "== tma"; tail -30 "$OUT/grouped_tma.log"
   moe seed-tma 60 --num-steps 30 --warmup 5
   QBENCH_GROUPED_TMA=0 moe seed-pointer 60 --num-steps 30 --warmup 5
   moe replicate 80 --routing rand-skew --replicate-hot 0,2,4 --num-steps 20 --warmup 5

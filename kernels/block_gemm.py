@@ -5,22 +5,22 @@ Every block comes from ONE source rank and covers contiguous rows of that rank's
 block is one peer base pointer plus a row range (coalesced loads and stores). Per owner rank, with
 nb blocks, L local experts and the plan's per-block tensors (all [nb], on the device):
     block_src int32 (source rank), block_row int64 (first row in the source layout),
-    block_rows int32 (1..B valid rows), block_expert int32 (local expert l)
-Local (padded) layout: block b owns rows [b*B, (b+1)*B); rows past block_rows[b] are padding.
+    block_rows int32 (1..B valid rows), block_expert int32 (local expert l),
+    block_start int64 (first row in the owner's packed local layout, R rows in all, no padding)
+For every block b and j < block_rows[b], with p = block_start[b] + j (local row):
 
-    gather_matmul:  gathered[b*B + j] = src[block_src[b]][block_row[b] + j]   (0 for j >= block_rows[b])
-                    out[b*B + j]      = gathered[b*B + j] @ w[block_expert[b]] (+ bias[block_expert[b]])
+    gather_matmul:  gathered[p] = src[block_src[b]][block_row[b] + j]
+                    out[p]      = gathered[p] @ w[block_expert[b]] (+ bias[block_expert[b]])
                     optionally out = act(pre) with pre stored too (relu, or gelu with erf)
-    matmul_scatter: dst[block_src[b]][block_row[b] + j] = a[b*B + j] @ w[block_expert[b]] (+ bias)
-                    for j < block_rows[b] only
+    matmul_scatter: dst[block_src[b]][block_row[b] + j] = a[p] @ w[block_expert[b]] (+ bias)
     gather_rows:    the gather alone (copy), for the unfused path: gather, then the grouped GEMM
-    scatter_rows:   dst[block_src[b]][block_row[b] + j] = out[b*B + j] for j < block_rows[b] (copy), for
-                    the unfused push: the grouped GEMM, then scatter
+    scatter_rows:   dst[block_src[b]][block_row[b] + j] = out[p] (copy), for the unfused push: the
+                    grouped GEMM, then scatter
 
 Shapes: sources [S_s, K] (row stride shared by all peers, unit column stride), w [L, K, N] any strided
-view (w^T of the backward passes without a copy), bias [L, N] or None, out [nb*B, N], gathered
-[nb*B, K]; fp16 / bf16 / fp32, fp32 accumulation. Peers are reached through an int64 device table of
-their base addresses (symmetric memory on GPUs); tests pass several local tensors instead, and the
+view (w^T of the backward passes without a copy), bias [L, N] or None, out [R, N], gathered [R, K];
+fp16 / bf16 / fp32, fp32 accumulation. Peers are reached through an int64 device table of their base
+addresses (symmetric memory on GPUs); tests pass several local tensors instead, and the
 references take a Python list of tensors standing in for the peers.
 """
 
@@ -82,15 +82,15 @@ def make_peer_table(addresses: list[int], anchor, row_stride: int) -> PeerTable:
 
 
 @triton.jit
-def _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, N, BN: tl.constexpr):
-    """This program's block and N tile (block-major order: a block's N tiles run side by side, so its
-    rows stay hot), and the block's source rank, first source row, valid rows and local expert."""
+def _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, bstart_ptr, N, BN: tl.constexpr):
+    """This program's N tile (block-major order: a block's N tiles run side by side, so its rows stay
+    hot), and its block's source rank, first source row, valid rows, local expert and first local row."""
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BN)
     blk = pid // n_tiles
     pid_n = pid % n_tiles
-    return (blk, pid_n, tl.load(bsrc_ptr + blk), tl.load(brow_ptr + blk), tl.load(brows_ptr + blk),
-            tl.load(bexp_ptr + blk))
+    return (pid_n, tl.load(bsrc_ptr + blk), tl.load(brow_ptr + blk), tl.load(brows_ptr + blk),
+            tl.load(bexp_ptr + blk), tl.load(bstart_ptr + blk))
 
 
 @triton.jit
@@ -126,12 +126,13 @@ def _activate(x, ACT: tl.constexpr):
 @triton.jit
 def _gather_matmul_kernel(
     table_ptr, anchor_ptr, w_ptr, b_ptr, out_ptr, pre_ptr, gath_ptr,
-    bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr,
-    N, K, B, s_src, swl, swk, swn, sbl, s_out, s_gath,
+    bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, bstart_ptr,
+    N, K, s_src, swl, swk, swn, sbl, s_out, s_gath,
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_GATHERED: tl.constexpr, ALIGNED: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    blk, pid_n, src, row0, nrows, l = _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, N, BN)
+    pid_n, src, row0, nrows, l, start = _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, bstart_ptr,
+                                                          N, BN)
     # The source rank's buffer: an address from the table, typed like the gathered rows.
     js = tl.arange(0, BM)
     ks = tl.arange(0, BK)
@@ -139,22 +140,22 @@ def _gather_matmul_kernel(
     valid = js < nrows
     a_tile = _peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_src, ALIGNED)[:, None] + ks[None, :]
     w_tile = w_ptr + l.to(tl.int64) * swl + ks[:, None] * swk + cols[None, :] * swn
-    local = blk.to(tl.int64) * B + js  # rows of this block in the local layout
+    local = start + js  # rows of this block in the local layout (valid for js < nrows)
     g_tile = gath_ptr + local[:, None] * s_gath + ks[None, :]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
         k_ok = (k0 + ks) < K
-        a = tl.load(a_tile, mask=valid[:, None] & k_ok[None, :], other=0.0)  # padding rows -> 0
+        a = tl.load(a_tile, mask=valid[:, None] & k_ok[None, :], other=0.0)  # rows past the block -> 0
         if STORE_GATHERED:
             if pid_n == 0:
-                tl.store(g_tile, a, mask=(js < B)[:, None] & k_ok[None, :])
+                tl.store(g_tile, a, mask=valid[:, None] & k_ok[None, :])
         b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
         acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
         a_tile += BK
         g_tile += BK
         w_tile += BK * swk
     acc = _epilogue(acc, b_ptr, l, cols, N, sbl, HAS_BIAS)
-    keep = (js < B)[:, None] & (cols[None, :] < N)
+    keep = valid[:, None] & (cols[None, :] < N)
     dst = local[:, None] * s_out + cols[None, :]
     if ACT != 0:
         tl.store(pre_ptr + dst, acc.to(pre_ptr.dtype.element_ty), mask=keep)
@@ -166,17 +167,18 @@ def _gather_matmul_kernel(
 @triton.jit
 def _matmul_scatter_kernel(
     a_ptr, w_ptr, b_ptr, table_ptr, anchor_ptr,
-    bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr,
-    N, K, B, s_a, swl, swk, swn, sbl, s_dst,
+    bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, bstart_ptr,
+    N, K, s_a, swl, swk, swn, sbl, s_dst,
     HAS_BIAS: tl.constexpr, ALIGNED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    blk, pid_n, src, row0, nrows, l = _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, N, BN)
+    pid_n, src, row0, nrows, l, start = _block_of_program(bsrc_ptr, brow_ptr, brows_ptr, bexp_ptr, bstart_ptr,
+                                                          N, BN)
     js = tl.arange(0, BM)
     ks = tl.arange(0, BK)
     cols = pid_n * BN + tl.arange(0, BN)
     valid = js < nrows
-    a_tile = a_ptr + (blk.to(tl.int64) * B + js)[:, None] * s_a + ks[None, :]
+    a_tile = a_ptr + (start + js)[:, None] * s_a + ks[None, :]
     w_tile = w_ptr + l.to(tl.int64) * swl + ks[:, None] * swk + cols[None, :] * swn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
@@ -195,10 +197,10 @@ def _matmul_scatter_kernel(
 @triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM"])
 @triton.jit
 def _gather_rows_kernel(
-    table_ptr, anchor_ptr, gath_ptr, bsrc_ptr, brow_ptr, brows_ptr, K, B, s_src, s_gath,
+    table_ptr, anchor_ptr, gath_ptr, bsrc_ptr, brow_ptr, brows_ptr, bstart_ptr, K, s_src, s_gath,
     ALIGNED: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
-    # One program per (block, K tile): copy the block's rows from its source, zeros for padding.
+    # One program per (block, K tile): copy the block's rows from its source.
     pid = tl.program_id(0)
     k_tiles = tl.cdiv(K, BK)
     blk = pid // k_tiles
@@ -207,16 +209,16 @@ def _gather_rows_kernel(
     row0 = tl.load(brow_ptr + blk)
     nrows = tl.load(brows_ptr + blk)
     js = tl.arange(0, BM)
-    a = tl.load(_peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_src, ALIGNED)[:, None] + ks[None, :],
-                mask=(js < nrows)[:, None] & (ks < K)[None, :], other=0.0)
-    g = gath_ptr + (blk.to(tl.int64) * B + js)[:, None] * s_gath + ks[None, :]
-    tl.store(g, a, mask=(js < B)[:, None] & (ks < K)[None, :])
+    ok = (js < nrows)[:, None] & (ks < K)[None, :]
+    a = tl.load(_peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_src, ALIGNED)[:, None] + ks[None, :], mask=ok)
+    g = gath_ptr + (tl.load(bstart_ptr + blk) + js)[:, None] * s_gath + ks[None, :]
+    tl.store(g, a, mask=ok)
 
 
 @triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM"])
 @triton.jit
 def _scatter_rows_kernel(
-    table_ptr, anchor_ptr, out_ptr, bsrc_ptr, brow_ptr, brows_ptr, K, B, s_dst, s_out,
+    table_ptr, anchor_ptr, out_ptr, bsrc_ptr, brow_ptr, brows_ptr, bstart_ptr, K, s_dst, s_out,
     ALIGNED: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
     # One program per (block, K tile): copy the block's valid rows to its source rank's buffer.
@@ -229,7 +231,7 @@ def _scatter_rows_kernel(
     nrows = tl.load(brows_ptr + blk)
     js = tl.arange(0, BM)
     ok = (js < nrows)[:, None] & (ks < K)[None, :]
-    a = tl.load(out_ptr + (blk.to(tl.int64) * B + js)[:, None] * s_out + ks[None, :], mask=ok)
+    a = tl.load(out_ptr + (tl.load(bstart_ptr + blk) + js)[:, None] * s_out + ks[None, :], mask=ok)
     tl.store(_peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_dst, ALIGNED)[:, None] + ks[None, :], a, mask=ok)
 
 
@@ -264,15 +266,15 @@ def _check_w(w, bias, K: int) -> None:
 
 
 def _blocks(plan):
-    return plan.block_src, plan.block_row, plan.block_rows, plan.block_expert
+    return plan.block_src, plan.block_row, plan.block_rows, plan.block_expert, plan.block_start
 
 
 def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activation=None, pre=None):
     """AG: pull every block's rows from its source and multiply by its expert's weights.
 
     peers: PeerTable or list of [S_s, K] tensors; w [L, K, N] (strided view allowed); bias [L, N] | None.
-    Returns (out [nb*B, N], gathered [nb*B, K]); with activation ("relu" | "gelu") out = act(pre) and
-    `pre` ([nb*B, N], required) receives the pre-activation. Padding rows of out hold bias / act(bias).
+    Returns (out [R, N], gathered [R, K]), R = plan.gathered_rows; with activation ("relu" | "gelu")
+    out = act(pre) and `pre` ([R, N], required) receives the pre-activation.
     """
     import torch
 
@@ -281,8 +283,7 @@ def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activat
     _check_w(w, bias, K)
     if activation is not None and pre is None:
         raise ValueError("a fused activation needs the `pre` buffer for the pre-activation")
-    rows = plan.num_blocks * plan.block_size
-    dev = w.device
+    rows, dev = plan.gathered_rows, w.device
     out = torch.empty((rows, N), dtype=table.dtype, device=dev) if out is None else out
     gathered = torch.empty((rows, K), dtype=table.dtype, device=dev) if gathered is None else gathered
     if not use_triton(w, out):
@@ -294,7 +295,7 @@ def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activat
     grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
     _gather_matmul_kernel[grid](
         table.offsets, table.anchor, w, b, out, pre if pre is not None else out, gathered, *_blocks(plan),
-        N, K, plan.block_size, table.row_stride, w.stride(0), w.stride(1), w.stride(2),
+        N, K, table.row_stride, w.stride(0), w.stride(1), w.stride(2),
         bias.stride(0) if bias is not None else 0, out.stride(0), gathered.stride(0),
         HAS_BIAS=bias is not None, ACT=ACTIVATIONS[activation], STORE_GATHERED=True, ALIGNED=table.aligned,
         IEEE=_ieee(table.dtype), UPCAST=_upcast(table.dtype), BM=_bm(plan),
@@ -303,8 +304,8 @@ def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activat
 
 
 def matmul_scatter(a, w, bias, peers, plan) -> None:
-    """GA: out rows of every block (a[b*B + j] @ w[l] (+ bias[l]), j < block_rows[b]) are stored to
-    row block_row[b] + j of source rank block_src[b]'s buffer. a [nb*B, K]; peers PeerTable | list."""
+    """GA: every block's rows of a [R, K] times its expert's w[l] (+ bias[l]) are stored to rows
+    block_row[b] ... of source rank block_src[b]'s buffer. peers: PeerTable | list."""
     table = peer_table(peers)
     K, N = w.shape[1], w.shape[2]
     _check_w(w, bias, K)
@@ -317,7 +318,7 @@ def matmul_scatter(a, w, bias, peers, plan) -> None:
     grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
     _matmul_scatter_kernel[grid](
         a, w, b, table.offsets, table.anchor, *_blocks(plan),
-        N, K, plan.block_size, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
+        N, K, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
         bias.stride(0) if bias is not None else 0, table.row_stride,
         HAS_BIAS=bias is not None, ALIGNED=table.aligned, IEEE=_ieee(a.dtype), UPCAST=_upcast(a.dtype),
         BM=_bm(plan),
@@ -326,10 +327,10 @@ def matmul_scatter(a, w, bias, peers, plan) -> None:
 
 
 def gather_rows(peers, plan, gathered=None):
-    """The gather alone: gathered [nb*B, K] (zeros in padding rows), for gather-then-grouped-GEMM."""
+    """The gather alone: gathered [R, K], for gather-then-grouped-GEMM."""
     table = peer_table(peers)
     if gathered is None:
-        raise ValueError("gather_rows needs the `gathered` output [nb*B, K]")
+        raise ValueError("gather_rows needs the `gathered` output [R, K]")
     if not use_triton(gathered):
         return gather_rows_reference(peers, plan, gathered)
     K = gathered.shape[1]
@@ -337,14 +338,14 @@ def gather_rows(peers, plan, gathered=None):
         return gathered
     grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
     _gather_rows_kernel[grid](
-        table.offsets, table.anchor, gathered, plan.block_src, plan.block_row, plan.block_rows,
-        K, plan.block_size, table.row_stride, gathered.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
+        table.offsets, table.anchor, gathered, plan.block_src, plan.block_row, plan.block_rows, plan.block_start,
+        K, table.row_stride, gathered.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
     )
     return gathered
 
 
 def scatter_rows(out, peers, plan) -> None:
-    """The push alone: the valid rows of every block of out [nb*B, K] to their source's buffer."""
+    """The push alone: every block's rows of out [R, K] to their source's buffer."""
     table = peer_table(peers)
     if not use_triton(out):
         return scatter_rows_reference(out, peers, plan)
@@ -354,8 +355,8 @@ def scatter_rows(out, peers, plan) -> None:
     out = out if out.stride(1) == 1 else out.contiguous()
     grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
     _scatter_rows_kernel[grid](
-        table.offsets, table.anchor, out, plan.block_src, plan.block_row, plan.block_rows,
-        K, plan.block_size, table.row_stride, out.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
+        table.offsets, table.anchor, out, plan.block_src, plan.block_row, plan.block_rows, plan.block_start,
+        K, table.row_stride, out.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
     )
     return None
 
@@ -365,40 +366,36 @@ def scatter_rows(out, peers, plan) -> None:
 
 
 def _host_blocks(plan):
+    """(source, source row, rows, local expert, local row) of every block, as host ints."""
     n = plan.num_blocks
-    return [[int(v) for v in t[:n].tolist()] for t in _blocks(plan)]
+    return list(zip(*[[int(v) for v in t[:n].tolist()] for t in _blocks(plan)]))
 
 
 def gather_rows_reference(peers, plan, gathered):
-    gathered.zero_()
-    B = plan.block_size
-    for b, (s, row, n, _) in enumerate(zip(*_host_blocks(plan))):
-        gathered[b * B : b * B + n] = peers[s][row : row + n].to(gathered.device)
+    for s, row, n, _, p in _host_blocks(plan):
+        gathered[p : p + n] = peers[s][row : row + n].to(gathered.device)
     return gathered
 
 
 def scatter_rows_reference(out, peers, plan) -> None:
-    B = plan.block_size
-    for b, (s, row, n, _) in enumerate(zip(*_host_blocks(plan))):
-        peers[s][row : row + n] = out[b * B : b * B + n].to(peers[s].device)
+    for s, row, n, _, p in _host_blocks(plan):
+        peers[s][row : row + n] = out[p : p + n].to(peers[s].device)
 
 
 def gather_matmul_reference(peers, plan, w, bias=None, *, out=None, gathered=None, activation=None, pre=None):
-    """Plain torch AG: gather the blocks (zero padding), then one fp32 matmul per block."""
+    """Plain torch AG: gather the blocks, then one fp32 matmul per block."""
     import torch
     import torch.nn.functional as F
 
     K, N = w.shape[1], w.shape[2]
-    rows = plan.num_blocks * plan.block_size
-    dtype, dev = peers[0].dtype, w.device
+    rows, dtype, dev = plan.gathered_rows, peers[0].dtype, w.device
     gathered = torch.empty((rows, K), dtype=dtype, device=dev) if gathered is None else gathered
     gather_rows_reference(peers, plan, gathered)
     acc = torch.empty((rows, N), dtype=torch.float32, device=dev)
-    B = plan.block_size
-    for b, (_, _, _, l) in enumerate(zip(*_host_blocks(plan))):
-        acc[b * B : (b + 1) * B] = gathered[b * B : (b + 1) * B].float() @ w[l].float()
+    for _, _, n, l, p in _host_blocks(plan):
+        acc[p : p + n] = gathered[p : p + n].float() @ w[l].float()
         if bias is not None:
-            acc[b * B : (b + 1) * B] += bias[l].float()
+            acc[p : p + n] += bias[l].float()
     if activation is not None:
         pre.copy_(acc)
         acc = F.gelu(acc) if activation == "gelu" else F.relu(acc)
@@ -408,10 +405,9 @@ def gather_matmul_reference(peers, plan, w, bias=None, *, out=None, gathered=Non
 
 
 def matmul_scatter_reference(a, w, bias, peers, plan) -> None:
-    """Plain torch GA: each block's valid rows, multiplied in fp32, written into its source's tensor."""
-    B = plan.block_size
-    for b, (s, row, n, l) in enumerate(zip(*_host_blocks(plan))):
-        y = a[b * B : b * B + n].float() @ w[l].float()
+    """Plain torch GA: each block's rows, multiplied in fp32, written into its source's tensor."""
+    for s, row, n, l, p in _host_blocks(plan):
+        y = a[p : p + n].float() @ w[l].float()
         if bias is not None:
             y += bias[l].float()
         peers[s][row : row + n] = y.to(peers[s].dtype)
@@ -420,28 +416,29 @@ def matmul_scatter_reference(a, w, bias, peers, plan) -> None:
 def blocks_reference(counts_all, rank: int, num_local: int, block_size: int, device=None):
     """The block list of owner `rank`, built on the host from counts_all [W, E] (rows rank s sends to
     global expert e): blocks ordered local expert, then source, then position; each covers up to
-    block_size rows of the source's layout (experts sorted, src_off = exclusive cumsum of counts).
+    block_size rows of the source's layout (experts sorted, src_off = exclusive cumsum of counts) and
+    lands at the next free row of the owner's packed local layout.
     Returns a plain object with the BlockPlan fields the kernels and transports read."""
     import torch
 
     counts = [[int(c) for c in row] for row in counts_all.tolist()]
     W = len(counts)
     src_off = [[sum(row[:e]) for e in range(len(row))] for row in counts]
-    fields = {"block_src": [], "block_row": [], "block_rows": [], "block_expert": []}
-    first = []
+    fields = {"block_src": [], "block_row": [], "block_rows": [], "block_expert": [], "block_start": []}
+    offsets = []
     for l in range(num_local):
-        first.append(len(fields["block_src"]))
+        offsets.append(sum(fields["block_rows"]))
         e = rank * num_local + l
         for s in range(W):
             for start in range(0, counts[s][e], block_size):
                 n = min(block_size, counts[s][e] - start)
-                for key, v in zip(fields, (s, src_off[s][e] + start, n, l)):
+                for key, v in zip(fields, (s, src_off[s][e] + start, n, l, sum(fields["block_rows"]))):
                     fields[key].append(v)
-    nb = len(fields["block_src"])
+    total = sum(fields["block_rows"])
     dtypes = {"block_src": torch.int32, "block_row": torch.int64, "block_rows": torch.int32,
-              "block_expert": torch.int32}
+              "block_expert": torch.int32, "block_start": torch.int64}
     tensors = {k: torch.tensor(v, dtype=dtypes[k], device=device) for k, v in fields.items()}
-    offsets = torch.tensor([block_size * f for f in first] + [block_size * nb], dtype=torch.int64, device=device)
-    return SimpleNamespace(block_size=block_size, num_blocks=nb, offsets_local=offsets, counts_all=counts_all,
-                           src_rows=sum(counts[rank]), blocks_remote=sum(1 for s in fields["block_src"] if s != rank),
-                           **tensors)
+    return SimpleNamespace(block_size=block_size, num_blocks=len(fields["block_src"]), gathered_rows=total,
+                           offsets_local=torch.tensor(offsets + [total], dtype=torch.int64, device=device),
+                           counts_all=counts_all, src_rows=sum(counts[rank]),
+                           blocks_remote=sum(1 for s in fields["block_src"] if s != rank), **tensors)

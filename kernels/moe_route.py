@@ -168,7 +168,7 @@ def plan_offsets(seg, got, world_size: int, degree: int):
 
 
 @triton.jit
-def _block_counts_kernel(counts_ptr, src_off_ptr, first_ptr, off_local_ptr, small_ptr, W, L, RANK, B,
+def _block_counts_kernel(counts_ptr, src_off_ptr, first_ptr, start_ptr, off_local_ptr, small_ptr, W, L, RANK, B,
                          BW: tl.constexpr, BL: tl.constexpr):
     # counts [W, E] (E = W * L): rows source s sends to global expert e. One program.
     s = tl.arange(0, BW)
@@ -189,13 +189,17 @@ def _block_counts_kernel(counts_ptr, src_off_ptr, first_ptr, off_local_ptr, smal
         mine = tl.sum(tl.where(s[:, None] == RANK, c, 0), 0)  # [BL] this rank's rows to owner r
         sent_to += tl.where(s == r, tl.sum(mine, 0), 0)
         if r == RANK:
+            # segments (l, s) ordered l-major, then s: first block and first packed local row
             nblk = (c + B - 1) // B  # [BW, BL] blocks of (source s, my expert l)
             per_l = tl.sum(nblk, 0)  # [BL]
             l_first = tl.cumsum(per_l, 0) - per_l  # first block of expert l
-            # first block of segment (l, s), ordered l-major then s
-            seg_first = l_first[None, :] + tl.cumsum(nblk, 0) - nblk
-            tl.store(first_ptr + l[None, :] * W + s[:, None], seg_first, mask=s_ok[:, None] & l_ok[None, :])
-            tl.store(off_local_ptr + 1 + l, (l_first + per_l) * B, mask=l_ok)
+            rows_l = tl.sum(c, 0)  # [BL] rows of expert l
+            l_row = tl.cumsum(rows_l, 0) - rows_l  # first local row of expert l
+            seg = l[None, :] * W + s[:, None]
+            ok = s_ok[:, None] & l_ok[None, :]
+            tl.store(first_ptr + seg, l_first[None, :] + tl.cumsum(nblk, 0) - nblk, mask=ok)
+            tl.store(start_ptr + seg, l_row[None, :] + tl.cumsum(c, 0) - c, mask=ok)
+            tl.store(off_local_ptr + 1 + l, l_row + rows_l, mask=l_ok)
             tl.store(off_local_ptr + l, tl.zeros((BL,), dtype=tl.int64), mask=l == 0)
             nb = tl.sum(per_l, 0)
             local = tl.sum(tl.sum(tl.where(s[:, None] == RANK, nblk, 0), 1), 0)
@@ -210,8 +214,8 @@ def _block_counts_kernel(counts_ptr, src_off_ptr, first_ptr, off_local_ptr, smal
 
 
 @triton.jit
-def _block_list_kernel(counts_ptr, src_off_ptr, first_ptr, src_out, row_out, rows_out, expert_out,
-                       W, L, RANK, B, BI: tl.constexpr):
+def _block_list_kernel(counts_ptr, src_off_ptr, first_ptr, seg_start_ptr, src_out, row_out, rows_out, expert_out,
+                       start_out, W, L, RANK, B, BI: tl.constexpr):
     # one program per segment (local expert l, source s): its blocks i = 0 .. ceil(c / B) - 1
     seg = tl.program_id(0)
     l = seg // W
@@ -220,6 +224,7 @@ def _block_list_kernel(counts_ptr, src_off_ptr, first_ptr, src_out, row_out, row
     c = tl.load(counts_ptr + s * (W * L) + e)
     start = tl.load(src_off_ptr + s * (W * L) + e)
     first = tl.load(first_ptr + seg)
+    local = tl.load(seg_start_ptr + seg)
     n = (c + B - 1) // B
     for i0 in range(0, n, BI):
         i = i0 + tl.arange(0, BI)
@@ -229,36 +234,38 @@ def _block_list_kernel(counts_ptr, src_off_ptr, first_ptr, src_out, row_out, row
         tl.store(row_out + b, start + i * B, mask=ok)
         tl.store(rows_out + b, tl.minimum(c - i * B, B).to(tl.int32), mask=ok)
         tl.store(expert_out + b, l.to(tl.int32) + tl.zeros((BI,), dtype=tl.int32), mask=ok)
+        tl.store(start_out + b, local + i * B, mask=ok)
 
 
 def block_counts(counts_all, rank: int, num_local_experts: int, block_size: int):
-    """Everything of a block plan that needs no host value: (src_off [W, E], first block of every
-    segment (l, s) [L * W], offsets_local [L + 1], small [4 + 2W]: blocks, remote blocks, S, max S,
-    send splits, receive splits) from counts_all [W, E] int64."""
+    """Everything of a block plan that needs no host value: (src_off [W, E], first block and first
+    packed local row of every segment (l, s) [L * W] each, offsets_local [L + 1], small [4 + 2W]:
+    blocks, remote blocks, S, max S, send splits, receive splits) from counts_all [W, E] int64."""
     import torch
 
     W, E = counts_all.shape
     L, dev = num_local_experts, counts_all.device
     counts = counts_all.contiguous()
     src_off = torch.empty_like(counts)
-    first = torch.empty(L * W, dtype=torch.int64, device=dev)
+    first, seg_start = (torch.empty(L * W, dtype=torch.int64, device=dev) for _ in range(2))
     offsets = torch.empty(L + 1, dtype=torch.int64, device=dev)
     small = torch.empty(4 + 2 * W, dtype=torch.int64, device=dev)
-    _block_counts_kernel[(1,)](counts, src_off, first, offsets, small, W, L, rank, block_size,
+    _block_counts_kernel[(1,)](counts, src_off, first, seg_start, offsets, small, W, L, rank, block_size,
                                BW=triton.next_power_of_2(W), BL=triton.next_power_of_2(L))
-    return src_off, first, offsets, small
+    return src_off, (first, seg_start), offsets, small
 
 
-def block_list(counts_all, src_off, first, rank: int, num_local_experts: int, block_size: int, num_blocks: int):
-    """(block_src int32, block_row int64, block_rows int32, block_expert int32), each [num_blocks]."""
+def block_list(counts_all, src_off, firsts, rank: int, num_local_experts: int, block_size: int, num_blocks: int):
+    """(block_src int32, block_row int64, block_rows int32, block_expert int32, block_start int64), each
+    [num_blocks]; firsts = (first block, first local row) of every segment, from block_counts."""
     import torch
 
     W = counts_all.shape[0]
     dev = counts_all.device
     src, rows, expert = (torch.empty(num_blocks, dtype=torch.int32, device=dev) for _ in range(3))
-    row = torch.empty(num_blocks, dtype=torch.int64, device=dev)
+    row, start = (torch.empty(num_blocks, dtype=torch.int64, device=dev) for _ in range(2))
     if num_blocks:
-        _block_list_kernel[(num_local_experts * W,)](counts_all.contiguous(), src_off, first, src, row, rows, expert,
-                                                     W, num_local_experts, rank, block_size,
+        _block_list_kernel[(num_local_experts * W,)](counts_all.contiguous(), src_off, *firsts, src, row, rows,
+                                                     expert, start, W, num_local_experts, rank, block_size,
                                                      BI=16 if interpreting() else 128)
-    return src, row, rows, expert
+    return src, row, rows, expert, start

@@ -43,7 +43,7 @@ def _kernel_inputs(dtype):
     from kernels import block_gemm as bg
 
     plan = bg.blocks_reference(_counts(False), 0, L, 64, device=DEV)
-    rows, sizes = plan.num_blocks * 64, plan.counts_all.sum(1).tolist()
+    rows, sizes = plan.gathered_rows, plan.counts_all.sum(1).tolist()
     new = lambda *shape, scale=1.0: torch.randn(*shape, device=DEV, dtype=dtype) * scale  # noqa: E731
     return dict(plan=plan, srcs=[new(int(c), D) for c in sizes], w1=new(L, D, H, scale=D ** -0.5), b1=new(L, H),
                 w2=new(L, H, D, scale=H ** -0.5), g=new(rows, D), o=new(rows, H), act=new(rows, H),
@@ -75,7 +75,7 @@ def kernels() -> None:
     out = []
     for dtype in (torch.float16, torch.bfloat16):
         x = _kernel_inputs(dtype)
-        valid, rows = int(x["plan"].block_rows.sum()), x["plan"].num_blocks * 64
+        valid = int(x["plan"].block_rows.sum())
         for name, (fn, k, n) in _kernel_cases(x).items():
             try:
                 t = time_fn(fn, device=DEV, warmup=5, repeat=30)
@@ -83,7 +83,7 @@ def kernels() -> None:
                 print(f"{str(dtype):15s} {name:36s} failed: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
             rec = {"dtype": str(dtype), "case": name, "median_ms": t.median, "p20_ms": t.p20, "p80_ms": t.p80,
-                   "valid_rows": valid, "padded_rows": rows}
+                   "rows": valid}
             if k is not None:
                 rec["tflops_valid_rows"] = _tflops(valid, k, n, t.median)
             else:

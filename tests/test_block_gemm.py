@@ -67,17 +67,16 @@ def test_gather_matmul_matches_reference(dtype, transposed, with_bias):
     _assert_close(out, want_out, TOL[dtype], f"gather_matmul {dtype}")
 
 
-def test_gathered_rows_are_the_source_rows_and_padding_is_zero():
+def test_gathered_rows_are_the_source_rows_packed():
     gen = torch.Generator().manual_seed(3)
     plan = bg.blocks_reference(COUNTS, 1, 2, 5, device=DEVICE)
     srcs = _sources(COUNTS, 9, torch.float16, gen)
     w = _weights(2, 9, 17, torch.float16, gen, False)
-    _, gathered = bg.gather_matmul(srcs, plan, w, None, gathered=torch.full((30, 9), 7.0, dtype=torch.float16,
+    _, gathered = bg.gather_matmul(srcs, plan, w, None, gathered=torch.full((19, 9), 7.0, dtype=torch.float16,
                                                                              device=DEVICE))
-    expect = torch.zeros(30, 9, dtype=torch.float16)
-    for b, (s, row, n) in enumerate(zip(plan.block_src.tolist(), plan.block_row.tolist(), plan.block_rows.tolist())):
-        expect[b * 5 : b * 5 + n] = srcs[s][row : row + n].cpu()
-    assert torch.equal(gathered.cpu(), expect)
+    # packed: the owner's (expert, source) segments back to back, every row written once
+    want = torch.cat([srcs[0][2:3], srcs[1][3:14], srcs[0][3:10]]).cpu()
+    assert torch.equal(gathered.cpu(), want)
 
 
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
@@ -87,7 +86,7 @@ def test_fused_activation_stores_pre_and_act(activation):
     srcs = _sources(COUNTS, 18, torch.float32, gen)
     w = _weights(2, 18, 23, torch.float32, gen, False)
     bias = torch.randn(2, 23, generator=gen).to(DEVICE)
-    rows = plan.num_blocks * 4
+    rows = plan.gathered_rows
     pre = torch.empty(rows, 23, device=DEVICE)
     out, _ = bg.gather_matmul(srcs, plan, w, bias, activation=activation, pre=pre)
     want_pre = torch.empty_like(pre)
@@ -102,7 +101,7 @@ def test_matmul_scatter_matches_reference_and_writes_only_its_rows(dtype, transp
     gen = torch.Generator().manual_seed(5)
     K, N, L, B = 17, 13, 2, 5
     plan = bg.blocks_reference(COUNTS, 1, L, B, device=DEVICE)
-    a = torch.randn(plan.num_blocks * B, K, generator=gen).to(dtype).to(DEVICE)
+    a = torch.randn(plan.gathered_rows, K, generator=gen).to(dtype).to(DEVICE)
     w = _weights(L, K, N, dtype, gen, transposed)
     bias = torch.randn(L, N, generator=gen).to(dtype).to(DEVICE) if with_bias else None
     sentinel = -1234.0  # rows no block of this owner targets must keep it
@@ -121,7 +120,7 @@ def test_gather_rows_copy_matches_reference():
     gen = torch.Generator().manual_seed(2)
     plan = bg.blocks_reference(COUNTS, 0, 2, 3, device=DEVICE)
     srcs = _sources(COUNTS, 21, torch.bfloat16, gen)
-    rows = plan.num_blocks * 3
+    rows = plan.gathered_rows
     got = bg.gather_rows(srcs, plan, torch.full((rows, 21), 5.0, dtype=torch.bfloat16, device=DEVICE))
     want = bg.gather_rows_reference(srcs, plan, torch.empty(rows, 21, dtype=torch.bfloat16, device=DEVICE))
     assert torch.equal(got.cpu(), want.cpu())
@@ -132,7 +131,7 @@ def test_scatter_rows_copies_valid_rows_only(dtype):
     gen = torch.Generator().manual_seed(4)
     B, N = 5, 13
     plan = bg.blocks_reference(COUNTS, 1, 2, B, device=DEVICE)
-    out = torch.randn(plan.num_blocks * B, N, generator=gen).to(dtype).to(DEVICE)
+    out = torch.randn(plan.gathered_rows, N, generator=gen).to(dtype).to(DEVICE)
     sentinel = -1234.0  # rows no block of this owner targets (and padding rows' targets) keep it
     got = [torch.full((int(c.sum()), N), sentinel, dtype=dtype, device=DEVICE) for c in COUNTS]
     want = [t.clone() for t in got]
@@ -178,7 +177,8 @@ def test_blocks_reference_layout():
     assert plan.block_row.tolist() == [2, 3, 8, 13, 3, 8]
     assert plan.block_rows.tolist() == [1, 5, 5, 1, 5, 2]
     assert plan.block_expert.tolist() == [0, 0, 0, 0, 1, 1]
-    assert plan.offsets_local.tolist() == [0, 20, 30]
+    assert plan.block_start.tolist() == [0, 1, 6, 11, 12, 17]  # packed local rows, no padding
+    assert plan.offsets_local.tolist() == [0, 12, 19] and plan.gathered_rows == 19
     assert plan.src_rows == 17 and plan.blocks_remote == 3
 
 
@@ -245,7 +245,7 @@ def _rank_inputs(rank, counts, K, N, L, dtype):
         "w1": torch.randn(L, K, N, generator=gen).to(dtype),
         "b1": torch.randn(L, N, generator=gen).to(dtype),
         "w2": torch.randn(L, N, K, generator=gen).to(dtype),
-        "a": torch.randn(plan.num_blocks * B, N, generator=gen).to(dtype),
+        "a": torch.randn(plan.gathered_rows, N, generator=gen).to(dtype),
     }
 
 

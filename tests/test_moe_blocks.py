@@ -22,17 +22,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _loop_plan(counts, rank, L, B):
-    """The plan's blocks by the definition: for l, then s, then i, rows src_off + i*B ... (plain ints)."""
+    """The plan's blocks by the definition: for l, then s, then i, rows src_off + i*B ..., landing at the
+    next free row of the packed local layout (plain ints)."""
     W, E = len(counts), len(counts[0])
     src_off = [[sum(counts[s][:e]) for e in range(E)] for s in range(W)]
-    blocks, firsts = [], []
+    blocks, offsets, filled = [], [], 0
     for l in range(L):
-        firsts.append(len(blocks))
+        offsets.append(filled)
         for s in range(W):
             c = counts[s][rank * L + l]
             for i in range(math.ceil(c / B)):
-                blocks.append((s, src_off[s][rank * L + l] + i * B, min(B, c - i * B), l))
-    return blocks, [B * f for f in firsts] + [B * len(blocks)]
+                n = min(B, c - i * B)
+                blocks.append((s, src_off[s][rank * L + l] + i * B, n, l, filled))
+                filled += n
+    return blocks, offsets + [filled]
 
 
 @pytest.mark.parametrize("W, L, B", [(1, 3, 4), (2, 1, 1), (3, 3, 7), (3, 2, 64), (4, 3, 5)])
@@ -43,7 +46,7 @@ def test_plan_matches_a_plain_loop(W, L, B):
         plan, _ = build_plan(counts, rank, L, B)
         blocks, offsets = _loop_plan(counts.tolist(), rank, L, B)
         got = list(zip(plan.block_src.tolist(), plan.block_row.tolist(), plan.block_rows.tolist(),
-                       plan.block_expert.tolist()))
+                       plan.block_expert.tolist(), plan.block_start.tolist()))
         first_bad = next((i for i, (a, b) in enumerate(zip(got, blocks)) if a != b), None)
         assert len(got) == len(blocks) == plan.num_blocks and first_bad is None, (
             f"rank {rank}: block {first_bad}: {got[first_bad] if first_bad is not None else ''} vs "
@@ -54,8 +57,7 @@ def test_plan_matches_a_plain_loop(W, L, B):
         assert plan.max_src_rows == int(counts.sum(1).max())
         assert plan.send_splits == [int(counts[rank, o * L:(o + 1) * L].sum()) for o in range(W)]
         assert plan.recv_splits == [int(counts[s, rank * L:(rank + 1) * L].sum()) for s in range(W)]
-        valid = plan.valid.view(-1, B).sum(1)
-        assert valid.tolist() == [rows for _, _, rows, _ in blocks]  # padding rows are marked invalid
+        assert plan.gathered_rows == int(counts[:, rank * L:(rank + 1) * L].sum())
 
 
 def test_plan_of_no_rows_and_extra_values():
@@ -175,6 +177,6 @@ def test_plan_kernels_match_the_tensor_op_plan(W, L, B):
         assert got_extra == want_extra
         for name in ("num_blocks", "src_rows", "max_src_rows", "blocks_remote", "send_splits", "recv_splits"):
             assert getattr(fast, name) == getattr(slow, name), f"rank {rank}: {name}"
-        for name in ("block_src", "block_row", "block_rows", "block_expert", "offsets_local", "src_off"):
+        for name in ("block_src", "block_row", "block_rows", "block_expert", "block_start", "offsets_local", "src_off"):
             a, b = getattr(fast, name), getattr(slow, name)
             assert a.tolist() == b.tolist(), f"rank {rank}: {name} {a.tolist()[:8]} vs {b.tolist()[:8]}"

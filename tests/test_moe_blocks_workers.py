@@ -82,8 +82,8 @@ def _all_sources(src, world_size):
 
 def transport_contract(ctx):
     """The fallback transport against the interface, element by element, for block sizes 1, 4, 7, 64:
-    gathered[b*B + j] = source(block_src[b])[block_row[b] + j] (zero past block_rows[b]); out = the
-    grouped product; matmul_push delivers a[b*B + j] @ w[block_expert[b]] + bias to that source row.
+    gathered[block_start[b] + j] = source(block_src[b])[block_row[b] + j] for j < block_rows[b]; out =
+    the grouped product; matmul_push delivers a[block_start[b] + j] @ w[block_expert[b]] to that source row.
     Yields (block, first mismatch or None)."""
     from qbench.layers.moe_blocks import A2ATransport
 
@@ -94,7 +94,7 @@ def transport_contract(ctx):
         w = torch.randn(LOCAL, DIM, HIDDEN, generator=torch.Generator().manual_seed(5))
         bias = torch.randn(LOCAL, HIDDEN, generator=torch.Generator().manual_seed(6))
         out, gathered = transport.pull_matmul(src, w, bias, plan)
-        a = torch.randn(plan.padded_rows, DIM, generator=torch.Generator().manual_seed(9 + ctx.rank))
+        a = torch.randn(plan.gathered_rows, DIM, generator=torch.Generator().manual_seed(9 + ctx.rank))
         w2 = torch.randn(LOCAL, 11, DIM, generator=torch.Generator().manual_seed(7)).transpose(1, 2)  # strided
         back = transport.matmul_push(a, w2, None, plan)
         yield block, _first_mismatch(ctx, plan, sources, gathered, out, (w, bias, w2), a, back)
@@ -102,16 +102,23 @@ def transport_contract(ctx):
 
 def _first_mismatch(ctx, plan, sources, gathered, out, weights, a, back):
     """Walk every block by the definition; name the first block that differs (None when all agree)."""
-    (w, bias, w2), B = weights, plan.block_size
+    w, bias, w2 = weights
     sent = [[] for _ in range(ctx.world_size)]  # (first row, values) pushed to each source rank
-    for b, (s, row, rows, l) in enumerate(zip(plan.block_src.tolist(), plan.block_row.tolist(),
-                                              plan.block_rows.tolist(), plan.block_expert.tolist())):
-        want = torch.cat([sources[s][row:row + rows], torch.zeros(B - rows, DIM)])  # padding rows zero
-        if not torch.equal(gathered[b * B:(b + 1) * B], want):
-            return f"gathered block {b} (source {s}, row {row}, valid {rows})"
-        if not torch.allclose(out[b * B:b * B + rows], want[:rows] @ w[l] + bias[l], atol=1e-5):
+    blocks = zip(plan.block_src.tolist(), plan.block_row.tolist(), plan.block_rows.tolist(),
+                 plan.block_expert.tolist(), plan.block_start.tolist())
+    covered = 0
+    for b, (s, row, rows, l, p) in enumerate(blocks):
+        if p != covered:  # packed: each block starts where the previous one ended
+            return f"block {b} starts at local row {p}, not {covered}"
+        covered += rows
+        want = sources[s][row:row + rows]
+        if not torch.equal(gathered[p:p + rows], want):
+            return f"gathered block {b} (source {s}, row {row}, rows {rows})"
+        if not torch.allclose(out[p:p + rows], want @ w[l] + bias[l], atol=1e-5):
             return f"out block {b}"
-        sent[s].append((row, (a[b * B:b * B + rows] @ w2[l]).tolist()))
+        sent[s].append((row, (a[p:p + rows] @ w2[l]).tolist()))
+    if covered != gathered.shape[0]:
+        return f"blocks cover {covered} of {gathered.shape[0]} gathered rows"
     return _check_push(ctx, sent, back)
 
 

@@ -35,7 +35,7 @@ def _inputs(rank, counts, dtype, device):
     plan = blocks_reference(counts.to(device), rank, L, B, device=device)
     draw = lambda *shape: torch.randn(*shape, generator=gen).to(dtype).to(device)  # noqa: E731
     return {"plan": plan, "src": draw(S, K), "dy": draw(S, N), "w1": draw(L, K, N), "b1": draw(L, N),
-            "w2": draw(L, N, K), "b2": draw(L, K), "a": draw(plan.num_blocks * B, N)}
+            "w2": draw(L, N, K), "b2": draw(L, K), "a": draw(plan.gathered_rows, N)}
 
 
 def _first_bad(got, want, tol):

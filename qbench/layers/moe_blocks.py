@@ -6,19 +6,20 @@ Per rank r of W ranks, L local experts, E = W * L global experts, block size B (
   Source layout of rank s: its kept rows sorted by global expert; expert e's rows start at
       src_off[s, e] = exclusive cumsum of counts_all[s]; S_s = counts_all[s].sum() rows. A rank's rows
       for one owner's experts are contiguous there.
-  Blocks of owner r: for local expert l (e = r * L + l), source s, i in 0 .. ceil(c / B) - 1 with
-      c = counts_all[s, e]: source rows src_off[s, e] + i * B ... + min(B, c - i * B). Ordered l-major,
-      then s, then i. Block b sits at local rows [b * B, (b + 1) * B) of the owner's padded layout; rows
-      past block_rows[b] are padding, ZERO in every gathered buffer (weight gradients need no mask).
-  offsets_local [L + 1] = B * (first block of each local expert), the grouped GEMMs' group offsets.
+  Owner r's local layout is packed: segments (l, s) (local expert l, e = r * L + l, source s) in
+      l-major, then s order, each holding its c = counts_all[s, e] rows with no padding; R = sum of
+      them (the rows r receives). Block b = (l, s, i), i in 0 .. ceil(c / B) - 1, is the unit of
+      transfer: source rows src_off[s, e] + i * B ... + block_rows[b] (block_rows = min(B, c - i * B))
+      land at local rows block_start[b] ... + block_rows[b]. Blocks are ordered l, then s, then i.
+  offsets_local [L + 1]: first local row of each local expert (the grouped GEMMs' group offsets).
 
 The plan is built on the device with tensor ops; its only host read (num_blocks, the remote count,
 S and the fallback's split sizes, plus whatever small tensors the caller rides along) is one .tolist().
 
-Transports move rows between a rank's source layout and the owners' padded layouts, fused with one
+Transports move rows between a rank's source layout and the owners' packed layouts, fused with one
 expert product each (both are collectives: every rank calls them):
-  pull_matmul(src [S, K], w [L, K, N], bias [L, N] | None, plan) -> (out [nb*B, N], gathered [nb*B, K])
-  matmul_push(a [nb*B, K], w, bias, plan) -> rows [S, N] in this rank's source layout
+  pull_matmul(src [S, K], w [L, K, N], bias [L, N] | None, plan) -> (out [R, N], gathered [R, K])
+  matmul_push(a [R, K], w, bias, plan) -> rows [S, N] in this rank's source layout
 `A2ATransport` does both with all_to_all_single and the grouped GEMM (the path for CPU/gloo and for
 GPUs without symmetric memory); qbench/layers/moe_symm.py does them with peer loads/stores.
 """
@@ -43,6 +44,7 @@ class BlockPlan:
     block_row: Any  # int64 [nb] first row of the block in its source's layout
     block_rows: Any  # int32 [nb] valid rows, 1..B
     block_expert: Any  # int32 [nb] local expert l
+    block_start: Any  # int64 [nb] first row of the block in this owner's packed local layout
     offsets_local: Any  # int64 [L + 1]
     src_rows: int  # host: S of this rank (rows it sends, all owners together)
     max_src_rows: int  # host: the largest S over ranks (symmetric buffers are sized by it)
@@ -66,16 +68,9 @@ class BlockPlan:
         return sum(self.recv_splits)
 
     @property
-    def valid(self):
-        """bool [nb * B, 1]: False on padding rows (computed on demand: the step itself needs no mask)."""
-        import torch
-
-        js = torch.arange(self.block_size, device=self.block_rows.device)
-        return (js.unsqueeze(0) < self.block_rows.unsqueeze(1)).reshape(-1, 1)
-
-    @property
-    def padded_rows(self) -> int:
-        return self.num_blocks * self.block_size
+    def gathered_rows(self) -> int:
+        """Rows of this owner's packed local layout (what it receives, all sources together)."""
+        return self.recv_rows
 
 
 def build_plan(counts_all, rank: int, num_local_experts: int, block_size: int, extra=()):
@@ -102,11 +97,11 @@ def _build_plan_kernels(counts_all, rank: int, L: int, B: int, extra):
     from kernels.moe_route import block_counts, block_list
 
     W = counts_all.shape[0]
-    src_off, first, offsets, small = block_counts(counts_all, rank, L, B)
+    src_off, firsts, offsets, small = block_counts(counts_all, rank, L, B)
     (nb, n_remote, S, S_max), send, recv, out = _host_values(torch.cat([small, *extra]), W, extra)
-    src, row, rows, expert = block_list(counts_all, src_off, first, rank, L, B, nb)
-    plan = BlockPlan(B, nb, src, row, rows, expert, offsets, S, S_max, n_remote, rank, W, L, counts_all, src_off,
-                     send, recv)
+    src, row, rows, expert, start = block_list(counts_all, src_off, firsts, rank, L, B, nb)
+    plan = BlockPlan(B, nb, src, row, rows, expert, start, offsets, S, S_max, n_remote, rank, W, L, counts_all,
+                     src_off, send, recv)
     return plan, out
 
 
@@ -122,43 +117,44 @@ def _build_plan_ops(counts_all, rank: int, num_local_experts: int, block_size: i
     small = torch.cat([nblk.sum().view(1), remote.view(1), counts_all[rank].sum().view(1),
                        counts_all.sum(1).max().view(1), counts_all[rank].view(W, L).sum(1), mine.sum(1), *extra])
     (nb, n_remote, S, S_max), send, recv, out = _host_values(small, W, extra)
-    flat = nblk.reshape(-1)
+    flat, sizes = nblk.reshape(-1), mine.t().reshape(-1)  # per segment (l, s): blocks, rows
     seg = torch.repeat_interleave(torch.arange(L * W, device=dev), flat, output_size=nb)
     first = torch.cumsum(flat, 0) - flat  # first block of segment (l, s)
+    seg_start = torch.cumsum(sizes, 0) - sizes  # first packed local row of segment (l, s)
     i = torch.arange(nb, device=dev) - first[seg]
     l, s = seg // W, seg % W
-    c = mine.t().reshape(-1)[seg]
-    rows = torch.clamp(c - i * B, max=B)
-    offsets = torch.cat([flat.new_zeros(1), torch.cumsum(nblk.sum(1), 0)]) * B
+    rows = torch.clamp(sizes[seg] - i * B, max=B)
+    offsets = torch.cat([flat.new_zeros(1), torch.cumsum(mine.sum(0), 0)])
     plan = BlockPlan(B, nb, s.to(torch.int32), src_off[s, rank * L + l] + i * B, rows.to(torch.int32),
-                     l.to(torch.int32), offsets, S, S_max, n_remote, rank, W, L, counts_all, src_off, send, recv)
+                     l.to(torch.int32), seg_start[seg] + i * B, offsets, S, S_max, n_remote, rank, W, L, counts_all,
+                     src_off, send, recv)
     return plan, out
 
 
 def local_rows(plan: BlockPlan):
-    """Padded local row of every row this rank receives, [R] int64, in all_to_all's order (source s,
-    then local expert l, then row j): row j of segment (l, s) sits at B * first_block(l, s) + j."""
+    """Packed local row of every row this rank receives, [R] int64, in all_to_all's order (source s,
+    then local expert l, then row j): row j of segment (l, s) sits at seg_start(l, s) + j."""
     import torch
 
     if "local_rows" in plan.cache:
         return plan.cache["local_rows"]
-    W, L, B, r = plan.world_size, plan.num_local_experts, plan.block_size, plan.rank
+    W, L, r = plan.world_size, plan.num_local_experts, plan.rank
     mine = plan.counts_all[:, r * L:(r + 1) * L]  # [W, L]
-    nblk = (mine.t() + B - 1) // B  # [L, W]
-    first = (torch.cumsum(nblk.reshape(-1), 0) - nblk.reshape(-1)).view(L, W)
+    sizes = mine.t().reshape(-1)  # order (l, s)
+    first = (torch.cumsum(sizes, 0) - sizes).view(L, W)
     lens = mine.reshape(-1)  # order (s, l)
     R = plan.recv_rows
     seg = torch.repeat_interleave(torch.arange(W * L, device=lens.device), lens, output_size=R)
     j = torch.arange(R, device=lens.device) - (torch.cumsum(lens, 0) - lens)[seg]
-    plan.cache["local_rows"] = B * first[seg % L, seg // L] + j
+    plan.cache["local_rows"] = first[seg % L, seg // L] + j
     return plan.cache["local_rows"]
 
 
 class A2ATransport:
     """The block plan over all_to_all_single: rows for owner r are contiguous in the source layout,
-    so the send buffer is the source layout itself (split sizes = rows per owner); the owner scatters
-    what it receives into its zero-padded block layout, runs the grouped GEMM over offsets_local, and
-    the push gathers the valid rows back into all_to_all order."""
+    so the send buffer is the source layout itself (split sizes = rows per owner); the owner puts
+    what it receives in its packed local layout, runs the grouped GEMM over offsets_local, and the
+    push gathers the rows back into all_to_all order."""
 
     name = "a2a"
 
@@ -168,7 +164,7 @@ class A2ATransport:
     def pull_matmul(self, src, w, bias, plan: BlockPlan):
         recv = src.new_empty((plan.recv_rows, src.shape[1]))
         self.exchange.start(recv, src.contiguous(), plan.recv_splits, plan.send_splits).wait()
-        gathered = src.new_zeros((plan.padded_rows, src.shape[1])).index_copy_(0, local_rows(plan), recv)
+        gathered = src.new_empty((plan.gathered_rows, src.shape[1])).index_copy_(0, local_rows(plan), recv)
         return grouped_matmul_forward(gathered, w, plan.offsets_local, bias, backend=self.backend), gathered
 
     def matmul_push(self, a, w, bias, plan: BlockPlan):

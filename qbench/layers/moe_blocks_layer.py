@@ -9,7 +9,7 @@ Per rank (W ranks, L local experts, block plan of qbench/layers/moe_blocks.py):
     out[t] = sum_j weight[t, j] * y[t, j]  (y from y_src, or from the hot replicas; drops add 0)
 Backward (reverse): dact, dY = pull_matmul(dy_src, W2^T); dpre = act'(dact, pre);
     dW2 = wgrad(act, dY), db2 = sum dY, dW1 = wgrad(X, dpre), db1 = sum dpre over offsets_local
-    (padding rows of X and dY are zero, so no masks); dx_src = matmul_push(dpre, W1^T).
+    (X, dY: the gathered rows, packed); dx_src = matmul_push(dpre, W1^T).
 Hot experts (--replicate-hot N): as the a2a layer, the N globally most-loaded experts are computed on
 every rank for its own rows with their owners' weights (moe_replicas.Replicas), and left out of counts_all.
 Phases (PhaseTimer): gate, plan, ag, experts, ga, combine, replicas; backward_ag, backward_experts,
@@ -47,8 +47,6 @@ class BlocksFunction(torch.autograd.Function):
         with cfg.phase("ag"):
             pre, gathered = transport.pull_matmul(x_src, w1, b1, plan)
         with cfg.phase("experts"):
-            # padding rows: every transport multiplies zero rows there (pre = b1, finite), and the
-            # zero padding of gathered X and dY keeps them out of every weight gradient
             act = _act(pre, cfg.activation)
         with cfg.phase("ga"):
             y_src = transport.matmul_push(act, w2, b2, plan)
@@ -77,7 +75,7 @@ class BlocksFunction(torch.autograd.Function):
         with cfg.phase("backward_experts"):
             from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_wgrad
 
-            dpre = _act_backward(dact, pre, act, cfg.activation)  # padding rows: dY = 0, so dact = 0
+            dpre = _act_backward(dact, pre, act, cfg.activation)
             grads = (grouped_matmul_wgrad(X, dpre, off, L, backend=backend),
                      grouped_bias_grad(dpre, off, L, backend=backend),
                      grouped_matmul_wgrad(act, dY, off, L, backend=backend),

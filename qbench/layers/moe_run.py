@@ -88,8 +88,8 @@ def routing_stats(ctx, model, moe, x) -> dict[str, float]:
     counts = routing.counts.clone().to(torch.float64)
     dist.all_reduce(counts)
     rank_rows = torch.zeros(ctx.world_size, dtype=torch.float64, device=counts.device)
-    # rows the expert GEMMs run on: the blocks' padded rows, or what the all-to-all delivered
-    rank_rows[ctx.rank] = getattr(plan, "padded_rows", plan.recv_rows) + sum(moe.last["kept"][e] for e in plan.hot)
+    # rows the expert GEMMs run on: what this rank received (both systems), plus its replicas' rows
+    rank_rows[ctx.rank] = plan.recv_rows + sum(moe.last["kept"][e] for e in plan.hot)
     dist.all_reduce(rank_rows)
     dropped = torch.tensor([float((~routing.keep).sum())], dtype=torch.float64, device=counts.device)
     dist.all_reduce(dropped)

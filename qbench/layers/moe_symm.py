@@ -1,10 +1,10 @@
 """The symmetric-memory transport of `qbench moe --system blocks`: peer loads and stores, no all_to_all.
 
 Same interface as the all_to_all fallback (qbench/layers/moe_blocks.py), both calls collective:
-  pull_matmul(src [S, K], w [L, K, N], bias, plan) -> (out [nb*B, N], gathered [nb*B, K])
+  pull_matmul(src [S, K], w [L, K, N], bias, plan) -> (out [R, N], gathered [R, K]), R = gathered rows
       every rank copies its source rows into its symmetric "pull" buffer; barrier; every owner runs
       gather_matmul, whose programs load each block straight from the source rank's buffer.
-  matmul_push(a [nb*B, K], w, bias, plan) -> rows [S, N]
+  matmul_push(a [R, K], w, bias, plan) -> rows [S, N]
       every owner runs matmul_scatter, whose programs store each block's product straight into the
       source rank's symmetric "push" buffer; barrier; every rank clones its received rows out.
 
@@ -132,7 +132,7 @@ class SymmTransport:
         if self.mode != "fused":
             from kernels.grouped_gemm import grouped_matmul_forward
 
-            gathered = src.new_empty((plan.num_blocks * plan.block_size, K))
+            gathered = src.new_empty((plan.gathered_rows, K))
             block_gemm.gather_rows(table, plan, gathered)
             return grouped_matmul_forward(gathered, w, plan.offsets_local, bias, backend=self.backend), gathered
         return block_gemm.gather_matmul(table, plan, w, bias)

@@ -8,7 +8,7 @@ OUT=${OUT:-results/scratch}
 PARTS=${PARTS:-"probe"}
 mkdir -p "$OUT/runs"
 moe() { name=$1; limit=$2; shift 2
-        timeout "$limit" python3 -m qbench moe --world-size 4 --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
+        timeout "$limit" python3 -m qbench moe --world-size "${W:-4}" --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
         echo "== $name rc=$?"; grep -E "│|rror" "$OUT/$name.log" | tail -${TAIL:-8}; }
 kernels_part() {  # one GPU is enough
   timeout 300 python3 scripts/gpu_grouped_tma.py --out "$OUT/runs/grouped-tma" > "$OUT/grouped_tma.log" 2>&1
@@ -24,6 +24,15 @@ probe_part() {
   TAIL=12 moe blocks-split 110 --system a2a,blocks --locality 0.75,1.0 --num-local-experts 16,32 --num-steps 20 \
     --warmup 5 --trace "$OUT/trace"
   moe blocks-fused-ga 70 --system blocks --transport symm-fused-ga --locality 1.0 --num-local-experts 16,32 \
+    --num-steps 20 --warmup 5
+}
+two_part() {  # 2 x H200: GPU correctness of the new paths and world-size-2 A/Bs
+  timeout 150 python3 -m pytest -q -x tests/test_moe_symm_gpu.py > "$OUT/symm_tests.log" 2>&1
+  echo "== symm gpu tests rc=$?"; tail -3 "$OUT/symm_tests.log"
+  W=2 moe w2-seed-tma 60 --num-steps 30 --warmup 5
+  W=2 QBENCH_GROUPED_TMA=0 moe w2-seed-pointer 60 --num-steps 30 --warmup 5
+  W=2 moe w2-replicate 80 --routing rand-skew --replicate-hot 0,2,4 --num-steps 20 --warmup 5
+  W=2 TAIL=20 moe w2-blocks 150 --system a2a,blocks --locality 0.25,0.75,1.0 --num-local-experts 8,32 \
     --num-steps 20 --warmup 5
 }
 final_part() {

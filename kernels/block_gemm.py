@@ -435,10 +435,12 @@ def blocks_reference(counts_all, rank: int, num_local: int, block_size: int, dev
                 for key, v in zip(fields, (s, src_off[s][e] + start, n, l, sum(fields["block_rows"]))):
                     fields[key].append(v)
     total = sum(fields["block_rows"])
+    remote = sum(c for s, row in enumerate(counts) for e, c in enumerate(row) if e // num_local != s)
     dtypes = {"block_src": torch.int32, "block_row": torch.int64, "block_rows": torch.int32,
               "block_expert": torch.int32, "block_start": torch.int64}
     tensors = {k: torch.tensor(v, dtype=dtypes[k], device=device) for k, v in fields.items()}
     return SimpleNamespace(block_size=block_size, num_blocks=len(fields["block_src"]), gathered_rows=total,
                            offsets_local=torch.tensor(offsets + [total], dtype=torch.int64, device=device),
-                           counts_all=counts_all, src_rows=sum(counts[rank]),
+                           counts_all=counts_all, src_rows=sum(counts[rank]), remote_rows=remote,
+                           all_local=remote == 0,
                            blocks_remote=sum(1 for s in fields["block_src"] if s != rank), **tensors)

@@ -180,12 +180,14 @@ def _block_counts_kernel(counts_ptr, src_off_ptr, first_ptr, start_ptr, off_loca
     recv = tl.zeros((BW,), dtype=tl.int64)  # rows each source sends to this rank's experts
     nb = tl.sum(tl.zeros((BL,), dtype=tl.int64), 0)  # this rank's blocks
     local = tl.sum(tl.zeros((BL,), dtype=tl.int64), 0)  # ... of them from itself
+    remote_all = tl.sum(tl.zeros((BL,), dtype=tl.int64), 0)  # rows any rank sends to another (all owners)
     for r in range(W):  # owners in order: expert e = r * L + l
         c = tl.load(counts_ptr + s[:, None] * (W * L) + r * L + l[None, :],
                     mask=s_ok[:, None] & l_ok[None, :], other=0)  # [BW, BL]
         excl = tl.cumsum(c, 1) - c + run[:, None]
         tl.store(src_off_ptr + s[:, None] * (W * L) + r * L + l[None, :], excl, mask=s_ok[:, None] & l_ok[None, :])
         run += tl.sum(c, 1)
+        remote_all += tl.sum(tl.sum(tl.where(s[:, None] != r, c, 0), 1), 0)
         mine = tl.sum(tl.where(s[:, None] == RANK, c, 0), 0)  # [BL] this rank's rows to owner r
         sent_to += tl.where(s == r, tl.sum(mine, 0), 0)
         if r == RANK:
@@ -204,13 +206,14 @@ def _block_counts_kernel(counts_ptr, src_off_ptr, first_ptr, start_ptr, off_loca
             nb = tl.sum(per_l, 0)
             local = tl.sum(tl.sum(tl.where(s[:, None] == RANK, nblk, 0), 1), 0)
             recv = tl.sum(c, 1)
-    # small = [nb, remote blocks, S (mine), max S, send splits [W], recv splits [W]]
+    # small = [nb, remote blocks, S (mine), max S, send splits [W], recv splits [W], remote rows (all)]
     tl.store(small_ptr + 0, nb)
     tl.store(small_ptr + 1, nb - local)
     tl.store(small_ptr + 2, tl.sum(tl.where(s == RANK, run, 0), 0))
     tl.store(small_ptr + 3, tl.max(tl.where(s_ok, run, 0), 0))
     tl.store(small_ptr + 4 + s, sent_to, mask=s_ok)
     tl.store(small_ptr + 4 + W + s, recv, mask=s_ok)
+    tl.store(small_ptr + 4 + 2 * W, remote_all)
 
 
 @triton.jit
@@ -239,8 +242,9 @@ def _block_list_kernel(counts_ptr, src_off_ptr, first_ptr, seg_start_ptr, src_ou
 
 def block_counts(counts_all, rank: int, num_local_experts: int, block_size: int):
     """Everything of a block plan that needs no host value: (src_off [W, E], first block and first
-    packed local row of every segment (l, s) [L * W] each, offsets_local [L + 1], small [4 + 2W]:
-    blocks, remote blocks, S, max S, send splits, receive splits) from counts_all [W, E] int64."""
+    packed local row of every segment (l, s) [L * W] each, offsets_local [L + 1], small [5 + 2W]:
+    blocks, remote blocks, S, max S, send splits, receive splits, rows any rank sends to another
+    rank) from counts_all [W, E] int64."""
     import torch
 
     W, E = counts_all.shape
@@ -249,7 +253,7 @@ def block_counts(counts_all, rank: int, num_local_experts: int, block_size: int)
     src_off = torch.empty_like(counts)
     first, seg_start = (torch.empty(L * W, dtype=torch.int64, device=dev) for _ in range(2))
     offsets = torch.empty(L + 1, dtype=torch.int64, device=dev)
-    small = torch.empty(4 + 2 * W, dtype=torch.int64, device=dev)
+    small = torch.empty(5 + 2 * W, dtype=torch.int64, device=dev)
     _block_counts_kernel[(1,)](counts, src_off, first, seg_start, offsets, small, W, L, rank, block_size,
                                BW=triton.next_power_of_2(W), BL=triton.next_power_of_2(L))
     return src_off, (first, seg_start), offsets, small

@@ -3,6 +3,7 @@
 #   kernels the TMA grouped-GEMM A/B and the GPU tests of the new kernels (one GPU)
 #   probe   short qbench moe A/Bs: grouped GEMM TMA on/off, replication, blocks transports at high locality
 #   final   the runs quoted for issues 5 and 8 (seed config, replication, experts, the blocks sweep)
+#   two     2 x H200: the symm GPU test and world-size-2 A/Bs;  long: final's runs at 100 steps
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/scratch}
 PARTS=${PARTS:-"probe"}
@@ -41,6 +42,12 @@ final_part() {  # the symm GPU test ran in the two-GPU part
   moe experts 90 --num-local-experts 8,16,32,64 --num-steps 30 --warmup 5
   TAIL=40 moe blocks-sweep 300 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64 \
     --num-steps 30 --warmup 5 --seed-format
+}
+long_part() {  # the final runs again at the default 100 steps (30-step cells varied by up to 10%)
+  moe seed100 70 --num-steps 100 --warmup 10 --seed-format
+  moe experts100 100 --num-local-experts 8,16,32,64 --num-steps 100 --warmup 10
+  TAIL=40 moe blocks-sweep100 300 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64 \
+    --num-steps 100 --warmup 10 --seed-format
 }
 nvidia-smi -L
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"

@@ -58,6 +58,8 @@ def test_plan_matches_a_plain_loop(W, L, B):
         assert plan.send_splits == [int(counts[rank, o * L:(o + 1) * L].sum()) for o in range(W)]
         assert plan.recv_splits == [int(counts[s, rank * L:(rank + 1) * L].sum()) for s in range(W)]
         assert plan.gathered_rows == int(counts[:, rank * L:(rank + 1) * L].sum())
+        home = sum(int(counts[s, s * L:(s + 1) * L].sum()) for s in range(W))
+        assert plan.remote_rows == int(counts.sum()) - home and plan.all_local == (plan.remote_rows == 0)
 
 
 def test_plan_of_no_rows_and_extra_values():
@@ -175,7 +177,8 @@ def test_plan_kernels_match_the_tensor_op_plan(W, L, B):
         fast, got_extra = moe_blocks._build_plan_kernels(counts, rank, L, B, extra)
         slow, want_extra = moe_blocks._build_plan_ops(counts, rank, L, B, extra)
         assert got_extra == want_extra
-        for name in ("num_blocks", "src_rows", "max_src_rows", "blocks_remote", "send_splits", "recv_splits"):
+        for name in ("num_blocks", "src_rows", "max_src_rows", "blocks_remote", "send_splits", "recv_splits",
+                     "remote_rows"):
             assert getattr(fast, name) == getattr(slow, name), f"rank {rank}: {name}"
         for name in ("block_src", "block_row", "block_rows", "block_expert", "block_start", "offsets_local", "src_off"):
             a, b = getattr(fast, name), getattr(slow, name)

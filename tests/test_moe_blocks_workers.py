@@ -14,6 +14,7 @@ CASES = [
     (torch.float32, 1.5, 1, 1, "randn", 0.7, "gelu"),
     (torch.float16, 0.0, 1, 5, "uniform", None, "gelu"),
     (torch.bfloat16, -1.0, 0, 3, "randn", 0.3, "relu"),
+    (torch.float32, 0.0, 0, 5, "randn", 1.0, "gelu"),  # every row stays home: the all-local shortcut
 ]
 TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes
 

@@ -56,6 +56,7 @@ class BlockPlan:
     src_off: Any  # int64 [W, E] first row of (source, expert) in the source's layout
     send_splits: list[int]  # host [W]: rows this rank sends to each owner
     recv_splits: list[int]  # host [W]: real rows this rank receives from each source
+    remote_rows: int = -1  # host: rows any rank sends to another rank (0: every block is local everywhere)
     hot: list[int] = field(default_factory=list)  # replicated global experts (not in counts_all)
     cache: dict = field(default_factory=dict)  # per-transport derived tensors
 
@@ -66,6 +67,12 @@ class BlockPlan:
     @property
     def recv_rows(self) -> int:
         return sum(self.recv_splits)
+
+    @property
+    def all_local(self) -> bool:
+        """No rank sends a row to another: every rank's packed local layout IS its source layout
+        (S = R, same order), so the transports move nothing. The same answer on every rank."""
+        return self.remote_rows == 0
 
     @property
     def gathered_rows(self) -> int:
@@ -83,12 +90,14 @@ def build_plan(counts_all, rank: int, num_local_experts: int, block_size: int, e
 
 
 def _host_values(small, W: int, extra):
+    """small [5 + 2W] (block_counts) + extra -> ([nb, remote blocks, S, max S, remote rows], send
+    splits, receive splits, extra values)."""
     values = small.tolist()  # the plan's only host synchronisation
-    rest, out = values[4 + 2 * W:], []
+    rest, out = values[5 + 2 * W:], []
     for t in extra:
         out.append(rest[:t.numel()])
         rest = rest[t.numel():]
-    return values[:4], values[4:4 + W], values[4 + W:4 + 2 * W], out
+    return values[:4] + [values[4 + 2 * W]], values[4:4 + W], values[4 + W:4 + 2 * W], out
 
 
 def _build_plan_kernels(counts_all, rank: int, L: int, B: int, extra):
@@ -98,10 +107,10 @@ def _build_plan_kernels(counts_all, rank: int, L: int, B: int, extra):
 
     W = counts_all.shape[0]
     src_off, firsts, offsets, small = block_counts(counts_all, rank, L, B)
-    (nb, n_remote, S, S_max), send, recv, out = _host_values(torch.cat([small, *extra]), W, extra)
+    (nb, n_remote, S, S_max, remote_rows), send, recv, out = _host_values(torch.cat([small, *extra]), W, extra)
     src, row, rows, expert, start = block_list(counts_all, src_off, firsts, rank, L, B, nb)
     plan = BlockPlan(B, nb, src, row, rows, expert, start, offsets, S, S_max, n_remote, rank, W, L, counts_all,
-                     src_off, send, recv)
+                     src_off, send, recv, remote_rows)
     return plan, out
 
 
@@ -114,9 +123,12 @@ def _build_plan_ops(counts_all, rank: int, num_local_experts: int, block_size: i
     mine = counts_all[:, rank * L:(rank + 1) * L]  # [W, L] rows source s sends to my expert l
     nblk = (mine.t() + B - 1) // B  # [L, W] blocks of (l, s)
     remote = nblk.sum() - nblk[:, rank].sum()
+    owner = torch.arange(E, device=dev) // L
+    remote_all = (counts_all * (owner.unsqueeze(0) != torch.arange(W, device=dev).unsqueeze(1))).sum()
     small = torch.cat([nblk.sum().view(1), remote.view(1), counts_all[rank].sum().view(1),
-                       counts_all.sum(1).max().view(1), counts_all[rank].view(W, L).sum(1), mine.sum(1), *extra])
-    (nb, n_remote, S, S_max), send, recv, out = _host_values(small, W, extra)
+                       counts_all.sum(1).max().view(1), counts_all[rank].view(W, L).sum(1), mine.sum(1),
+                       remote_all.view(1), *extra])
+    (nb, n_remote, S, S_max, remote_rows), send, recv, out = _host_values(small, W, extra)
     flat, sizes = nblk.reshape(-1), mine.t().reshape(-1)  # per segment (l, s): blocks, rows
     seg = torch.repeat_interleave(torch.arange(L * W, device=dev), flat, output_size=nb)
     first = torch.cumsum(flat, 0) - flat  # first block of segment (l, s)
@@ -127,7 +139,7 @@ def _build_plan_ops(counts_all, rank: int, num_local_experts: int, block_size: i
     offsets = torch.cat([flat.new_zeros(1), torch.cumsum(mine.sum(0), 0)])
     plan = BlockPlan(B, nb, s.to(torch.int32), src_off[s, rank * L + l] + i * B, rows.to(torch.int32),
                      l.to(torch.int32), seg_start[seg] + i * B, offsets, S, S_max, n_remote, rank, W, L, counts_all,
-                     src_off, send, recv)
+                     src_off, send, recv, remote_rows)
     return plan, out
 
 
@@ -150,6 +162,11 @@ def local_rows(plan: BlockPlan):
     return plan.cache["local_rows"]
 
 
+def local_pull(src, w, bias, plan: BlockPlan, backend: str):
+    """pull_matmul when plan.all_local: the source rows are the gathered rows (no copy, no exchange)."""
+    return grouped_matmul_forward(src, w, plan.offsets_local, bias, backend=backend), src
+
+
 class A2ATransport:
     """The block plan over all_to_all_single: rows for owner r are contiguous in the source layout,
     so the send buffer is the source layout itself (split sizes = rows per owner); the owner puts
@@ -162,6 +179,8 @@ class A2ATransport:
         self.exchange, self.backend = A2AExchange(group), backend
 
     def pull_matmul(self, src, w, bias, plan: BlockPlan):
+        if plan.all_local:
+            return local_pull(src, w, bias, plan, self.backend)
         recv = src.new_empty((plan.recv_rows, src.shape[1]))
         self.exchange.start(recv, src.contiguous(), plan.recv_splits, plan.send_splits).wait()
         gathered = src.new_empty((plan.gathered_rows, src.shape[1])).index_copy_(0, local_rows(plan), recv)
@@ -169,6 +188,8 @@ class A2ATransport:
 
     def matmul_push(self, a, w, bias, plan: BlockPlan):
         out = grouped_matmul_forward(a, w, plan.offsets_local, bias, backend=self.backend)
+        if plan.all_local:
+            return out
         rows = out.index_select(0, local_rows(plan))
         back = out.new_empty((plan.src_rows, out.shape[1]))
         self.exchange.start(back, rows, plan.send_splits, plan.recv_splits).wait()

@@ -110,7 +110,8 @@ class BlocksMoELayer(MoELayer):
             self.last = {"routing": routing, "plan": plan, "kept": hot.kept}
         weights = (self.w1, self.b1, self.w2, self.b2)
         into = getattr(self.transport, "source_buffer", None)  # symm: gather straight into the pull buffer
-        into = into(plan, x2.shape[1], x2.dtype) if into is not None and hot.source is not None else None
+        use = into is not None and hot.source is not None and not plan.all_local  # all local: x_src is kept
+        into = into(plan, x2.shape[1], x2.dtype) if use else None
         x_src = gather_tokens(x2, hot.rows, plan.src_rows, False, hot.source, into)
         replicas, hot_x = None, x2[:0]
         if plan.hot:

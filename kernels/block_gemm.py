@@ -194,45 +194,27 @@ def _matmul_scatter_kernel(
     tl.store(dst, acc.to(a_ptr.dtype.element_ty), mask=valid[:, None] & (cols[None, :] < N))
 
 
-@triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM"])
+@triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM", "TO_PEERS"])
 @triton.jit
-def _gather_rows_kernel(
-    table_ptr, anchor_ptr, gath_ptr, bsrc_ptr, brow_ptr, brows_ptr, bstart_ptr, K, s_src, s_gath,
-    ALIGNED: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+def _copy_rows_kernel(
+    table_ptr, anchor_ptr, local_ptr, bsrc_ptr, brow_ptr, brows_ptr, bstart_ptr, K, s_peer, s_local,
+    TO_PEERS: tl.constexpr, ALIGNED: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):
-    # One program per (block, K tile): copy the block's rows from its source.
+    # One program per (block, K tile): the block's rows between its source's buffer and the local
+    # packed rows; gather (peer -> local) or, TO_PEERS, scatter (local -> peer).
     pid = tl.program_id(0)
     k_tiles = tl.cdiv(K, BK)
     blk = pid // k_tiles
     ks = (pid % k_tiles) * BK + tl.arange(0, BK)
-    src = tl.load(bsrc_ptr + blk)
-    row0 = tl.load(brow_ptr + blk)
-    nrows = tl.load(brows_ptr + blk)
     js = tl.arange(0, BM)
-    ok = (js < nrows)[:, None] & (ks < K)[None, :]
-    a = tl.load(_peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_src, ALIGNED)[:, None] + ks[None, :], mask=ok)
-    g = gath_ptr + (tl.load(bstart_ptr + blk) + js)[:, None] * s_gath + ks[None, :]
-    tl.store(g, a, mask=ok)
-
-
-@triton.autotune(configs=_COPY_CONFIGS, key=["K", "BM"])
-@triton.jit
-def _scatter_rows_kernel(
-    table_ptr, anchor_ptr, out_ptr, bsrc_ptr, brow_ptr, brows_ptr, bstart_ptr, K, s_dst, s_out,
-    ALIGNED: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-):
-    # One program per (block, K tile): copy the block's valid rows to its source rank's buffer.
-    pid = tl.program_id(0)
-    k_tiles = tl.cdiv(K, BK)
-    blk = pid // k_tiles
-    ks = (pid % k_tiles) * BK + tl.arange(0, BK)
-    src = tl.load(bsrc_ptr + blk)
-    row0 = tl.load(brow_ptr + blk)
-    nrows = tl.load(brows_ptr + blk)
-    js = tl.arange(0, BM)
-    ok = (js < nrows)[:, None] & (ks < K)[None, :]
-    a = tl.load(out_ptr + (tl.load(bstart_ptr + blk) + js)[:, None] * s_out + ks[None, :], mask=ok)
-    tl.store(_peer_rows(anchor_ptr, table_ptr, src, row0 + js, s_dst, ALIGNED)[:, None] + ks[None, :], a, mask=ok)
+    ok = (js < tl.load(brows_ptr + blk))[:, None] & (ks < K)[None, :]
+    peer = _peer_rows(anchor_ptr, table_ptr, tl.load(bsrc_ptr + blk), tl.load(brow_ptr + blk) + js, s_peer,
+                      ALIGNED)[:, None] + ks[None, :]
+    local = local_ptr + (tl.load(bstart_ptr + blk) + js)[:, None] * s_local + ks[None, :]
+    if TO_PEERS:
+        tl.store(peer, tl.load(local, mask=ok), mask=ok)
+    else:
+        tl.store(local, tl.load(peer, mask=ok), mask=ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,37 +310,32 @@ def matmul_scatter(a, w, bias, peers, plan) -> None:
 
 def gather_rows(peers, plan, gathered=None):
     """The gather alone: gathered [R, K], for gather-then-grouped-GEMM."""
-    table = peer_table(peers)
     if gathered is None:
         raise ValueError("gather_rows needs the `gathered` output [R, K]")
     if not use_triton(gathered):
         return gather_rows_reference(peers, plan, gathered)
-    K = gathered.shape[1]
-    if plan.num_blocks == 0 or K == 0:
-        return gathered
-    grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
-    _gather_rows_kernel[grid](
-        table.offsets, table.anchor, gathered, plan.block_src, plan.block_row, plan.block_rows, plan.block_start,
-        K, table.row_stride, gathered.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
-    )
+    _copy_rows(peers, plan, gathered, to_peers=False)
     return gathered
 
 
 def scatter_rows(out, peers, plan) -> None:
     """The push alone: every block's rows of out [R, K] to their source's buffer."""
-    table = peer_table(peers)
     if not use_triton(out):
         return scatter_rows_reference(out, peers, plan)
-    K = out.shape[1]
-    if plan.num_blocks == 0 or K == 0:
-        return None
-    out = out if out.stride(1) == 1 else out.contiguous()
-    grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
-    _scatter_rows_kernel[grid](
-        table.offsets, table.anchor, out, plan.block_src, plan.block_row, plan.block_rows, plan.block_start,
-        K, table.row_stride, out.stride(0), ALIGNED=table.aligned, BM=_bm(plan),
-    )
+    _copy_rows(peers, plan, out if out.stride(1) == 1 else out.contiguous(), to_peers=True)
     return None
+
+
+def _copy_rows(peers, plan, local, to_peers: bool) -> None:
+    table = peer_table(peers)
+    K = local.shape[1]
+    if plan.num_blocks == 0 or K == 0:
+        return
+    grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
+    _copy_rows_kernel[grid](
+        table.offsets, table.anchor, local, plan.block_src, plan.block_row, plan.block_rows, plan.block_start,
+        K, table.row_stride, local.stride(0), TO_PEERS=to_peers, ALIGNED=table.aligned, BM=_bm(plan),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 from kernels import grouped_gemm as gg
 from kernels import grouped_gemm_tma as tma
 from kernels import interpreting
+from tests.test_grouped_gemm import _assert_close  # one mismatch report for both grouped GEMM kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Both sides sum exact 16-bit products in fp32; the gap is the final rounding to 16 bits
@@ -52,18 +53,6 @@ def _inputs(case, dtype, transposed, seed):
     gen = torch.Generator().manual_seed(seed)  # fresh random inputs per case, reproducible on failure
     x = torch.randn(sum(sizes), K, generator=gen).to(DEVICE, dtype)
     return x, _weights(G, K, N, dtype, transposed, gen), torch.randn(G, N, generator=gen).to(DEVICE, dtype)
-
-
-def _assert_close(got, want, tol, what):
-    err = (got.float() - want.float()).abs()
-    scale = want.float().abs().max().clamp_min(1e-6)
-    bad = (err > tol * scale).nonzero()
-    if bad.numel():
-        first = [tuple(i.tolist()) for i in bad[:5]]
-        raise AssertionError(
-            f"{what}: {bad.shape[0]} mismatches (max rel {float(err.max() / scale):.2e} > {tol}); "
-            f"first at {first}: got {[float(got[i]) for i in first]} want {[float(want[i]) for i in first]}"
-        )
 
 
 def _runs_here() -> bool:

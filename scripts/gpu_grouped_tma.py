@@ -7,6 +7,8 @@ pointer kernel (kernels/grouped_gemm.py), at the shapes of `qbench moe`'s seed c
   c  input grad dy @ w2^T  x [T, 1024] @ w2.transpose(1, 2), w2 [G, 4096, 1024]   transposed w
   d  input grad @ w1^T     x [T, 4096] @ w1.transpose(1, 2), w1 [G, 1024, 4096]   transposed w
   e  shape a with 16, 32 and 64 groups (fp16 only)
+  f  shapes a and d with the rows expert-major (one segment per group, the same row counts per group as
+     a and d draw; fp16 only): what partial row tiles at the R x G segment ends cost
 Rows arrive source-major (segment s = source * G + expert, R = 4 segments per group) with uneven,
 seeded random routing; fp16 and bf16.
 
@@ -60,28 +62,33 @@ class Case:
     groups: int
     transposed: bool
     bias: bool
+    sources: int = R  # segments per group (1: expert-major rows)
 
 
 def cases(dtype) -> list[Case]:
     """a-d in every dtype; e in fp16 only (how time scales with the group count does not depend on
     the dtype, and each group count compiles its own kernels: this keeps the script under 4 minutes)."""
-    e = [Case(f"e fwd x@w1 G={g}", D, H, g, False, True) for g in E_GROUPS] if dtype == torch.float16 else []
+    fp16 = dtype == torch.float16
+    e = [Case(f"e fwd x@w1 G={g}", D, H, g, False, True) for g in E_GROUPS] if fp16 else []
+    f = [Case("f a, expert-major", D, H, 8, False, True, 1),
+         Case("f d, expert-major", H, D, 8, True, False, 1)] if fp16 else []
     return [Case("a fwd x@w1", D, H, 8, False, True), Case("b fwd act@w2", H, D, 8, False, True),
-            Case("c dgrad dy@w2^T", D, H, 8, True, False), Case("d dgrad dpre@w1^T", H, D, 8, True, False), *e]
+            Case("c dgrad dy@w2^T", D, H, 8, True, False), Case("d dgrad dpre@w1^T", H, D, 8, True, False), *e, *f]
 
 
-def _counts(groups: int, gen) -> torch.Tensor:
+def _counts(groups: int, gen, sources: int = R) -> torch.Tensor:
     """Rows per segment [R * G], source-major. Expert popularity is uneven (softmax of N(0, 0.6^2)
-    logits: the busiest expert gets ~2-3x the rows of the idlest), each source draws its own rows."""
+    logits: the busiest expert gets ~2-3x the rows of the idlest), each source draws its own rows.
+    sources = 1: the same draw with each group's R segments merged into one (expert-major rows)."""
     p = torch.softmax(torch.randn(groups, generator=gen) * 0.6, 0)
     per_source = [torch.multinomial(p, ROWS // R, True, generator=gen).bincount(minlength=groups)
                   for _ in range(R)]
-    return torch.cat(per_source)
+    return torch.cat(per_source) if sources == R else torch.stack(per_source).sum(0)
 
 
 def make_inputs(case: Case, dtype, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
-    counts = _counts(case.groups, gen)
+    counts = _counts(case.groups, gen, case.sources)
     G, K, N, T = case.groups, case.K, case.N, int(counts.sum())
     new = lambda *shape, scale=1.0: (torch.randn(*shape, generator=gen) * scale).to(DEV, dtype)  # noqa: E731
     # w [G, K, N]; the input-gradient cases use the transpose view of a [G, N, K] weight, as autograd does
@@ -182,15 +189,21 @@ def _units(metrics: dict) -> dict:
 
 
 def _params(case: Case, dtype, inp: dict) -> dict:
-    return {"shape": case.name, "dtype": DTYPE_NAME[dtype], "groups": case.groups, "segments_per_group": R,
+    return {"shape": case.name, "dtype": DTYPE_NAME[dtype], "groups": case.groups, "segments_per_group": case.sources,
             "rows": inp["rows"], "empty_segments": inp["empty"], "K": case.K, "N": case.N,
             "w_layout": "transposed" if case.transposed else "plain", "bias": case.bias}
+
+
+def _seed(case: Case) -> int:
+    """Same seed for cases of one shape, so that an expert-major case draws the row counts of its
+    source-major twin."""
+    return case.K * 7 + case.N * 3 + case.groups * 11 + int(case.transposed)
 
 
 def run_all(dtypes: list) -> tuple[list[dict], list[str]]:
     """Check every case first (stop on any mismatch), then time them all; records + config notes."""
     plan = [(case, dtype) for dtype in dtypes for case in cases(dtype)]
-    inputs = {key: make_inputs(key[0], key[1], seed=i) for i, key in enumerate(plan)}
+    inputs = {key: make_inputs(key[0], key[1], seed=_seed(key[0])) for key in plan}
     checked = {key: check(*key, inputs[key]) for key in plan}
     configs = [f"{c.name} {DTYPE_NAME[d]}: {picked}" for (c, d), (_, _, picked) in checked.items()]
     if any(err for _, err, _ in checked.values()):

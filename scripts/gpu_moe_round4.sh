@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# MoE round 4 on a 4 x H200 machine (repository root; results under $OUT). PARTS picks:
+#   trace   timelines of the seed step and of rand-skew with replication, the GPU test of the block-GEMM
+#           copy kernel, the grouped GEMM with source-major against expert-major rows (one GPU, fp16)
+#   final   the runs quoted for issue 5 at 100 steps (seed config, replication, experts)
+export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-results/scratch}
+PARTS=${PARTS:-"trace"}
+mkdir -p "$OUT/runs"
+moe() { name=$1; limit=$2; shift 2
+        timeout "$limit" python3 -m qbench moe --world-size "${W:-4}" --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
+        echo "== $name rc=$?"; grep -E "│|rror" "$OUT/$name.log" | tail -${TAIL:-8}; }
+trace_part() {
+  moe seed-trace 90 --num-steps 30 --warmup 5 --trace "$OUT/trace"
+  moe replicate-trace 150 --routing rand-skew --replicate-hot 0,2,4 --num-steps 30 --warmup 5 --trace "$OUT/trace"
+  timeout 150 python3 -m pytest -q tests/test_block_gemm.py > "$OUT/gpu_tests.log" 2>&1
+  echo "== block gemm gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.log"
+  timeout 240 python3 scripts/gpu_grouped_tma.py --dtypes fp16 --out "$OUT/runs/grouped-tma" > "$OUT/grouped_tma.log" 2>&1
+  echo "== tma rc=$?"; tail -24 "$OUT/grouped_tma.log"
+}
+final_part() {
+  moe seed100 90 --num-steps 100 --warmup 10 --seed-format
+  moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 100 --warmup 10
+  moe experts100 120 --num-local-experts 8,16,32,64 --num-steps 100 --warmup 10
+}
+nvidia-smi -L
+nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+for part in $PARTS; do "${part}_part"; done
+nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
+cd "$OUT" && tar czf runs.tar.gz runs $( [[ -d trace ]] && echo trace ) && rm -rf runs trace

@@ -6,8 +6,10 @@ These kernels compute the same values as qbench/layers/moe_routing.route and moe
 
 Per rank: T tokens, E experts, k choices, assignments a = j * T + t (every first choice ranks before
 every second choice: Tutel's priority when an expert is over capacity), token blocks of BT.
-  _choose_kernel     grid (T / BT): top-k expert ids per token (or the forced ids) and, per
-                     (choice j, block b), an expert histogram hist[j * nb + b, E]
+  _choose_kernel     grid (T / BT): top-k expert ids per token (or the forced ids), the combine
+                     weights (fp32 softmax over the k chosen logits) and, per (choice j, block b),
+                     an expert histogram hist[j * nb + b, E]; with a padded send buffer it also
+                     fills every source row with the zero row's index T
   _positions_kernel  grid (k * nb): position of every assignment in its expert's list = the
                      histogram rows before (j, b) + the rank inside the block; keep = pos < capacity;
                      counts / kept per expert; with one chunk and no replication also the row of
@@ -16,9 +18,12 @@ every second choice: Tutel's priority when an expert is over capacity), token bl
   _plan_kernel       grid (1): from the rows sent (seg [E]) and received (got [W * L]) per (rank,
                      local expert): split sizes of every chunk, chunk-local segment offsets and
                      the offsets of all chunks in one receive buffer (as moe_comm.prepare)
+  _weights_grad_kernel  grid (T / BT): backward of the weights, d_logits [T, E] (zero off the choices)
 """
 
 from __future__ import annotations
+
+import functools
 
 import triton
 import triton.language as tl
@@ -26,30 +31,48 @@ import triton.language as tl
 from kernels import interpreting
 
 BLOCK_TOKENS = 16 if interpreting() else 128
+BLOCK_FILL = 64 if interpreting() else 1024  # int64 entries one program fills per step
 
 
 @triton.jit
-def _choose_kernel(logits_ptr, idx_ptr, hist_ptr, T, E, NB, stride_t,
-                   K: tl.constexpr, FORCED: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr):
+def _choose_kernel(logits_ptr, idx_ptr, w_ptr, hist_ptr, fill_ptr, T, E, NB, stride_t, FILL_N, FILL_V,
+                   K: tl.constexpr, FORCED: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr,
+                   BF: tl.constexpr):
     pid = tl.program_id(0)
     t = pid * BT + tl.arange(0, BT)
     e = tl.arange(0, BE)
+    kk = tl.arange(0, BK)
     t_ok = t < T
     e_ok = e < E
+    row = t.to(tl.int64) * stride_t
     if not FORCED:
-        vals = tl.load(logits_ptr + t[:, None].to(tl.int64) * stride_t + e[None, :],
-                       mask=t_ok[:, None] & e_ok[None, :], other=float("-inf")).to(tl.float32)
+        vals = tl.load(logits_ptr + row[:, None] + e[None, :], mask=t_ok[:, None] & e_ok[None, :],
+                       other=float("-inf")).to(tl.float32)
+    chosen = tl.full((BT, BK), float("-inf"), tl.float32)  # fp32 logit of choice j in column j
     for j in tl.static_range(K):
         if FORCED:
             choice = tl.load(idx_ptr + t * K + j, mask=t_ok, other=0).to(tl.int32)
+            top = tl.load(logits_ptr + row + choice, mask=t_ok, other=0.0).to(tl.float32)
         else:
             top = tl.max(vals, 1)
             choice = tl.min(tl.where(vals == top[:, None], e[None, :], BE), 1)  # lowest id among equals
             choice = tl.minimum(choice, E - 1)  # a row of NaNs matches nothing: keep the id in range
             vals = tl.where(e[None, :] == choice[:, None], float("-inf"), vals)
             tl.store(idx_ptr + t * K + j, choice.to(tl.int64), mask=t_ok)
+        chosen = tl.where((kk[None, :] == j) & t_ok[:, None], top[:, None], chosen)
         hits = ((e[None, :] == choice[:, None]) & t_ok[:, None]).to(tl.int32)
         tl.store(hist_ptr + (j * NB + pid) * E + e, tl.sum(hits, 0), mask=e_ok)
+    # Combine weights: softmax over the k chosen logits in fp32 (columns >= K hold -inf: exp gives 0).
+    k_ok = kk[None, :] < K
+    top = tl.where(t_ok, tl.max(chosen, 1), 0.0)  # rows past T: all -inf, keep them NaN-free
+    p = tl.where(k_ok, tl.exp(chosen - top[:, None]), 0.0)
+    w = p / tl.where(t_ok, tl.sum(p, 1), 1.0)[:, None]
+    tl.store(w_ptr + t[:, None] * K + kk[None, :], w, mask=t_ok[:, None] & k_ok)
+    # Padded send buffers: every row first reads FILL_V (the zero row); _positions_kernel, launched
+    # after this one, overwrites the rows that assignments fill. Program pid fills its share.
+    for f0 in range(pid * BF, FILL_N, NB * BF):
+        f = f0 + tl.arange(0, BF)
+        tl.store(fill_ptr + f, tl.zeros((BF,), dtype=tl.int64) + FILL_V, mask=f < FILL_N)
 
 
 @triton.jit
@@ -123,9 +146,20 @@ def _plan_kernel(seg_ptr, got_ptr, splits_ptr, off_ptr, off_all_ptr, W, L, D,
 
 
 def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=None, rows: bool = False):
-    """Routing of one step: (idx [T, k], flat_e, pos, keep [kT], counts, kept [E], rows [kT] | None,
-    source [S] | None). cap None: dropless. rows/source only when rows=True (one chunk, no replication):
+    """Routing of one step: (idx [T, k], weights [T, k] fp32, flat_e, pos, keep [kT], counts, kept [E],
+    rows [kT] | None, source [S] | None). weights = softmax over the k chosen logits, differentiable
+    w.r.t. logits. cap None: dropless. rows/source only when rows=True (one chunk, no replication):
     source[row] = token of that send-buffer row (padded rows read token T: the appended zero row)."""
+    import torch
+
+    if torch.is_grad_enabled() and logits.requires_grad:
+        return _route_function().apply(logits, k, cap, padded, forced, rows)
+    return _route(logits, k, cap, padded, forced, rows)
+
+
+def _route(logits, k: int, cap: int | None, padded: bool, forced, rows: bool):
+    # Two launches when T > 0 (none when T == 0): every output below is written by a kernel, so
+    # they are allocated with torch.empty (zeros / full only where no kernel runs).
     import torch
 
     T, E = logits.shape
@@ -134,22 +168,90 @@ def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=No
     BE = triton.next_power_of_2(E)
     idx = (forced.to(torch.int64).contiguous() if forced is not None
            else torch.empty((T, k), dtype=torch.int64, device=dev))
+    weights = torch.empty((T, k), dtype=torch.float32, device=dev)
     hist = torch.empty((k * nb, E), dtype=torch.int32, device=dev)
-    if T:
-        _choose_kernel[(nb,)](logits, idx, hist, T, E, nb, logits.stride(0), K=k, FORCED=forced is not None,
-                              BT=BLOCK_TOKENS, BE=BE)
     flat_e, pos = (torch.empty(k * T, dtype=torch.int64, device=dev) for _ in range(2))
     keep = torch.empty(k * T, dtype=torch.int8, device=dev)
-    counts, kept = (torch.zeros(E, dtype=torch.int64, device=dev) for _ in range(2))
+    counts, kept = ((torch.empty if T else torch.zeros)(E, dtype=torch.int64, device=dev) for _ in range(2))
     limit = cap if cap is not None else k * T + 1
     total = E * cap if padded else k * T
     row_of = torch.empty(k * T, dtype=torch.int64, device=dev) if rows else flat_e
-    source = (torch.full((total,), T, dtype=torch.int64, device=dev) if padded else
-              torch.empty((total,), dtype=torch.int64, device=dev)) if rows else flat_e
+    fill = rows and padded  # padded send rows that no assignment fills read token T (the zero row)
+    source = torch.empty(total, dtype=torch.int64, device=dev) if rows else flat_e
+    if fill and not T:
+        source.fill_(T)
     if T:
+        _choose_kernel[(nb,)](logits, idx, weights, hist, source, T, E, nb, logits.stride(0),
+                              total if fill else 0, T, K=k, FORCED=forced is not None, BT=BLOCK_TOKENS, BE=BE,
+                              BK=triton.next_power_of_2(k), BF=BLOCK_FILL)
         _positions_kernel[(k * nb,)](idx, hist, flat_e, pos, keep, counts, kept, row_of, source, T, E, nb, limit,
                                      K=k, ROWS=rows, PADDED=padded, BT=BLOCK_TOKENS, BE=BE, BR=16)
-    return idx, flat_e, pos, keep.bool(), counts, kept, (row_of if rows else None), (source if rows else None)
+    return (idx, weights, flat_e, pos, keep.view(torch.bool), counts, kept, (row_of if rows else None),
+            (source if rows else None))
+
+
+@functools.cache
+def _route_function():
+    """autograd.Function over _route, built on first use (torch is imported only when a kernel runs).
+    Only the weights are differentiable; backward: one launch of _weights_grad_kernel."""
+    import torch
+
+    class RouteFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, k, cap, padded, forced, rows):
+            out = _route(logits, k, cap, padded, forced, rows)
+            ctx.save_for_backward(out[0], out[1])
+            ctx.logits_shape, ctx.logits_dtype = logits.shape, logits.dtype
+            ctx.set_materialize_grads(False)  # no zero gradients for the integer outputs
+            return out
+
+        @staticmethod
+        def backward(ctx, _d_idx, d_weights, *_rest):
+            if d_weights is None:
+                return None, None, None, None, None, None
+            idx, weights = ctx.saved_tensors
+            d_logits = weights_backward(idx, weights, d_weights, ctx.logits_shape[1], ctx.logits_dtype)
+            return d_logits, None, None, None, None, None
+
+    return RouteFunction
+
+
+@triton.jit
+def _weights_grad_kernel(idx_ptr, w_ptr, g_ptr, d_ptr, T, E,
+                         K: tl.constexpr, BT: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+    # Softmax backward over the k chosen logits, scattered into the full row of E logits:
+    # d[t, idx[t, j]] += w_j * (g_j - sum_i w_i g_i), in fp32, one rounding to the logits' dtype.
+    t = tl.program_id(0) * BT + tl.arange(0, BT)
+    e = tl.arange(0, BE)
+    kk = tl.arange(0, BK)
+    t_ok = t < T
+    ok = t_ok[:, None] & (kk[None, :] < K)
+    w = tl.load(w_ptr + t[:, None] * K + kk[None, :], mask=ok, other=0.0)
+    g = tl.load(g_ptr + t[:, None] * K + kk[None, :], mask=ok, other=0.0).to(tl.float32)
+    ids = tl.load(idx_ptr + t[:, None] * K + kk[None, :], mask=ok, other=-1).to(tl.int32)
+    d = w * (g - tl.sum(w * g, 1)[:, None])  # [BT, BK]
+    row = tl.zeros((BT, BE), dtype=tl.float32)
+    for j in tl.static_range(K):
+        dj = tl.sum(tl.where(kk[None, :] == j, d, 0.0), 1)
+        ej = tl.sum(tl.where(kk[None, :] == j, ids, 0), 1)
+        row += tl.where(e[None, :] == ej[:, None], dj[:, None], 0.0)  # a repeated id accumulates
+    tl.store(d_ptr + t[:, None].to(tl.int64) * E + e[None, :], row.to(d_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & (e[None, :] < E))
+
+
+def weights_backward(idx, weights, d_weights, num_experts: int, dtype):
+    """d_logits [T, E] (dtype) from the gradient of the combine weights [T, k]: zero except at the
+    chosen ids (every entry is written, so no zero fill)."""
+    import torch
+
+    T, k = idx.shape
+    d_logits = torch.empty((T, num_experts), dtype=dtype, device=idx.device)
+    BE = triton.next_power_of_2(num_experts)
+    BT = max(1, min(BLOCK_TOKENS, 8192 // BE))  # keep the [BT, BE] tile of the row small
+    if T:
+        _weights_grad_kernel[(triton.cdiv(T, BT),)](idx, weights, d_weights.contiguous(), d_logits, T,
+                                                    num_experts, K=k, BT=BT, BE=BE, BK=triton.next_power_of_2(k))
+    return d_logits
 
 
 def plan_offsets(seg, got, world_size: int, degree: int):

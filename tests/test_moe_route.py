@@ -17,37 +17,104 @@ def _mismatch(got, want, what):
                             f"{got[bad[:5]].tolist()} vs {want[bad[:5]].tolist()}"
 
 
-@pytest.mark.parametrize("T,E,k", [(37, 6, 2), (1, 3, 1), (50, 17, 3)])
+def _close(got, want, rtol, atol, what):
+    err = (got.double() - want.double()).abs()
+    bad = (err > rtol * want.double().abs() + atol).flatten().nonzero().flatten()
+    assert not bad.numel(), f"{what}: {bad.numel()} off, first at {bad[:5].tolist()}: " \
+                            f"{got.flatten()[bad[:5]].tolist()} vs {want.flatten()[bad[:5]].tolist()}"
+
+
+# On the GPU tl.exp is exp2(x * log2 e): the product's rounding costs |x| * 2^-24 relative for logit
+# gaps |x| of up to ~40 here, plus the roundings of the sum and the division.
+W_RTOL = 1e-5
+
+
+@pytest.mark.parametrize("T,E,k", [(37, 6, 2), (1, 3, 1), (130, 17, 3)])
 @pytest.mark.parametrize("cf", [0.0, 1.0, -0.5])
 def test_routing_kernels_match_route(T, E, k, cf):
     gen = torch.Generator().manual_seed(T * E + k)
     logits = torch.randn(T, E, generator=gen).to(DEVICE).half()
     cap = capacity_limit(cf, T, k, E) if cf else None
-    idx, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(logits, k, cap, cf > 0, rows=True)
+    idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
+        logits, k, cap, cf > 0, rows=True)
     # the chosen ids hold the k largest logits, largest first (ties may pick either id)
     _mismatch(logits.gather(1, idx), logits.topk(k, dim=1).values, "top-k values")
     want = route(logits, k, cf, forced=idx)
+    assert keep.dtype == torch.bool
     for name in ("flat_e", "pos", "keep", "counts", "kept"):
         _mismatch(locals()[name], getattr(want, name), name)
+    _close(weights, want.weights, W_RTOL, 0.0, "weights")
     seg = torch.full_like(kept, cap) if cf > 0 else kept
     _mismatch(rows, comm.send_rows(want, comm.chunk_parts(seg, 1), None), "send rows")
     sent = int(seg.sum())
     tokens = torch.arange(k * T, device=DEVICE) % T
     assert (source[rows[keep]] == tokens[keep]).all(), "source is not the inverse of rows"
-    if cf > 0:  # rows that no assignment fills read the zero row (token T)
+    if cf > 0:  # rows that no assignment fills read the zero row (token T), filled by _choose_kernel
+        assert source.numel() == sent
         unused = torch.ones(sent, dtype=torch.bool, device=DEVICE)
         unused[rows[keep]] = False
-        assert (source[unused] == T).all()
+        _mismatch(source[unused], torch.full_like(source[unused], T), "unfilled source rows")
 
 
 def test_forced_choices_pass_through():
     T, E, k = 29, 5, 2
     forced = torch.stack([torch.arange(T) % E, (torch.arange(T) + 2) % E], 1).to(DEVICE)
     logits = torch.randn(T, E, device=DEVICE)
-    idx, flat_e, pos, *_ = choose_and_position(logits, k, None, False, forced=forced)
+    idx, weights, flat_e, pos, *_ = choose_and_position(logits, k, None, False, forced=forced)
     want = route(logits, k, 0.0, forced=forced)
     _mismatch(idx, forced, "idx")
     _mismatch(pos, want.pos, "pos")
+
+
+def test_no_tokens_gives_zero_counts_and_a_filled_source():
+    logits = torch.randn(0, 7, device=DEVICE)
+    idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
+        logits, 2, 1, True, rows=True)
+    assert idx.shape == weights.shape == (0, 2) and flat_e.numel() == keep.numel() == 0
+    assert (counts == 0).all() and (kept == 0).all() and counts.numel() == 7
+    assert source.numel() == 7 and (source == 0).all()  # every padded row reads token T = 0
+
+
+def _forced_ids(T, E, k, gen):
+    """Random ids [T, k]; row 0 repeats one id (trace files may hold such rows)."""
+    ids = torch.randint(0, E, (T, k), generator=gen)
+    ids[0] = ids[0, 0]
+    return ids.to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("T,E,k", [(1, 3, 2), (37, 6, 2), (130, 11, 3)])
+@pytest.mark.parametrize("forced", [False, True], ids=["gate", "forced"])
+def test_weights_and_logit_gradient_match_torch_autograd(dtype, T, E, k, forced):
+    gen = torch.Generator().manual_seed(1000 * T + 10 * E + k)
+    logits = (torch.randn(T, E, generator=gen) * 4).to(DEVICE, dtype).requires_grad_()
+    ids = _forced_ids(T, E, k, gen) if forced else None
+    d_weights = torch.randn(T, k, generator=gen).to(DEVICE)
+    idx, weights = choose_and_position(logits, k, None, False, forced=ids)[:2]
+    assert weights.dtype == torch.float32 and weights.requires_grad
+    weights.backward(d_weights)
+    # the formula it replaces: softmax over the gathered logits in fp32, torch's autograd
+    leaf = logits.detach().float().requires_grad_()
+    want = torch.softmax(leaf.gather(1, idx), dim=1)
+    want.backward(d_weights)
+    _close(weights, want, W_RTOL, 0.0, "weights")
+    assert logits.grad.dtype == dtype and logits.grad.shape == (T, E)
+    chosen = torch.zeros(T, E, dtype=torch.bool, device=DEVICE).scatter_(1, idx, True)
+    assert (logits.grad[~chosen] == 0).all(), "logits that were not chosen must get zero gradient"
+    # one rounding to dtype (unit roundoff; bf16: one ulp, the interpreter's fp32 -> bf16 cast truncates
+    # where the GPU rounds to nearest), after fp32 roundings of w * (g - sum w g), terms of size max |g|
+    u = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7}[dtype]
+    _close(logits.grad, leaf.grad, u, 1e-6 * float(d_weights.abs().max()), "d_logits")
+
+
+def test_weights_without_autograd_are_the_same_values():
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(23, 9, generator=gen).to(DEVICE).requires_grad_()
+    with_grad = choose_and_position(logits, 2, None, False)[1]
+    with torch.no_grad():
+        plain = choose_and_position(logits, 2, None, False)[1]
+    assert not plain.requires_grad
+    _mismatch(plain.flatten(), with_grad.detach().flatten(), "weights")
 
 
 @pytest.mark.parametrize("W,L,D", [(1, 3, 1), (2, 2, 3), (3, 5, 2), (4, 1, 4)])

@@ -103,9 +103,9 @@ class MoELayer(nn.Module):
             return route(logits, k, cf, self.forced), None, None
         T, E = logits.shape
         cap = capacity_limit(cf, T, k, E) if cf != 0 else None
-        idx, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
+        # the weights (softmax over the k chosen logits, differentiable) come from the routing kernels
+        idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
             logits, k, cap, cf > 0 if padded is None else padded, self.forced, rows=with_rows)
-        weights = torch.softmax(logits.gather(1, idx).float(), dim=1)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
     def _experts(self, x2, routing, plan, dplan):

@@ -108,15 +108,25 @@ class MoELayer(nn.Module):
             logits, k, cap, cf > 0 if padded is None else padded, self.forced, rows=with_rows)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
+    def _start_replicas(self, hot: list[int]):
+        """Replicas of the hot experts with their weight broadcast started (None without hot experts).
+        Started before anything else of the expert step, on the replicas' own communicator."""
+        if not hot:
+            return None
+        with self._phase("replicas"):
+            replicas = Replicas(hot, self.opts.num_local_experts, self.rank, self.group)
+            replicas.broadcast(self.w1, self.b1, self.w2, self.b2)
+        return replicas
+
     def _experts(self, x2, routing, plan, dplan):
         rows = dplan.rows
+        replicas = self._start_replicas(plan.hot)
         send = gather_tokens(x2, rows, plan.send_rows, routing.padded, dplan.source)
         weights = (self.w1, self.b1, self.w2, self.b2)
-        replicas, hot_x = None, x2[:0]
+        hot_x = x2[:0]
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)
             hot_x = gather_tokens(x2, dplan.hot_rows, hot_total, False, dplan.hot_source)
-            replicas = Replicas(plan.hot, self.opts.num_local_experts, self.rank, self.group)
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, comm.A2AExchange(self.group), self.timer)
         back, hot_y = expert_parallel(send, hot_x, weights, plan, dplan.hot_offsets, cfg, replicas)
         with self._phase("combine"):

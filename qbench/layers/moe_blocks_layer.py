@@ -29,21 +29,17 @@ from qbench.layers import moe_comm as comm
 from qbench.layers.moe import MoELayer, MoEOptions, _Combine, gather_tokens
 from qbench.layers.moe_blocks import build_plan, make_transport
 from qbench.layers.moe_experts import ExpertConfig, _act, _act_backward, ffn_forward, hot_backward
-from qbench.layers.moe_replicas import Replicas
 
 
 class BlocksFunction(torch.autograd.Function):
     """(x_src [S, d], hot_x [H, d], weights) -> (y_src [S, d], hot_y [H, d]); `replicas` (Replicas or
-    None) brings the hot experts' weights (broadcast first: the pulls do not use NCCL) and takes
-    their gradients home (reduce started as soon as they exist, added at the end)."""
+    None, its broadcast started by the caller) brings the hot experts' weights and takes their
+    gradients home (reduce started as soon as they exist, added at the end)."""
 
     @staticmethod
     def forward(ctx, x_src, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, transport, replicas):
         ctx.plan, ctx.cfg, ctx.transport, ctx.hot_offsets = plan, cfg, transport, hot_offsets
         ctx.replicas, ctx.hot_saved = replicas, None
-        if replicas is not None:
-            with cfg.phase("replicas"):
-                replicas.broadcast(w1, b1, w2, b2)
         with cfg.phase("ag"):
             pre, gathered = transport.pull_matmul(x_src, w1, b1, plan)
         with cfg.phase("experts"):
@@ -109,14 +105,14 @@ class BlocksMoELayer(MoELayer):
             plan, hot = self._plan(routing, rows, source)
             self.last = {"routing": routing, "plan": plan, "kept": hot.kept}
         weights = (self.w1, self.b1, self.w2, self.b2)
+        replicas = self._start_replicas(plan.hot)  # first: the broadcast runs beside what follows
         into = getattr(self.transport, "source_buffer", None)  # symm: gather straight into the pull buffer
         use = into is not None and hot.source is not None and not plan.all_local  # all local: x_src is kept
         into = into(plan, x2.shape[1], x2.dtype) if use else None
         x_src = gather_tokens(x2, hot.rows, plan.src_rows, False, hot.source, into)
-        replicas, hot_x = None, x2[:0]
+        hot_x = x2[:0]
         if plan.hot:
             hot_x = gather_tokens(x2, hot.hot_rows, sum(hot.kept[e] for e in plan.hot), False, hot.hot_source)
-            replicas = Replicas(plan.hot, self.opts.num_local_experts, self.rank, self.group)
         cfg = ExpertConfig(self.opts.activation, self.opts.gemm, None, self.timer)
         y_src, hot_y = BlocksFunction.apply(x_src, hot_x, *weights, plan, hot.hot_offsets, cfg, self.transport,
                                             replicas)

@@ -7,16 +7,17 @@ it pipelines like the forward: per chunk only the input-gradient path (dact, dpr
 that chunk's all-to-all starts; the weight gradients run once over all chunks at the end (the
 received rows of every chunk live in one buffer), so a higher degree D adds no weight-gradient work.
 
-    forward   start dispatch a2a of every chunk (async) | start replica broadcast | per chunk: wait,
-              FFN, start combine | replicas' FFN
-    backward  start a2a of every chunk's output gradient | replicas' backward | per chunk: wait, dx
-              path, start a2a | start replica reduce | weight gradients of all chunks (overlapping
-              the last transfers) | add the replicas' gradients
+    forward   (the caller started the replicas' weight broadcast) | start dispatch a2a of every chunk
+              (async) | per chunk: wait, FFN, start combine | replicas' FFN
+    backward  start a2a of every chunk's output gradient | replicas' backward, start their reduce |
+              per chunk: wait, dx path, start a2a | weight gradients of all chunks (overlapping the
+              last transfers) | add the replicas' gradients
 NCCL runs the all-to-alls on its own stream, so chunk i+1's transfer overlaps chunk i's GEMMs; with
 degree 1 nothing overlaps. Replicated ("hot") experts compute this rank's own rows locally with their
-owners' weights (qbench/layers/moe_replicas.py: one broadcast per owner, queued behind the dispatch),
-after the local experts, while the combine is in flight; their gradients go home with one reduce per
-owner, queued behind the last exchange so that it overlaps the weight gradients.
+owners' weights (qbench/layers/moe_replicas.py: one broadcast per owner on a second communicator,
+started by the layer before the dispatch), after the local experts, while the combine is in flight;
+their gradients go home with one reduce per owner, started as soon as they exist, so that it overlaps
+the input-gradient path and the weight gradients.
 """
 
 from __future__ import annotations
@@ -128,9 +129,6 @@ def _make_expert_parallel():
             R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
             x, x_c = _chunked(plan, R, send, d)
             waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
-            if replicas is not None:
-                with cfg.phase("replicas"):  # queued behind the dispatch on NCCL's stream
-                    replicas.broadcast(w1, b1, w2, b2)
             (pre, pre_c), (act, act_c), (y, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
             back = torch.empty_like(send)
             backs, back_c = [], _sent(plan, back)
@@ -161,6 +159,8 @@ def _make_expert_parallel():
             if replicas is not None:  # while the output gradient is in flight
                 with cfg.phase("backward_experts"):
                     d_hot_x, *hot_grads = hot_backward(d_hot, ctx.hot_saved, ctx.hot_offsets, cfg)
+                with cfg.phase("replicas"):  # its own communicator: runs beside the exchanges
+                    replicas.reduce(*hot_grads)
             (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
             pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
             d_send = torch.empty_like(d_back)
@@ -170,9 +170,6 @@ def _make_expert_parallel():
                 with cfg.phase("backward_experts"):
                     ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
                 backs += _start(cfg, "backward_a2a", send_c[i:i + 1], dx_c[i:i + 1], [c], inbound=False)
-            if replicas is not None:
-                with cfg.phase("replicas"):  # queued behind the last exchange; overlaps the weight gradients
-                    replicas.reduce(*hot_grads)
             with cfg.phase("backward_experts"):
                 grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all, w1.shape[0], cfg)
             _wait(cfg, "backward_a2a", backs)

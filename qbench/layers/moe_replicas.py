@@ -100,17 +100,29 @@ class Replicas:
         self._start(self._grad, _reduce)
 
     def add_to(self, dw1, db1, dw2, db2) -> None:
-        """Wait for the reduces; add the summed gradients of this rank's hot experts (in place)."""
+        """Wait for the reduces; add the summed gradients of this rank's hot experts (in place): one
+        add per parameter and run of consecutive local experts (`grad[l] += x` would also copy the
+        sum back through __setitem__, a second pass over 8 MB per matrix)."""
         self._wait()
         for owner, h0, h1 in self.runs:
             if owner != self.rank:
                 continue
-            for h in range(h0, h1):
-                l = self.hot[h] % self.L
-                parts = self._grad[h].split(self._split)
+            for a, b in _consecutive([e % self.L for e in self.hot[h0:h1]]):
+                parts = self._grad[h0 + a:h0 + b].split(self._split, dim=1)
+                l0 = self.hot[h0 + a] % self.L
                 for grad, part in zip((dw1, db1, dw2, db2), parts):
-                    grad[l] += part.view(grad.shape[1:])
+                    grad.narrow(0, l0, b - a).add_(part.view(b - a, *grad.shape[1:]))
         self._grad = None
+
+
+def _consecutive(ids: list[int]) -> list[tuple[int, int]]:
+    """[start, end) index ranges of the runs of consecutive values in `ids` (ascending)."""
+    runs, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or ids[i] != ids[i - 1] + 1:
+            runs.append((start, i))
+            start = i
+    return runs
 
 
 def _broadcast(t, root, group, async_op):

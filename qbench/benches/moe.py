@@ -8,8 +8,10 @@ record, not timed. System "blocks" (MixMoE's block dispatch fused with the exper
 chunk, so its cases take overlap degree 1 only; its transport ("symm" or the "a2a" fallback) is a param.
 
 Metrics (times in ms: median over steps of the max over ranks):
-  step_time, forward_time, backward_time, <phase>_time (gate, plan, dispatch, experts, combine,
-  backward_a2a, backward_experts), tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
+  step_time, forward_time, backward_time (steps without the layer's phase events), <phase>_time (gate,
+  plan, dispatch, experts, combine, backward_a2a, backward_experts; from a second pass of as many steps
+  with them), step_time_instrumented (that pass's step time: what the phase events cost),
+  tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
   per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
   tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert
   and per-rank load (max / mean), dropped_tokens, roofline_fraction (the busiest rank's floor from
@@ -193,7 +195,7 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
     metrics, unit_of = summarize(config, case, ctx.world_size, samples, stats, memory, device)
     metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
     unit_of["check_max_rel_error"] = units.REL_ERROR
-    keep = ("step_time", "forward_time", "backward_time")
+    keep = ("step_time", "forward_time", "backward_time", "step_time_instrumented")
     return make_record(BENCH, params, metrics, units=unit_of, device=device,
                        samples={k: v for k, v in samples.items() if k in keep or "_time_rank" in k})
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_forward, grouped_matmul_wgrad
+from kernels.moe_permute import from_expert_major, to_expert_major
 
 
 @dataclass
@@ -132,10 +133,16 @@ def _make_expert_parallel():
             (pre, pre_c), (act, act_c), (y, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
             back = torch.empty_like(send)
             backs, back_c = [], _sent(plan, back)
+            ctx.expert_offsets = None
             for i, c in enumerate(plan.chunks):
                 _wait(cfg, "dispatch", waits[i:i + 1])
                 with cfg.phase("experts"):
-                    ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
+                    if expert_major(plan, send, cfg):  # one chunk: i == 0, x_c[0] is x
+                        x, ctx.expert_offsets = to_expert_major(x, c.offsets, w1.shape[0])
+                        ye = ffn_forward(x, ctx.expert_offsets, w1, b1, w2, b2, cfg, out=(pre, act, None))[2]
+                        from_expert_major(ye, c.offsets, w1.shape[0], out=y)
+                    else:
+                        ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
                 backs += _start(cfg, "combine", back_c[i:i + 1], y_c[i:i + 1], [c], inbound=False)
             hot_y = hot_x.new_empty((0, d))
             if replicas is not None:  # while the combine is in flight
@@ -165,21 +172,39 @@ def _make_expert_parallel():
             pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
             d_send = torch.empty_like(d_back)
             backs, send_c = [], _sent(plan, d_send)
+            eoff, L = ctx.expert_offsets, w1.shape[0]
             for i, c in enumerate(plan.chunks):
                 _wait(cfg, "backward_a2a", waits[i:i + 1])
                 with cfg.phase("backward_experts"):
-                    ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
+                    if eoff is not None:  # expert-major forward: one chunk, dy_c[0] is dy
+                        dy = to_expert_major(dy, c.offsets, L)[0]
+                        dxe = ffn_input_grad(dy, pre, act, eoff, w1, w2, cfg, out=(dpre, None))[1]
+                        from_expert_major(dxe, c.offsets, L, out=dx_c[0])
+                    else:
+                        ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
                 backs += _start(cfg, "backward_a2a", send_c[i:i + 1], dx_c[i:i + 1], [c], inbound=False)
             with cfg.phase("backward_experts"):
-                grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all, w1.shape[0], cfg)
+                grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all if eoff is None else eoff, L, cfg)
             _wait(cfg, "backward_a2a", backs)
             if replicas is not None:
                 with cfg.phase("replicas"):
                     replicas.add_to(*grads)
-            ctx.hot_saved = ctx.replicas = None
+            ctx.hot_saved = ctx.replicas = ctx.expert_offsets = None
             return (d_send, d_hot_x, *grads, None, None, None, None)
 
     return ExpertParallel
+
+
+def expert_major(plan, x, cfg: ExpertConfig) -> bool:
+    """Whether the expert FFN runs on expert-major rows (kernels/moe_permute.py): one chunk, a grouped
+    GEMM kernel (not the per-segment reference), unless QBENCH_EXPERT_MAJOR=0 (read at every call,
+    so that one process can A/B both orders)."""
+    import os
+
+    from kernels import use_triton
+
+    return (len(plan.chunks) == 1 and cfg.backend != "reference" and use_triton(x)
+            and os.environ.get("QBENCH_EXPERT_MAJOR", "1") != "0")
 
 
 def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):

@@ -2,6 +2,8 @@
 # MoE round 4 on a 4 x H200 machine (repository root; results under $OUT). PARTS picks:
 #   trace   timelines of the seed step and of rand-skew with replication, the GPU test of the block-GEMM
 #           copy kernel, the grouped GEMM with source-major against expert-major rows (one GPU, fp16)
+#   probe   this round's changes at 100 steps: the seed config with expert-major rows (default) and
+#           source-major rows (QBENCH_EXPERT_MAJOR=0), rand-skew with replication, a replicated timeline
 #   final   the runs quoted for issue 5 at 100 steps (seed config, replication, experts)
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/scratch}
@@ -17,6 +19,13 @@ trace_part() {
   echo "== block gemm gpu tests rc=$?"; tail -4 "$OUT/gpu_tests.log"
   timeout 240 python3 scripts/gpu_grouped_tma.py --dtypes fp16 --out "$OUT/runs/grouped-tma" > "$OUT/grouped_tma.log" 2>&1
   echo "== tma rc=$?"; tail -24 "$OUT/grouped_tma.log"
+}
+probe_part() {
+  moe smoke 60 --num-steps 5 --warmup 2
+  moe seed100 90 --num-steps 100 --warmup 10 --seed-format
+  QBENCH_EXPERT_MAJOR=0 moe seed100-source-major 90 --num-steps 100 --warmup 10
+  moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4 --num-steps 100 --warmup 10
+  moe replicate-trace 90 --routing rand-skew --replicate-hot 4 --num-steps 10 --warmup 5 --trace "$OUT/trace"
 }
 final_part() {
   moe seed100 90 --num-steps 100 --warmup 10 --seed-format

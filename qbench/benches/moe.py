@@ -189,6 +189,9 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
     if case.get("system") == "blocks":
         stats.update(moe_run.block_stats(ctx, moe))
     samples = moe_run.time_steps(ctx, config, model, moe, x, dy)
+    if not moe_run.weights_finite(ctx, model):
+        return make_record(BENCH, params, status="error", device=device,
+                           error="weights not finite after the timed steps: the timing measured a diverged layer")
     memory = moe_run.peak_memory_mb(ctx)
     if config.trace_dir:
         moe_run.trace_steps(ctx, config, model, moe, x, dy, case_label(case))

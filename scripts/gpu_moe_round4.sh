@@ -29,12 +29,17 @@ probe_part() {
 }
 final_part() {
   moe seed100 90 --num-steps 100 --warmup 10 --seed-format
+  QBENCH_EXPERT_MAJOR=0 moe seed100-source-major 90 --num-steps 100 --warmup 10
   moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 100 --warmup 10
   moe experts100 120 --num-local-experts 8,16,32,64 --num-steps 100 --warmup 10
 }
 nvidia-smi -L
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv -lms 1000 > "$OUT/smi.csv" 2>&1 &
+SMI=$!
 for part in $PARTS; do "${part}_part"; done
+kill $SMI
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
 cd "$OUT" && tar czf runs.tar.gz runs $( [[ -d trace ]] && echo trace ) && rm -rf runs trace

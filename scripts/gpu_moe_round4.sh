@@ -5,6 +5,8 @@
 #   probe   this round's changes at 100 steps: the seed config with expert-major rows (default) and
 #           source-major rows (QBENCH_EXPERT_MAJOR=0), rand-skew with replication, a replicated timeline
 #   final   the runs quoted for issue 5 at 100 steps (seed config, replication, experts)
+#   again   the seed config twice (expert-major rows opt-in, QBENCH_EXPERT_MAJOR=1, between) and
+#           replication on another machine instance
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/scratch}
 PARTS=${PARTS:-"trace"}
@@ -32,6 +34,12 @@ final_part() {
   QBENCH_EXPERT_MAJOR=0 moe seed100-source-major 90 --num-steps 100 --warmup 10
   moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 100 --warmup 10
   moe experts100 120 --num-local-experts 8,16,32,64 --num-steps 100 --warmup 10
+}
+again_part() {
+  moe seed100 90 --num-steps 100 --warmup 10 --seed-format
+  QBENCH_EXPERT_MAJOR=1 moe seed100-expert-major 90 --num-steps 100 --warmup 10
+  moe seed100-again 90 --num-steps 100 --warmup 10
+  moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4 --num-steps 100 --warmup 10
 }
 nvidia-smi -L
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv

@@ -196,15 +196,17 @@ def _make_expert_parallel():
 
 
 def expert_major(plan, x, cfg: ExpertConfig) -> bool:
-    """Whether the expert FFN runs on expert-major rows (kernels/moe_permute.py): one chunk, a grouped
-    GEMM kernel (not the per-segment reference), unless QBENCH_EXPERT_MAJOR=0 (read at every call,
-    so that one process can A/B both orders)."""
+    """Whether the expert FFN runs on expert-major rows (kernels/moe_permute.py): only when
+    QBENCH_EXPERT_MAJOR=1 (read at every call, so that one process can A/B both orders), with one
+    chunk and a grouped GEMM kernel. Off by default: its GEMMs are 15-20% faster alone, but on 4 x H200
+    the step was not (seed config, 100 steps: 4.454 vs 4.363 ms source-major; the four permutation
+    copies and their launches cost what the GEMMs gain; results/moe-h200x4-round4)."""
     import os
 
     from kernels import use_triton
 
-    return (len(plan.chunks) == 1 and cfg.backend != "reference" and use_triton(x)
-            and os.environ.get("QBENCH_EXPERT_MAJOR", "1") != "0")
+    return (os.environ.get("QBENCH_EXPERT_MAJOR", "0") == "1" and len(plan.chunks) == 1
+            and cfg.backend != "reference" and use_triton(x))
 
 
 def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):

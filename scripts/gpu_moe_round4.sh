@@ -41,6 +41,9 @@ again_part() {
   moe seed100-again 90 --num-steps 100 --warmup 10
   moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4 --num-steps 100 --warmup 10
 }
+third_part() {  # replication once more, the no-replication case timed before and after
+  moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4,0 --num-steps 100 --warmup 10
+}
 nvidia-smi -L
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"

@@ -42,7 +42,8 @@ again_part() {
   moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4 --num-steps 100 --warmup 10
 }
 third_part() {  # replication once more, the no-replication case timed before and after
-  moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4,0 --num-steps 100 --warmup 10
+  moe replicate100 200 --routing rand-skew --replicate-hot 0,2,4 --num-steps 100 --warmup 10
+  moe replicate100-hot0-again 80 --routing rand-skew --replicate-hot 0 --num-steps 100 --warmup 10
 }
 nvidia-smi -L
 nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv

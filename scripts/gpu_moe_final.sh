@@ -2,13 +2,8 @@
 # The MoE runs quoted for issues 5 and 8 on a 4 x H200 machine (repository root; results under $OUT).
 # PARTS picks them: check (GPU tests + a short seed-config timing), a2a (overlap, replication, experts,
 # timelines), blocks (the a2a-vs-blocks sweep over locality and local experts, one command).
-export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-results/scratch}
 PARTS=${PARTS:-"check a2a blocks"}
-mkdir -p "$OUT/runs"
-moe() { name=$1; limit=$2; shift 2
-        timeout "$limit" python3 -m qbench moe --world-size 4 --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
-        echo "== $name rc=$?"; grep -E "│|rror" "$OUT/$name.log" | tail -${TAIL:-8}; }
+source scripts/gpu_moe_lib.sh
 check_part() {
   timeout 150 python3 -m pytest -q -x tests/test_grouped_gemm.py tests/test_moe_route.py tests/test_moe_symm_gpu.py \
     > "$OUT/gpu_tests.log" 2>&1; echo "== gpu tests rc=$?"; tail -3 "$OUT/gpu_tests.log"

@@ -4,13 +4,8 @@
 #   probe   short qbench moe A/Bs: grouped GEMM TMA on/off, replication, blocks transports at high locality
 #   final   the runs quoted for issues 5 and 8 (seed config, replication, experts, the blocks sweep)
 #   two     2 x H200: the symm GPU test and world-size-2 A/Bs;  long: final's runs at 100 steps
-export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-results/scratch}
 PARTS=${PARTS:-"probe"}
-mkdir -p "$OUT/runs"
-moe() { name=$1; limit=$2; shift 2
-        timeout "$limit" python3 -m qbench moe --world-size "${W:-4}" --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
-        echo "== $name rc=$?"; grep -E "│|rror" "$OUT/$name.log" | tail -${TAIL:-8}; }
+source scripts/gpu_moe_lib.sh
 kernels_part() {  # one GPU is enough
   timeout 300 python3 scripts/gpu_grouped_tma.py --out "$OUT/runs/grouped-tma" > "$OUT/grouped_tma.log" 2>&1
   echo "== tma rc=$?"; tail -40 "$OUT/grouped_tma.log"

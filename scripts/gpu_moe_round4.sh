@@ -2,18 +2,13 @@
 # MoE round 4 on a 4 x H200 machine (repository root; results under $OUT). PARTS picks:
 #   trace   timelines of the seed step and of rand-skew with replication, the GPU test of the block-GEMM
 #           copy kernel, the grouped GEMM with source-major against expert-major rows (one GPU, fp16)
-#   probe   this round's changes at 100 steps: the seed config with expert-major rows (default) and
+#   probe   this round's changes at 100 steps: the seed config with expert-major rows (then the default) and
 #           source-major rows (QBENCH_EXPERT_MAJOR=0), rand-skew with replication, a replicated timeline
 #   final   the runs quoted for issue 5 at 100 steps (seed config, replication, experts)
 #   again   the seed config twice (expert-major rows opt-in, QBENCH_EXPERT_MAJOR=1, between) and
 #           replication on another machine instance
-export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-results/scratch}
 PARTS=${PARTS:-"trace"}
-mkdir -p "$OUT/runs"
-moe() { name=$1; limit=$2; shift 2
-        timeout "$limit" python3 -m qbench moe --world-size "${W:-4}" --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
-        echo "== $name rc=$?"; grep -E "│|rror" "$OUT/$name.log" | tail -${TAIL:-8}; }
+source scripts/gpu_moe_lib.sh
 trace_part() {
   moe seed-trace 90 --num-steps 30 --warmup 5 --trace "$OUT/trace"
   moe replicate-trace 150 --routing rand-skew --replicate-hot 0,2,4 --num-steps 30 --warmup 5 --trace "$OUT/trace"

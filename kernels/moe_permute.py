@@ -96,9 +96,10 @@ def to_expert_major_reference(x, offsets, L: int):
     import torch
 
     bounds = [int(v) for v in offsets.tolist()]
-    W = (len(bounds) - 1) // L if L else 0
+    W = (len(bounds) - 1) // L
     order = [s * L + l for l in range(L) for s in range(W)]
     pieces = [x[bounds[q]:bounds[q + 1]] for q in order]
-    totals = [sum(bounds[s * L + l + 1] - bounds[s * L + l] for s in range(W)) for l in range(L)]
-    eoff = torch.tensor([0] + list(torch.tensor(totals).cumsum(0).tolist()) if L else [0], dtype=torch.int64)
-    return (torch.cat(pieces) if pieces else x[:0]), eoff
+    eoff = [0]
+    for l in range(L):
+        eoff.append(eoff[-1] + sum(bounds[s * L + l + 1] - bounds[s * L + l] for s in range(W)))
+    return (torch.cat(pieces) if pieces else x[:0]), torch.tensor(eoff, dtype=torch.int64)

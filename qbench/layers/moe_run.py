@@ -144,9 +144,11 @@ def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
     device = "cuda" if ctx.device.startswith("cuda") else "cpu"
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    samples, _ = _timed_pass(ctx, config, model, moe, x, dy, device, phases=False)
-    instrumented, timer = _timed_pass(ctx, config, model, moe, x, dy, device, phases=True)
-    samples["step_time_instrumented"] = instrumented["step_time"]
+    plain, outer = _timed_pass(config, model, moe, x, dy, device, phases=False)
+    instrumented, timer = _timed_pass(config, model, moe, x, dy, device, phases=True)
+    samples = {"step_time": list(plain.samples_ms), "step_time_instrumented": list(instrumented.samples_ms)}
+    for name, values in outer.results_ms().items():  # forward, backward
+        samples[f"{name}_time"] = max_over_ranks(values)
     for name, values in timer.results_ms().items():
         if name in ("forward", "backward"):
             continue
@@ -157,9 +159,9 @@ def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
     return samples
 
 
-def _timed_pass(ctx, config, model, moe, x, dy, device: str, phases: bool):
-    """time_ranks over the steps with a PhaseTimer around forward and backward, inside the layer too
-    when `phases`: ({step_time, forward_time, backward_time}, the timer)."""
+def _timed_pass(config, model, moe, x, dy, device: str, phases: bool):
+    """time_ranks over the steps with a PhaseTimer around forward and backward, and inside the layer
+    too when `phases`: (Timing of the steps, the PhaseTimer)."""
     timer = PhaseTimer(device)
     moe.timer = timer if phases else None
     run = make_step(config, model, x, dy, timer.phase)
@@ -173,12 +175,7 @@ def _timed_pass(ctx, config, model, moe, x, dy, device: str, phases: bool):
                             on_warmup_end=timer.discard)
     finally:
         moe.timer = None
-    results = timer.results_ms()
-    samples = {"step_time": list(timing.samples_ms)}
-    for name in ("forward", "backward"):
-        if name in results:
-            samples[f"{name}_time"] = max_over_ranks(results[name])
-    return samples, timer
+    return timing, timer
 
 
 def trace_steps(ctx, config, model, moe, x, dy, label: str, steps: int = 3) -> None:

@@ -33,8 +33,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from kernels import interpreting, use_triton
-from kernels.grouped_gemm import _dot_accumulate, _ieee, _upcast
+from kernels._common import dot_accumulate, ieee, interpreting, upcast, use_triton
 
 # A program owns one block (BM = B rounded up to a power of two rows) and one N tile. Interpreter
 # runs (CPU tests) use tiny tiles to stay fast; GPU configs are the Hopper tensor-core shapes for
@@ -150,7 +149,7 @@ def _gather_matmul_kernel(
             if pid_n == 0:
                 tl.store(g_tile, a, mask=valid[:, None] & k_ok[None, :])
         b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
+        acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
         a_tile += BK
         g_tile += BK
         w_tile += BK * swk
@@ -185,7 +184,7 @@ def _matmul_scatter_kernel(
         k_ok = (k0 + ks) < K
         a = tl.load(a_tile, mask=valid[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
+        acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
         a_tile += BK
         w_tile += BK * swk
     acc = _epilogue(acc, b_ptr, l, cols, N, sbl, HAS_BIAS)
@@ -280,7 +279,7 @@ def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activat
         N, K, table.row_stride, w.stride(0), w.stride(1), w.stride(2),
         bias.stride(0) if bias is not None else 0, out.stride(0), gathered.stride(0),
         HAS_BIAS=bias is not None, ACT=ACTIVATIONS[activation], STORE_GATHERED=True, ALIGNED=table.aligned,
-        IEEE=_ieee(table.dtype), UPCAST=_upcast(table.dtype), BM=_bm(plan),
+        IEEE=ieee(table.dtype), UPCAST=upcast(table.dtype), BM=_bm(plan),
     )
     return out, gathered
 
@@ -302,7 +301,7 @@ def matmul_scatter(a, w, bias, peers, plan) -> None:
         a, w, b, table.offsets, table.anchor, *_blocks(plan),
         N, K, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
         bias.stride(0) if bias is not None else 0, table.row_stride,
-        HAS_BIAS=bias is not None, ALIGNED=table.aligned, IEEE=_ieee(a.dtype), UPCAST=_upcast(a.dtype),
+        HAS_BIAS=bias is not None, ALIGNED=table.aligned, IEEE=ieee(a.dtype), UPCAST=upcast(a.dtype),
         BM=_bm(plan),
     )
     return None

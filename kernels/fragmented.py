@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels import use_triton
+from kernels._common import use_triton
 
 MAX_TILE = 32768  # padded elements per row held in registers (128 KB of fp32 over 8 warps)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels import interpreting, use_triton
+from kernels._common import dot_accumulate, ieee, interpreting, upcast, use_triton
 
 # Interpreter runs (CPU tests) use one tiny tile so that they stay fast; GPU configs are the usual
 # Hopper/Ampere tensor-core shapes (128-row tiles for the large expert batches, 64 for small groups).
@@ -47,19 +47,6 @@ else:
         triton.Config({"BK": 128, "BN": 128, "BR": 32}, num_warps=4, num_stages=4),
         triton.Config({"BK": 64, "BN": 128, "BR": 64}, num_warps=4, num_stages=4),
     ]
-
-
-@triton.jit
-def _dot_accumulate(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc += a @ b in fp32. UPCAST widens 16-bit tiles first (only under the interpreter, whose bf16
-    dot is wrong); IEEE asks for exact fp32 products (no TF32) so fp32 matches the fp32 reference."""
-    if UPCAST:
-        a, b = a.to(tl.float32), b.to(tl.float32)
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
 
 
 @triton.autotune(configs=_FWD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
@@ -106,7 +93,7 @@ def _grouped_fwd_kernel(
         k_ok = (k0 + ks) < K
         a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
+        acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
         x_tile += BK * sxk
         w_tile += BK * swk
     if HAS_BIAS:
@@ -149,7 +136,7 @@ def _grouped_wgrad_kernel(
                 dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
                 mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
             )
-            acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
+            acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
     dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
     tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
 
@@ -164,21 +151,6 @@ def _check(x, w, offsets, bias) -> None:
                          f"got {tuple(offsets.shape)}")
     if bias is not None and tuple(bias.shape) != (w.shape[0], w.shape[2]):
         raise ValueError(f"bias must be [G, N] = {(w.shape[0], w.shape[2])}, got {tuple(bias.shape)}")
-
-
-def _ieee(dtype) -> bool:
-    """fp32 inputs get IEEE products (no TF32), so the kernel matches the fp32 reference."""
-    import torch
-
-    return dtype == torch.float32 or _upcast(dtype)
-
-
-def _upcast(dtype) -> bool:
-    """The Triton interpreter's bf16 tl.dot returns garbage (checked with triton 3.9), so under the
-    interpreter bf16 tiles are widened to fp32 before the product; compiled kernels never upcast."""
-    import torch
-
-    return interpreting() and dtype == torch.bfloat16
 
 
 def segments_per_group(offsets, num_groups: int) -> int:
@@ -210,7 +182,7 @@ def _launch_fwd(x, w, offsets, bias, out=None):
         x, w, b, y, offsets, T, N, K, S, G,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
         b.stride(0) if bias is not None else 0, y.stride(0),
-        HAS_BIAS=bias is not None, IEEE=_ieee(x.dtype), UPCAST=_upcast(x.dtype),
+        HAS_BIAS=bias is not None, IEEE=ieee(x.dtype), UPCAST=upcast(x.dtype),
         BLOCK_G=triton.next_power_of_2(S + 1),
     )
     return y
@@ -228,7 +200,7 @@ def _launch_wgrad(x, dy, offsets, G):
     _grouped_wgrad_kernel[grid](
         x, dy, dw, offsets, N, K, G, segments_per_group(offsets, G),
         x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1),
-        IEEE=_ieee(x.dtype), UPCAST=_upcast(x.dtype),
+        IEEE=ieee(x.dtype), UPCAST=upcast(x.dtype),
     )
     return dw
 

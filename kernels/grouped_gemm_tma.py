@@ -26,8 +26,7 @@ import os
 import triton
 import triton.language as tl
 
-from kernels import interpreting
-from kernels.grouped_gemm import _dot_accumulate, _ieee, _upcast
+from kernels._common import dot_accumulate, ieee, interpreting, upcast
 
 # (BM, BN, num_stages, num_warps). Shared memory = stages * (BM + BN) * BK * 2 bytes + the epilogue's
 # layout conversion: 128x256 at 3 stages compiles (sm_90) to 176 KiB, within the 227 KiB of an H100/H200
@@ -102,7 +101,7 @@ def _grouped_fwd_tma_kernel(
                 b = w_desc.load([wg * N + n0, ki * BK]).T  # [BN, BK] -> [BK, BN]
             else:
                 b = w_desc.load([wg * K + ki * BK, n0])  # [BK, BN]
-            acc = _dot_accumulate(a, b, acc, IEEE, UPCAST)
+            acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
         rows = row0 + tl.arange(0, BM)
         cols = n0 + tl.arange(0, BN)
         s_hi = tl.sum(tl.where(ss == s, hi, 0), 0)
@@ -193,7 +192,7 @@ def launch_fwd(x, w, offsets, bias, y):
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
     _grouped_fwd_tma_kernel[grid](
         x_desc, w_desc, b, y, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0),
-        TRANS_W=layout == "transposed", HAS_BIAS=bias is not None, IEEE=_ieee(x.dtype),
-        UPCAST=_upcast(x.dtype), BLOCK_S=triton.next_power_of_2(S + 1), NUM_PROGRAMS=sms,
+        TRANS_W=layout == "transposed", HAS_BIAS=bias is not None, IEEE=ieee(x.dtype),
+        UPCAST=upcast(x.dtype), BLOCK_S=triton.next_power_of_2(S + 1), NUM_PROGRAMS=sms,
     )
     return y

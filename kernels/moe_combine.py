@@ -14,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels import interpreting, use_triton
+from kernels._common import interpreting, use_triton
 
 BT, BD = (8, 16) if interpreting() else (32, 128)
 

@@ -27,7 +27,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from kernels import interpreting
+from kernels._common import interpreting
 
 BLOCK_ASSIGNMENTS = 16 if interpreting() else 1024
 

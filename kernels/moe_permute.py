@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels import interpreting
+from kernels._common import interpreting
 
 PARTS = 2 if interpreting() else 8  # programs per segment
 BLOCK_ROWS = 4 if interpreting() else 16

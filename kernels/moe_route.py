@@ -28,7 +28,7 @@ import functools
 import triton
 import triton.language as tl
 
-from kernels import interpreting
+from kernels._common import interpreting
 
 BLOCK_TOKENS = 16 if interpreting() else 128
 BLOCK_FILL = 64 if interpreting() else 1024  # int64 entries one program fills per step

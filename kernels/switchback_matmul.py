@@ -21,10 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import interpreting, use_triton
+from kernels._common import dequantize_tile, interpreting, use_triton
 
 QMAX_SQUARED = 127.0 * 127.0
-_INV_QMAX_SQUARED = tl.constexpr(1.0 / QMAX_SQUARED)
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps)
 _CONFIGS = [
@@ -61,21 +60,6 @@ def _triton_configs() -> list:
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w)
         for bm, bn, bk, s, w in _CONFIGS
     ]
-
-
-@triton.jit
-def dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The fused dequantizing epilogue shared by the pointer and TMA kernels: int32 tile [BM, BN] ->
-    fp32 acc * s_a[rm] * s_b / 127^2 (+ bias[rn]); s_b is one scale (global) or one per column."""
-    sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
-    if PER_COLUMN:
-        sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
-    else:
-        sb = tl.load(sb_ptr + tl.zeros([1], dtype=tl.int32))[:, None]
-    c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
-    if HAS_BIAS:
-        c += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    return c
 
 
 @triton.jit

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.switchback_matmul import dequantize_tile
+from kernels._common import dequantize_tile
 
 
 @triton.jit

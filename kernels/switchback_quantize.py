@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels import interpreting, use_triton
+from kernels._common import interpreting, use_triton
 
 QMAX = 127.0
 _QMAX = tl.constexpr(QMAX)

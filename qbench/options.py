@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import click
 
-DTYPES = ("fp16", "bf16", "fp32")
+from qbench.units import ACTIVATION_DTYPES as DTYPES
+from qbench.units import canonical_dtype
 
 
 def _split(value: str) -> list[str]:
@@ -98,9 +99,42 @@ def out_options(fn):
     return fn
 
 
-def dtype_option(default: str = "fp16", choices: tuple[str, ...] = DTYPES):
+def parse_dtype(choices: tuple[str, ...] = DTYPES):
+    """A parser of one dtype name: fp16, bf16, fp32 (aliases such as float16 or bfloat16 accepted),
+    returned in its canonical spelling."""
+
+    def parse(value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            name = canonical_dtype(value)
+        except ValueError:
+            name = None
+        if name not in choices:
+            raise click.BadParameter(f"{value!r} is not a dtype here; choose from {', '.join(choices)}")
+        return name
+
+    return parse
+
+
+def parse_dtype_list(choices: tuple[str, ...] = DTYPES):
+    """A parser of a comma-separated list of dtypes ('fp32,bfloat16' -> ('fp32', 'bf16'))."""
+    one = parse_dtype(choices)
+
+    def parse(value: str | tuple | None) -> tuple[str, ...] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        return tuple(one(item) for item in _split(value))
+
+    return parse
+
+
+def dtype_option(default: str | None = "fp16", choices: tuple[str, ...] = DTYPES,
+                 help: str = "Data type of activations."):
+    """--dtype in the one vocabulary of qbench (fp16, bf16, fp32; float16 etc. accepted as aliases)."""
     return click.option(
-        "--dtype", type=click.Choice(choices), default=default, show_default=True, help="Data type of activations."
+        "--dtype", default=default, show_default=default is not None, callback=callback(parse_dtype(choices)),
+        metavar="|".join(choices), help=f"{help} ({', '.join(choices)}; aliases like float16 accepted)",
     )
 
 

@@ -11,7 +11,7 @@ import torch
 
 from kernels import block_gemm as bg
 from kernels import grouped_gemm as gg
-from kernels import use_triton
+from kernels._common import use_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -16,7 +16,7 @@ import torch
 
 from kernels import grouped_gemm as gg
 from kernels import grouped_gemm_tma as tma
-from kernels import interpreting
+from kernels._common import interpreting
 from tests.test_grouped_gemm import _assert_close  # one mismatch report for both grouped GEMM kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -32,6 +32,7 @@ from qbench.benches.fragmented_seed import format_seed  # noqa: F401  (re-export
 from qbench.errors import QbenchUsageError
 from qbench.store import make_record
 from qbench.timing import PhaseTimer, resolve_device, time_fn
+from qbench.units import torch_dtype
 
 BENCH = "fragmented"
 LAYERS = ("linear", "fragmented", "blockdiag", "lowrank")
@@ -114,12 +115,6 @@ def plan(config: FragmentedConfig) -> list[Case]:
                         if "blockdiag" in config.baselines:
                             cases.append(Case(size, batch, "blockdiag", mode, n, dtype))
     return cases
-
-
-def torch_dtype(name: str):
-    import torch
-
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def build(case: Case, bias: bool, device: str):

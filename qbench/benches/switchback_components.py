@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.benches import switchback_peers as peers
+from qbench.units import torch_dtype
 
 # The seed's totals, plus the peers' (each peer keeps the 16-bit grad-weight, as SwitchBack does).
 TOTALS = {
@@ -44,7 +45,7 @@ class Operands:
 
         from kernels import switchback_quantize as sq
 
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[config.dtype]
+        dtype = torch_dtype(config.dtype)
         gen = torch.Generator(device=config.device).manual_seed(shape.batch_size + 7 * shape.dim_in + shape.dim_out)
         M, K, N = shape.batch_size, shape.dim_in, shape.dim_out
 

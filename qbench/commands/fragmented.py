@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from qbench.options import callback, device_option, out_options, parse_names, parse_positive_ints
+from qbench.options import (
+    callback,
+    device_option,
+    out_options,
+    parse_dtype_list,
+    parse_names,
+    parse_positive_ints,
+)
 
 EPILOG = """\b
 Examples:
@@ -32,7 +39,7 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @click.option("--baselines", default="linear,blockdiag,lowrank", show_default=True,
               callback=callback(parse_names(LAYER_NAMES + ("none",))), help="Baselines, or 'none'.")
 @click.option("--dtype", "dtypes", default="fp32", show_default=True,
-              callback=callback(parse_names(("fp32", "bf16", "fp16"))), help="One or more, e.g. fp32,bf16.")
+              callback=callback(parse_dtype_list()), help="One or more, e.g. fp32,bf16 (float16 etc. accepted).")
 @click.option("--bias", is_flag=True, help="Give every layer biases (the seed's layer had none).")
 @click.option("--steps", type=click.IntRange(min=1), help="Timed steps per configuration. [default: 50; CPU: 3]")
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed steps first. [default: 10; CPU: 1]")

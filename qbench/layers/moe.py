@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels import use_triton
+from kernels._common import use_triton
 from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position
 from qbench.layers import moe_comm as comm

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernels import use_triton
+from kernels._common import use_triton
 from kernels.grouped_gemm import grouped_matmul_forward
 from qbench.layers.moe_comm import A2AExchange
 

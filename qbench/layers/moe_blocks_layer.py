@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kernels import use_triton
+from kernels._common import use_triton
 from kernels.moe_hot import hot_plan
 from qbench.layers import moe_comm as comm
 from qbench.layers.moe import MoELayer, MoEOptions, _Combine, gather_tokens

@@ -196,7 +196,7 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
     replication kernels (kernels/moe_hot.py) instead of an all_reduce, an all_to_all and ~40 ops."""
     import torch
 
-    from kernels import use_triton
+    from kernels._common import use_triton
 
     kept = routing.kept
     if replicate_hot > 0 and degree == 1 and use_triton(kept):

@@ -203,7 +203,7 @@ def expert_major(plan, x, cfg: ExpertConfig) -> bool:
     copies and their launches cost what the GEMMs gain; results/moe-h200x4-round4)."""
     import os
 
-    from kernels import use_triton
+    from kernels._common import use_triton
 
     return (os.environ.get("QBENCH_EXPERT_MAJOR", "0") == "1" and len(plan.chunks) == 1
             and cfg.backend != "reference" and use_triton(x))

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from qbench import store, units
 from qbench.model import hardware
+from qbench.units import torch_dtype
 
 GPU_SIZES = (4096, 8192)
 CPU_SIZES = (256,)  # the CPU path only checks that everything runs
@@ -54,7 +55,7 @@ def _operands(torch, dtype: str, n: int, device: str):
         b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
         one = torch.ones((), device=device)
         return (lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)), 2 * n**3
-    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    tdt = torch_dtype(dtype)
     a, b = torch.randn(n, n, device=device, dtype=tdt), torch.randn(n, n, device=device, dtype=tdt)
     return (lambda: a @ b), 2 * n**3
 

@@ -16,24 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-# Canonical dtype names; every alias a bench may use maps to one of them.
-DTYPE_ALIASES = {
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    "tf32": "tf32",
-    "int8": "int8",
-    "fp8": "fp8", "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
-}
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "int8": 1, "fp8": 1}
-
-
-def canonical_dtype(dtype: str) -> str:
-    """'bfloat16' -> 'bf16', 'torch.float16' -> 'fp16'; ValueError naming the dtype otherwise."""
-    key = str(dtype).lower().removeprefix("torch.")
-    if key not in DTYPE_ALIASES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}")
-    return DTYPE_ALIASES[key]
+from qbench.units import DTYPE_ALIASES, DTYPE_BYTES, canonical_dtype  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import dequantize_tile, interpreting, use_triton
+from kernels import switchback_matmul_tma as tma
+from kernels._common import LaunchCache, aligned, dequantize_tile, interpreting, is_compiling, register_op, use_triton
 
 QMAX_SQUARED = 127.0 * 127.0
 
@@ -112,31 +113,44 @@ _autotuned = triton.autotune(
 )(_kernel_even_k)
 
 
-def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None, impl="auto"):
-    """impl: "tma" (persistent, descriptor-fed; Hopper+), "pointer", or "auto" (tma where supported)."""
-    if impl != "pointer" and not interpreting():
-        from kernels import switchback_matmul_tma as tma
+_POINTER = LaunchCache("switchback_int8_matmul")
 
-        if impl == "tma" or tma.supported(a, b, out_dtype):
-            if config is None:
-                return tma.launch_autotuned(a, sa, b, sb, bias, out_dtype, per_column)
-            return tma.launch(a, sa, b, sb, bias, out_dtype, per_column, config)
+
+def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None, impl="auto"):
+    """impl: "tma" (persistent, descriptor-fed; Hopper+), "pointer", or "auto" (tma where supported).
+    config = (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps), or None to autotune once per shape."""
+    if impl != "pointer" and not interpreting() and (impl == "tma" or tma.supported(a, b, out_dtype)):
+        return tma.launch(a, sa, b, sb, bias, out_dtype, per_column, config)
     M, K = a.shape
     N = b.shape[0]
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     args = (a, b, c, sa, sb, bias if bias is not None else sa, M, N, K, a.stride(0), b.stride(0), c.stride(0))
-    flags = {"PER_COLUMN": per_column, "HAS_BIAS": bias is not None}
     if config is None and interpreting():
         config = _INTERPRETER_CONFIG
+    key = (M, N, K, a.stride(0), b.stride(0), out_dtype, per_column, bias is not None, config,
+           aligned(a, b, c, sa, sb, bias))
+    _POINTER.launch(key, args, lambda: _first_launch(args, per_column, bias is not None, config))
+    return c
+
+
+def _first_launch(args, per_column, has_bias, config):
+    """Launch through Triton (autotuning when config is None); (compiled, grid, constexprs, config)."""
+    M, N, K = args[6:9]
+    flags = {"PER_COLUMN": per_column, "HAS_BIAS": has_bias}
     if config is None:
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
-        _autotuned[grid](*args, **flags)
-        return c
-    bm, bn, bk, stages, warps = config
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _kernel_even_k[grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_stages=stages,
-                         num_warps=warps)
-    return c
+        compiled = _autotuned[grid](*args, **flags)
+        best = _autotuned.best_config
+        bm, bn, bk = (best.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        group, stages, warps = best.kwargs["GROUP_M"], best.num_stages, best.num_warps
+    else:
+        bm, bn, bk, stages, warps = config
+        group = 8
+        compiled = _kernel_even_k[(triton.cdiv(M, bm) * triton.cdiv(N, bn),)](
+            *args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_stages=stages, num_warps=warps)
+    consts = (bm, bn, bk, group, per_column, has_bias, K % bk == 0)
+    pick = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_stages": stages, "num_warps": warps}
+    return compiled, (triton.cdiv(M, bm) * triton.cdiv(N, bn),), consts, pick
 
 
 def _check(a, sa, b, sb, bias, per_column):
@@ -152,21 +166,41 @@ def _check(a, sa, b, sb, bias, per_column):
     return a.contiguous(), sa.float().contiguous(), b.contiguous(), sb.float().contiguous()
 
 
-def int8_matmul_rowwise_global(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None, impl="auto"):
-    """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (one scale s_b [1]) -> [M, N] in out_dtype."""
-    a, sa, b, sb = _check(a, sa, b, sb, bias, per_column=False)
+def _matmul(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, bias: torch.Tensor | None,
+            out_dtype: torch.dtype, per_column: bool, impl: str) -> torch.Tensor:
+    return _matmul_with(a, sa, b, sb, bias, out_dtype, per_column, None, impl)
+
+
+def _matmul_with(a, sa, b, sb, bias, out_dtype, per_column, config, impl):
+    a, sa, b, sb = _check(a, sa, b, sb, bias, per_column)
     if not use_triton(a, b, sa, sb):
         return int8_matmul_reference(a, sa, b, sb, bias, out_dtype)
-    return _launch(a, sa, b, sb, bias, out_dtype, per_column=False, config=config, impl=impl)
+    return _launch(a, sa, b, sb, bias, out_dtype, per_column=per_column, config=config, impl=impl)
+
+
+_OP = register_op("sb_int8_matmul", _matmul,
+                  lambda a, sa, b, sb, bias, out_dtype, per_column, impl: a.new_empty((a.shape[0], b.shape[0]),
+                                                                                       dtype=out_dtype))
+
+
+def _dispatch(a, sa, b, sb, bias, out_dtype, per_column, config, impl):
+    """The custom op while torch.compile traces (one opaque node), a direct launch otherwise."""
+    if is_compiling():
+        if config is not None:
+            raise ValueError("an explicit kernel config is an eager-mode (benchmark) option")
+        return _OP(a, sa, b, sb, bias, out_dtype, per_column, impl)
+    return _matmul_with(a, sa, b, sb, bias, out_dtype, per_column, config, impl)
+
+
+def int8_matmul_rowwise_global(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None, impl="auto"):
+    """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (one scale s_b [1]) -> [M, N] in out_dtype."""
+    return _dispatch(a, sa, b, sb, bias, out_dtype, False, config, impl)
 
 
 def int8_matmul_rowwise_columnwise(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None,
                                    impl="auto"):
     """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (row scales of B, s_b [N]) -> [M, N]."""
-    a, sa, b, sb = _check(a, sa, b, sb, bias, per_column=True)
-    if not use_triton(a, b, sa, sb):
-        return int8_matmul_reference(a, sa, b, sb, bias, out_dtype)
-    return _launch(a, sa, b, sb, bias, out_dtype, per_column=True, config=config, impl=impl)
+    return _dispatch(a, sa, b, sb, bias, out_dtype, True, config, impl)
 
 
 def int8_matmul_reference(a, sa, b, sb, bias=None, out_dtype=torch.float16):

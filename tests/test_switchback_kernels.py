@@ -38,6 +38,32 @@ def random_input(shape, dtype, zero_row: bool = False) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", QUANTIZERS)
+@pytest.mark.parametrize("format", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("shape", [(37, 100), (130, 33)])
+def test_fp8_quantizer_matches_reference(name, format, shape):
+    """fp8 formats: the kernel's conversion equals torch's (round to nearest even), the stored scale
+    is absmax / QMAX; values spread over many binades so rounding crosses exponent boundaries."""
+    x = (random_input(shape, torch.bfloat16, zero_row=True).float() * torch.rand(shape, device=DEVICE) ** 4)
+    x = x.to(torch.bfloat16)
+    q, s = getattr(sq, name)(x, format)
+    q_ref, s_ref = getattr(sq, name + "_reference")(x, format)
+    assert q.dtype == q_ref.dtype and q.dtype.itemsize == 1
+    assert_equal(s, s_ref, f"{name} {format} scales")
+    assert_equal(q.float(), q_ref.float(), f"{name} {format} values")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_global_both_layouts_equal_the_separate_quantizers(dtype, shape):
+    x = random_input(shape, dtype, zero_row=True)
+    q, qt, s = sq.quantize_global_both(x)
+    want_q, want_s = sq.quantize_global_reference(x)
+    assert_equal(s, want_s, "scale")
+    assert_equal(q, want_q, "plain layout")
+    assert_equal(qt, want_q.t().contiguous(), "transposed layout")
+
+
+@pytest.mark.parametrize("name", QUANTIZERS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_quantizer_matches_reference(name, dtype, shape):

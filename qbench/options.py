@@ -155,3 +155,15 @@ def device_option(fn):
         show_default=True,
         help="Where to run: a CUDA GPU when present, otherwise the CPU.",
     )(fn)
+
+
+EXECS = ("eager", "compile", "graph")
+
+
+def exec_option(fn):
+    """--exec: the ways a layer runs in training (eager, torch.compile, CUDA-graph replay)."""
+    return click.option(
+        "--exec", "execs", callback=callback(parse_names(EXECS)),
+        help="Execution modes, e.g. eager,compile,graph. [default: all the device supports (GPU: all three; "
+             "CPU: eager)]",
+    )(fn)

@@ -201,6 +201,28 @@ def time_fn(
     return Timing(tuple(clock.elapsed_ms() for clock in clocks), device)
 
 
+def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: int = 3, repeat: int = 20) -> Timing:
+    """CPU time (ms) spent issuing one call of fn: the device is synchronized before each call,
+    outside the measured span, so a full launch queue never holds the host back and the sample is
+    the host's own cost (Python, dispatch, launches). On a CPU device it equals the call's time."""
+    device = resolve_device(device)
+    for _ in range(max(1, warmup)):
+        fn()
+    samples = []
+    for _ in range(max(1, repeat)):
+        _synchronize(device)
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    _synchronize(device)
+    return Timing(tuple(samples), device)
+
+
+def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
+    """fn (already warmed up) captured into one CUDA graph; returns its replay (GPU only)."""
+    return _graph_of(fn)
+
+
 @dataclass
 class PhaseTimer:
     """Named regions inside one step (gate, dispatch, experts, ...), one sample per region per step.

@@ -12,7 +12,7 @@ import pytest
 
 from qbench import store
 from qbench.benches import switchback as bench
-from qbench.benches.switchback_components import TOTALS
+from qbench.benches.switchback.components import TOTALS
 
 SEED_KEYS = ("standard_fwd", "standard_gw", "standard_gx", "rowwise_fwd", "rowwise_bwd", "global_fwd",
              "global_bwd", "x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_rowwise",

@@ -8,6 +8,7 @@ from qbench.options import (
     callback,
     device_option,
     dtype_option,
+    exec_option,
     out_options,
     parse_names,
     parse_pairs,
@@ -22,6 +23,7 @@ Examples:
   qbench switchback --dims 1024,4096               # dim -> 4*dim and back, for dim 1024 and 4096
   qbench switchback --pairs 1408x6144,6144x1408 --batch-sizes 8192,32768 --dtype bf16
   qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out results/sb --plot
+  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # module: eager vs CUDA graph
 """
 
 
@@ -37,10 +39,11 @@ Examples:
 @click.option("--variants", default=",".join(VARIANTS), show_default=True,
               callback=callback(parse_names(VARIANTS)), help="What to time besides the 16-bit baseline.")
 @click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/switchback.png) afterwards.")
+@exec_option
 @repeat_option
 @device_option
 @out_options
-def command(dims, pairs, wm, batch_sizes, dtype, variants, plot, repeat, device, out, append, force,
+def command(dims, pairs, wm, batch_sizes, dtype, variants, plot, execs, repeat, device, out, append, force,
             as_json) -> None:
     """Time every component of a SwitchBack training step (int8 forward and grad-input, 16-bit
     grad-weight, quantizers) against the 16-bit layer, with the original benchmark's keys and totals,
@@ -51,7 +54,7 @@ def command(dims, pairs, wm, batch_sizes, dtype, variants, plot, repeat, device,
 
     if dims and pairs:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
-    config = bench.resolve(bench.SwitchbackConfig(dims, pairs, wm, batch_sizes, dtype, variants, repeat, device))
+    config = bench.resolve(bench.SwitchbackConfig(dims, pairs, wm, batch_sizes, dtype, variants, repeat, device, execs))
     if config.device == "cpu":
         report.notice(report.CPU_NOTICE)
     out = out or str(store.default_run_dir(bench.BENCH))

@@ -27,7 +27,7 @@ from kernels.switchback_quantize import (
     dequantize_rowwise,
     quantize_columnwise_transpose,
     quantize_global,
-    quantize_global_transpose,
+    quantize_global_both,
     quantize_rowwise,
 )
 
@@ -38,36 +38,41 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _weight_grads(ctx, g2, x2, w, dx_fn):
+def _grads(ctx, g2, x2, dx_fn):
     """(dX [.., K], dW [N, K], db [N]) for the inputs that need them; dx_fn(g2) computes dX [M, K]."""
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    dx = dx_fn(g2).reshape(*ctx.lead, w.shape[1]) if need_x else None
-    dw = (g2.t() @ x2).to(w.dtype) if need_w else None  # 16-bit grad-weight: the "switch back"
-    db = g2.sum(dim=0).to(w.dtype) if need_b and ctx.has_bias else None
+    dx = dx_fn(g2).reshape(*ctx.lead, x2.shape[1]) if need_x else None
+    dw = (g2.t() @ x2).to(ctx.w_dtype) if need_w else None  # 16-bit grad-weight: the "switch back"
+    db = g2.sum(dim=0).to(ctx.w_dtype) if need_b and ctx.has_bias else None
     return dx, dw, db
 
 
+def _remember(ctx, x, w, bias):
+    ctx.lead, ctx.has_bias, ctx.w_dtype = x.shape[:-1], bias is not None, w.dtype
+
+
 class SwitchBackGlobalFn(torch.autograd.Function):
+    """Forward quantizes W once into both layouts (one read of W): Wq for Y = X W^T now, Wq^T (int8,
+    N*K bytes kept for backward) for dX = G W, so backward quantizes only G."""
+
     @staticmethod
     def forward(ctx, x, w, bias):
         x2 = _flat(x)
         xq, sx = quantize_rowwise(x2)
-        wq, sw = quantize_global(w)
-        ctx.save_for_backward(x2, w)
-        ctx.lead, ctx.has_bias = x.shape[:-1], bias is not None
+        wq, wtq, sw = quantize_global_both(w)
+        ctx.save_for_backward(x2, wtq, sw)
+        _remember(ctx, x, w, bias)
         return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, g):
-        x2, w = ctx.saved_tensors
-        g2 = _flat(g)
+        x2, wtq, sw = ctx.saved_tensors
 
         def dx_fn(g2):
             gq, sg = quantize_rowwise(g2)
-            wtq, sw = quantize_global_transpose(w)  # [K, N]: K-major for dX = G W
-            return int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g.dtype)
+            return int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g.dtype)  # Wq^T [K, N]: K-major for G W
 
-        return _weight_grads(ctx, g2, x2, w, dx_fn)
+        return _grads(ctx, _flat(g), x2, dx_fn)
 
 
 class SwitchBackVectorwiseFn(torch.autograd.Function):
@@ -77,21 +82,20 @@ class SwitchBackVectorwiseFn(torch.autograd.Function):
         xq, sx = quantize_rowwise(x2)
         wq, sw = quantize_rowwise(w)  # one scale per output feature
         ctx.save_for_backward(x2, w)
-        ctx.lead, ctx.has_bias = x.shape[:-1], bias is not None
+        _remember(ctx, x, w, bias)
         y = int8_matmul_rowwise_columnwise(xq, sx, wq, sw, bias, x.dtype)
         return y.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, g):
         x2, w = ctx.saved_tensors
-        g2 = _flat(g)
 
         def dx_fn(g2):
             gq, sg = quantize_rowwise(g2)
             wtq, sw = quantize_columnwise_transpose(w)  # [K, N], one scale per input feature
             return int8_matmul_rowwise_columnwise(gq, sg, wtq, sw, None, g.dtype)
 
-        return _weight_grads(ctx, g2, x2, w, dx_fn)
+        return _grads(ctx, _flat(g), x2, dx_fn)
 
 
 class SwitchBackGlobalMemEffFn(torch.autograd.Function):
@@ -99,23 +103,22 @@ class SwitchBackGlobalMemEffFn(torch.autograd.Function):
     def forward(ctx, x, w, bias):
         x2 = _flat(x)
         xq, sx = quantize_rowwise(x2)
-        wq, sw = quantize_global(w)
-        ctx.save_for_backward(xq, sx, wq, sw, w)  # int8 X: half the activation memory of X
-        ctx.lead, ctx.has_bias, ctx.x_dtype = x.shape[:-1], bias is not None, x.dtype
+        wq, wtq, sw = quantize_global_both(w)
+        ctx.save_for_backward(xq, sx, wtq, sw)  # int8 X: half the activation memory of X
+        _remember(ctx, x, w, bias)
+        ctx.x_dtype = x.dtype
         return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x.dtype).reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, g):
-        xq, sx, wq, sw, w = ctx.saved_tensors
-        g2 = _flat(g)
-        x2 = dequantize_rowwise(xq, sx, ctx.x_dtype) if ctx.needs_input_grad[1] else None
+        xq, sx, wtq, sw = ctx.saved_tensors
+        x2 = dequantize_rowwise(xq, sx, ctx.x_dtype) if ctx.needs_input_grad[1] else xq
 
         def dx_fn(g2):
             gq, sg = quantize_rowwise(g2)
-            # the forward's int8 W, transposed once to the K-major layout (no second quantization)
-            return int8_matmul_rowwise_global(gq, sg, wq.t().contiguous(), sw, None, g.dtype)
+            return int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g.dtype)  # the forward's Wq^T
 
-        return _weight_grads(ctx, g2, x2, w, dx_fn)
+        return _grads(ctx, _flat(g), x2, dx_fn)
 
 
 class StandardLinearFn(torch.autograd.Function):
@@ -125,7 +128,7 @@ class StandardLinearFn(torch.autograd.Function):
     def forward(ctx, x, w, bias):
         x2 = _flat(x)
         ctx.save_for_backward(x2, w)
-        ctx.lead, ctx.has_bias = x.shape[:-1], bias is not None
+        _remember(ctx, x, w, bias)
         y = x2 @ w.t()
         if bias is not None:
             y = y + bias
@@ -134,7 +137,7 @@ class StandardLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x2, w = ctx.saved_tensors
-        return _weight_grads(ctx, _flat(g), x2, w, lambda g2: g2 @ w)
+        return _grads(ctx, _flat(g), x2, lambda g2: g2 @ w)
 
 
 FUNCTIONS = {
@@ -164,7 +167,20 @@ class SwitchBackLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._eval_weight is not None and not self.training:
             return self._forward_prepared(x)
+        if not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return self._forward_no_grad(x)  # nothing to save for a backward that will not come
         return FUNCTIONS[self.variant].apply(x, self.weight, self.bias)
+
+    def _forward_no_grad(self, x: torch.Tensor) -> torch.Tensor:
+        """The training forward's math (W quantized now, one layout) without an autograd node."""
+        xq, sx = quantize_rowwise(_flat(x))
+        if self.variant == "vectorwise":
+            wq, sw = quantize_rowwise(self.weight)
+            y = int8_matmul_rowwise_columnwise(xq, sx, wq, sw, self.bias, x.dtype)
+        else:
+            wq, sw = quantize_global(self.weight)
+            y = int8_matmul_rowwise_global(xq, sx, wq, sw, self.bias, x.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def _forward_prepared(self, x: torch.Tensor) -> torch.Tensor:
         wq, sw = self._eval_weight

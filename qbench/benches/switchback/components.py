@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from qbench.benches import switchback_peers as peers
+from qbench.benches.switchback import peers
 from qbench.units import torch_dtype
 
 # The seed's totals, plus the peers' (each peer keeps the 16-bit grad-weight, as SwitchBack does).
@@ -121,8 +121,6 @@ def components(ops: Operands, variants) -> dict:
     for name, fn in int8_matmuls(ops).items():
         if name.split("_")[0] in variants:
             fns[name] = fn
-    if "module" in variants:
-        fns.update(peers.module_steps(ops))
     fns.update(peers.peer_components(ops, variants))
     return fns
 

@@ -5,7 +5,6 @@
   16-bit. Quantization is plain torch (absmax, divide, cast), as a user without a fused kernel has.
 - cuBLAS int8: torch._int_mm (int8 x int8 -> int32) on SwitchBack's vectorwise operands, then the
   dequantizing epilogue as separate torch ops (cuBLAS has no fused rowwise-scale epilogue here).
-- module: forward + backward of SwitchBackLinear (global) and of nn.Linear, autograd included.
 Each peer is skipped (absent from the record) where the GPU or the shape does not support it.
 """
 
@@ -104,27 +103,3 @@ def peer_components(ops, variants) -> dict:
                     "fp8_quantize_w": lambda: fp8_rowwise(w),
                     "fp8_quantize_w_t": lambda: fp8_rowwise(w.t().contiguous())})
     return fns
-
-
-def module_steps(ops) -> dict:
-    """Forward + backward (dX, dW, db) of SwitchBackLinear (global) and nn.Linear on the same X, G."""
-    import torch
-
-    from qbench.layers.switchback import SwitchBackLinear
-
-    K, N = ops.x.shape[1], ops.w.shape[0]
-    x = ops.x.detach().requires_grad_(True)
-    sb = SwitchBackLinear(K, N, device=ops.device, dtype=ops.dtype)
-    ref = torch.nn.Linear(K, N, device=ops.device, dtype=ops.dtype)
-    with torch.no_grad():
-        for layer in (sb, ref):
-            layer.weight.copy_(ops.w)
-
-    def step(layer):
-        def run():
-            x.grad = layer.weight.grad = layer.bias.grad = None
-            layer(x).backward(ops.g)
-
-        return run
-
-    return {"module_switchback_ms": step(sb), "module_linear_ms": step(ref)}

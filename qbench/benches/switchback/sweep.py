@@ -13,12 +13,12 @@ the worst-case quantization bound on a sample of rows; a failure gives an "error
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from qbench import store, units
-from qbench.benches import switchback_components as comp
+from qbench.benches.switchback import components as comp
+from qbench.benches.switchback import modules
 
 BENCH = "switchback"
 # The seed's (dim_in, dim_out) up-projections; each also runs transposed (the down-projection).
@@ -43,6 +43,7 @@ class SwitchbackConfig:
     variants: tuple[str, ...] = VARIANTS
     repeat: int | None = None
     device: str = "auto"
+    execs: tuple[str, ...] | None = None  # module-level execution modes; None: all the device supports
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,13 @@ def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
             raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible")
     batches = config.batch_sizes or (GPU_BATCHES if device == "cuda" else CPU_BATCHES)
     dims = config.dims if config.dims or config.pairs else (None if device == "cuda" else CPU_DIMS)
-    return replace(config, device=device, batch_sizes=batches, dims=dims)
+    execs = config.execs or (modules.EXECS if device == "cuda" else ("eager",))
+    unsupported = [e for e in execs if e not in modules.supported_execs(device)]
+    if unsupported:
+        from qbench.errors import QbenchUsageError
+
+        raise QbenchUsageError(f"--exec {unsupported[0]} needs a CUDA device; on the CPU use eager or compile")
+    return replace(config, device=device, batch_sizes=batches, dims=dims, execs=execs)
 
 
 def _pairs(config: SwitchbackConfig) -> list[tuple[int, int, float, bool]]:
@@ -107,12 +114,22 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
             return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
         budget = config.repeat is None and TIME_BUDGET_MS[config.device] or None
         timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget)
+        module_metrics, module_samples, failure = ({}, {}, None)
+        if "module" in config.variants:
+            module_metrics, module_samples, failure = modules.measure(ops, config.execs, repeat=config.repeat,
+                                                                      budget_ms=budget)
+        if failure:
+            return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
         metrics = derive(shape, timings, comp.relative_errors(ops, config.variants), config)
+        metrics.update(module_metrics)
+        metrics.update(modules.derive(metrics))
     except comp.OutOfMemory as exc:
         return store.make_record(BENCH, params, status="skipped", error=str(exc), device=config.device)
     finally:
         comp.release()
     samples = {k: total_samples(timings, comp.TOTALS[k]) for k in comp.TOTALS if k in metrics}
+    samples.update({k: v[:MAX_SAMPLES] for k, v in module_samples.items()})
+    metrics["repeat"] = min(len(t.samples_ms) for t in timings.values())  # the seed's key: timed calls per key
     return store.make_record(BENCH, params, metrics, units=units_of(metrics), samples=samples,
                              device=config.device)
 
@@ -137,8 +154,6 @@ def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig)
             m[f"speedup_{name}"] = base / m[f"time_{name}"]
             if name in ("global", "rowwise"):
                 m[f"pct_saved_{name}"] = 100.0 * (base - m[f"time_{name}"]) / base
-    if "module_switchback_ms" in m:
-        m["speedup_module"] = m["module_linear_ms"] / m["module_switchback_ms"]
     m.update(comp.throughputs(shape, m))
     m.update(relerrs)
     fraction = comp.roofline_fraction(shape, m, config)
@@ -158,42 +173,10 @@ def units_of(metrics: dict) -> dict:
             return units.PERCENT_SAVED
         if name.startswith("relerr_"):
             return units.REL_ERROR
+        if name.startswith("module_kernel_ratio_"):
+            return units.SPEEDUP
+        if name == "repeat":
+            return units.COUNT
         return units.FRACTION_OF_ROOFLINE if name == "roofline_fraction" else units.MS
 
     return {name: unit(name) for name in metrics}
-
-
-TABLE_TOTALS = {"time_standard": "16-bit", "time_global": "global", "time_rowwise": "rowwise"}
-TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_rowwise": "x row", "speedup_fp8": "x fp8",
-                  "speedup_int8_cublas": "x i8mm", "speedup_module": "x module"}
-
-
-def table(records: list[dict]):
-    """Per shape: the three totals (ms), the speed-ups, and the slowest component of time_global."""
-    from rich.table import Table
-
-    from qbench.report import format_value, speedup_style
-
-    t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
-    for name in ("M", "in", "out", *TABLE_TOTALS.values(), *TABLE_SPEEDUPS.values(), "slowest", "status"):
-        t.add_column(name, justify="right")
-    for rec in records:
-        p, m = rec["params"], rec["metrics"]
-        cells = [str(p["batch_size"]), str(p["dim_in"]), str(p["dim_out"])]
-        cells += [format_value(m.get(k)) for k in TABLE_TOTALS]
-        for k in TABLE_SPEEDUPS:
-            style = speedup_style(m.get(k))
-            text = format_value(m.get(k), units.SPEEDUP)
-            cells.append(f"[{style}]{text}[/{style}]" if style else text)
-        status = rec["status"] if rec["status"] == "ok" else f"{rec['status']}: {(rec['error'] or '')[:50]}"
-        t.add_row(*cells, slowest(m), status)
-    return t
-
-
-def slowest(metrics: dict) -> str:
-    parts = [(metrics[k], k) for k in comp.TOTALS["time_global"] if metrics.get(k) is not None]
-    if not parts:
-        return "-"
-    value, name = max(parts)
-    total = metrics.get("time_global") or math.nan
-    return f"{name.replace('_quantize', '_q')} {100 * value / total:.0f}%"

@@ -1,0 +1,46 @@
+"""The rich table of `qbench switchback`: per shape the totals, the speed-ups (kernel sums and the
+module in each execution mode), the module's host time per eager step, and the slowest component."""
+
+from __future__ import annotations
+
+import math
+
+from qbench import units
+from qbench.benches.switchback.components import TOTALS
+
+TABLE_TOTALS = {"time_standard": "16-bit", "time_global": "global", "time_rowwise": "rowwise"}
+TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_rowwise": "x row", "speedup_fp8": "x fp8",
+                  "speedup_int8_cublas": "x i8mm", "speedup_module": "x mod", "speedup_module_compile": "x mod/c",
+                  "speedup_module_graph": "x mod/g"}
+
+
+def table(records: list[dict]):
+    """Per shape: the three totals (ms), the speed-ups, and the slowest component of time_global."""
+    from rich.table import Table
+
+    from qbench.report import format_value, speedup_style
+
+    t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
+    for name in ("M", "in", "out", *TABLE_TOTALS.values(), *TABLE_SPEEDUPS.values(), "host ms", "slowest",
+                 "status"):
+        t.add_column(name, justify="right")
+    for rec in records:
+        p, m = rec["params"], rec["metrics"]
+        cells = [str(p["batch_size"]), str(p["dim_in"]), str(p["dim_out"])]
+        cells += [format_value(m.get(k)) for k in TABLE_TOTALS]
+        for k in TABLE_SPEEDUPS:
+            style = speedup_style(m.get(k))
+            text = format_value(m.get(k), units.SPEEDUP)
+            cells.append(f"[{style}]{text}[/{style}]" if style else text)
+        status = rec["status"] if rec["status"] == "ok" else f"{rec['status']}: {(rec['error'] or '')[:50]}"
+        t.add_row(*cells, format_value(m.get("host_switchback_eager_ms")), slowest(m), status)
+    return t
+
+
+def slowest(metrics: dict) -> str:
+    parts = [(metrics[k], k) for k in TOTALS["time_global"] if metrics.get(k) is not None]
+    if not parts:
+        return "-"
+    value, name = max(parts)
+    total = metrics.get("time_global") or math.nan
+    return f"{name.replace('_quantize', '_q')} {100 * value / total:.0f}%"

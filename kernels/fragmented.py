@@ -1,22 +1,30 @@
-"""FragmentedLinear's selector prologue in one kernel: scores, selection and both scaled inputs.
+"""FragmentedLinear's selector in one kernel each way: scores, selection and both scaled inputs
+forward; the input and selector gradients backward.
 
-Math, for one row x [in] viewed as N fragments x_f [F] (F = in/N), selector weights S [N, F]:
+Forward, for one row x [in] viewed as N fragments x_f [F] (F = in/N), selector weights S [N, F]:
     score_f = <x_f, S_f>                    (fp32)
     soft:  p = softmax_f(score)             hard: p = one_hot(argmax_f score)  (first index on ties)
-    u_f = x_f * p_f      (the expert path's input: one dense matmul with W [in, out] follows)
+    u_f = x_f * p_f       (the expert path's input: one dense matmul with W [in, out] follows)
     v_f = x_f * (1 - p_f) (the low-rank path's input)
-Shapes: x [B, in] (row stride free, unit column stride), S [N, F] -> u, v [B, in] in x.dtype,
-p [B, N] fp32, idx [B] int64 (hard only). One program per row holds the whole row as an [N, F]
-tile, so one launch replaces the einsum, softmax (or argmax + one-hot), and the two scalings.
-Rows wider than MAX_TILE padded elements use the torch reference (same math).
+Backward, given du, dv [B, in]:
+    dp_f = <du_f - dv_f, x_f>,  dscore = p * (dp - <p, dp>)            (soft only; argmax has no gradient)
+    dx_f = du_f p_f + dv_f (1 - p_f) + dscore_f S_f                     (the last term soft only)
+    dS_f = sum_b dscore[b, f] x[b, f]                                   (soft only)
+Shapes: x [B, in] (row stride free, unit column stride), S [N, F] -> u, v [B, in] in x.dtype, p [B, N]
+fp32, idx [B] int64 (hard only); dx [B, in] in x.dtype, dS [N, F] in S.dtype. One program per row
+holds the whole row as an [N, F] tile (forward, and the row part of backward); dS takes a second
+launch with one program per fragment, summing over the rows. Rows wider than MAX_TILE padded
+elements use the torch references (same math). Eager calls launch directly and replay compiled
+kernels per shape (kernels._common.LaunchCache); under torch.compile they are custom ops.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from kernels._common import use_triton
+from kernels._common import LaunchCache, aligned, is_compiling, register_op, use_triton
 
 MAX_TILE = 32768  # padded elements per row held in registers (128 KB of fp32 over 8 warps)
 
@@ -47,34 +55,167 @@ def _select_scale_kernel(x_ptr, s_ptr, u_ptr, v_ptr, p_ptr, idx_ptr, N, F, strid
     tl.store(v_ptr + out, v.to(v_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _select_scale_backward_kernel(x_ptr, s_ptr, p_ptr, du_ptr, dv_ptr, dx_ptr, dscore_ptr, N, F, stride_x,
+                                  HARD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
+    """One row: dx [in] and (soft) dscore [N] from du, dv [in], p [N], x [in], S [N, F]."""
+    row = tl.program_id(0).to(tl.int64)
+    ns = tl.arange(0, BLOCK_N)
+    fs = tl.arange(0, BLOCK_F)
+    mask = (ns[:, None] < N) & (fs[None, :] < F)
+    offs = ns[:, None] * F + fs[None, :]
+    du = tl.load(du_ptr + row * N * F + offs, mask=mask, other=0.0).to(tl.float32)
+    dv = tl.load(dv_ptr + row * N * F + offs, mask=mask, other=0.0).to(tl.float32)
+    p = tl.load(p_ptr + row * N + ns, mask=ns < N, other=0.0)
+    dx = du * p[:, None] + dv * (1.0 - p[:, None])
+    if not HARD:
+        x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dp = tl.sum((du - dv) * x, axis=1)  # [BLOCK_N]
+        dscore = p * (dp - tl.sum(p * dp, axis=0))
+        tl.store(dscore_ptr + row * N + ns, dscore, mask=ns < N)
+        dx += dscore[:, None] * s
+    tl.store(dx_ptr + row * N * F + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _selector_grad_kernel(x_ptr, dscore_ptr, ds_ptr, B, N, F, stride_x, BLOCK_B: tl.constexpr,
+                          BLOCK_F: tl.constexpr):
+    """dS[n, f block] = sum_b dscore[b, n] x[b, n, f block]: program (n, f block) walks the rows."""
+    n = tl.program_id(0)
+    fs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    acc = tl.zeros([BLOCK_F], dtype=tl.float32)
+    for b0 in range(0, B, BLOCK_B):
+        bs = b0 + tl.arange(0, BLOCK_B)
+        m = (bs[:, None] < B) & (fs[None, :] < F)
+        x = tl.load(x_ptr + bs[:, None].to(tl.int64) * stride_x + n * F + fs[None, :], mask=m, other=0.0)
+        d = tl.load(dscore_ptr + bs.to(tl.int64) * N + n, mask=bs < B, other=0.0)
+        acc += tl.sum(x.to(tl.float32) * d[:, None], axis=0)
+    tl.store(ds_ptr + n * F + fs, acc.to(ds_ptr.dtype.element_ty), mask=fs < F)
+
+
+# ---------------------------------------------------------------------------------------- launchers
+
+
 def _blocks(n: int, f: int) -> tuple[int, int]:
     return triton.next_power_of_2(n), triton.next_power_of_2(f)
 
 
-def select_scale(x, s, hard: bool):
-    """(u, v, p, idx) for x [B, in], S [N, F]; idx is None for the soft selection. See the docstring."""
-    import torch
+def _fits(x, s) -> bool:
+    block_n, block_f = _blocks(*s.shape)
+    return use_triton(x, s) and block_n * block_f <= MAX_TILE and x.stride(1) == 1 and x.shape[0] > 0
 
+
+_FORWARD = LaunchCache("fragmented_select_scale")
+_BACKWARD = LaunchCache("fragmented_select_scale_backward")
+_SELECTOR = LaunchCache("fragmented_selector_grad")
+
+
+def _row_launch(cache, kernel, key, args, grid, n, f, hard):
+    block_n, block_f = _blocks(n, f)
+    consts = (hard, block_n, block_f)
+
+    def first():
+        warps = 8 if block_n * block_f >= 4096 else 4
+        compiled = kernel[grid](*args, *consts, num_warps=warps)
+        return compiled, grid, consts, {"BLOCK_N": block_n, "BLOCK_F": block_f, "num_warps": warps}
+
+    cache.launch(key, args, first)
+
+
+def _select_scale(x: torch.Tensor, s: torch.Tensor, hard: bool):
+    if not _fits(x, s):
+        u, v, p, idx = select_scale_reference(x, s, hard)
+        return u, v, p, idx if hard else p.new_empty(0, dtype=torch.int64)
     b = x.shape[0]
     n, f = s.shape
-    block_n, block_f = _blocks(n, f)
-    if not use_triton(x, s) or block_n * block_f > MAX_TILE or x.stride(1) != 1 or b == 0:
-        return select_scale_reference(x, s, hard)
     s = s.contiguous()
     u = torch.empty((b, n * f), dtype=x.dtype, device=x.device)
     v = torch.empty_like(u)
     p = torch.empty((b, n), dtype=torch.float32, device=x.device)
-    idx = torch.empty(b, dtype=torch.int64, device=x.device) if hard else p  # p: unused dummy pointer
-    warps = 8 if block_n * block_f >= 4096 else 4
-    _select_scale_kernel[(b,)](x, s, u, v, p, idx, n, f, x.stride(0), HARD=hard,
-                               BLOCK_N=block_n, BLOCK_F=block_f, num_warps=warps)
-    return u, v, p, (idx if hard else None)
+    idx = torch.empty(b if hard else 0, dtype=torch.int64, device=x.device)
+    args = (x, s, u, v, p, idx if hard else p, n, f, x.stride(0))
+    key = (b, n, f, x.stride(0), x.dtype, s.dtype, hard, aligned(x, s, u, v, p, idx))
+    _row_launch(_FORWARD, _select_scale_kernel, key, args, (b,), n, f, hard)
+    return u, v, p, idx
+
+
+def _select_scale_backward(x, s, p, du, dv, hard: bool):
+    if not _fits(x, s):
+        return select_scale_backward_reference(x, s, p, du, dv, hard)
+    b = x.shape[0]
+    n, f = s.shape
+    s, du, dv = s.contiguous(), du.contiguous(), dv.contiguous()
+    dx = torch.empty((b, n * f), dtype=x.dtype, device=x.device)
+    dscore = torch.empty((b, n) if not hard else 0, dtype=torch.float32, device=x.device)
+    args = (x, s, p, du, dv, dx, dscore if not hard else p, n, f, x.stride(0))
+    key = (b, n, f, x.stride(0), x.dtype, s.dtype, du.dtype, dv.dtype, hard, aligned(x, s, p, du, dv, dx, dscore))
+    _row_launch(_BACKWARD, _select_scale_backward_kernel, key, args, (b,), n, f, hard)
+    if hard:
+        return dx, s.new_zeros(0)
+    return dx, _selector_grad(x, dscore, s)
+
+
+def _selector_grad(x, dscore, s):
+    b = x.shape[0]
+    n, f = s.shape
+    ds = torch.empty_like(s)
+    block_f = min(triton.next_power_of_2(f), 256)
+    args, grid, consts = (x, dscore, ds, b, n, f, x.stride(0)), (n, triton.cdiv(f, block_f)), (16, block_f)
+
+    def first():
+        return _selector_grad_kernel[grid](*args, *consts, num_warps=4), grid, consts, {"BLOCK_F": block_f}
+
+    _SELECTOR.launch((b, n, f, x.stride(0), x.dtype, s.dtype, aligned(x, dscore, ds)), args, first)
+    return ds
+
+
+# ------------------------------------------------------------------------ public API and custom ops
+
+
+def _op_forward(x: torch.Tensor, s: torch.Tensor, hard: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor]:
+    return _select_scale(x, s, hard)
+
+
+def _op_backward(x: torch.Tensor, s: torch.Tensor, p: torch.Tensor, du: torch.Tensor, dv: torch.Tensor,
+                 hard: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _select_scale_backward(x, s, p, du, dv, hard)
+
+
+def _fake_forward(x, s, hard):
+    b, (n, f) = x.shape[0], s.shape
+    u = x.new_empty((b, n * f))
+    return u, torch.empty_like(u), x.new_empty((b, n), dtype=torch.float32), x.new_empty(b if hard else 0,
+                                                                                          dtype=torch.int64)
+
+
+def _fake_backward(x, s, p, du, dv, hard):
+    return x.new_empty((x.shape[0], s.numel())), s.new_empty(0 if hard else s.shape)
+
+
+_OPS = {"forward": register_op("fragmented_select_scale", _op_forward, _fake_forward),
+        "backward": register_op("fragmented_select_scale_backward", _op_backward, _fake_backward)}
+
+
+def select_scale(x, s, hard: bool):
+    """(u, v, p, idx) for x [B, in], S [N, F]; idx is [B] int64 for the hard selection, empty for the
+    soft one. See the module docstring."""
+    return _OPS["forward"](x, s, hard) if is_compiling() else _select_scale(x, s, hard)
+
+
+def select_scale_backward(x, s, p, du, dv, hard: bool):
+    """(dx [B, in] in x.dtype, dS [N, F] in S.dtype; empty for the hard selection)."""
+    if is_compiling():
+        return _OPS["backward"](x, s, p, du, dv, hard)
+    return _select_scale_backward(x, s, p, du, dv, hard)
+
+
+# ---------------------------------------------------------------------------------------- references
 
 
 def select_scale_reference(x, s, hard: bool):
-    """Plain torch, same math and dtypes as the kernel."""
-    import torch
-
+    """Plain torch, same math and dtypes as the kernel; idx is None for the soft selection."""
     b = x.shape[0]
     n, f = s.shape
     xf = x.reshape(b, n, f).float()
@@ -88,3 +229,17 @@ def select_scale_reference(x, s, hard: bool):
     u = (xf * p[:, :, None]).to(x.dtype).reshape(b, n * f)
     v = (xf * (1 - p[:, :, None])).to(x.dtype).reshape(b, n * f)
     return u, v, p, idx
+
+
+def select_scale_backward_reference(x, s, p, du, dv, hard: bool):
+    """Plain torch, same math as the backward kernels (fp32 inside)."""
+    b, (n, f) = x.shape[0], s.shape
+    xf = x.reshape(b, n, f).float()
+    du, dv, pe = du.reshape(b, n, f).float(), dv.reshape(b, n, f).float(), p[:, :, None]
+    dx = du * pe + dv * (1 - pe)
+    if hard:
+        return dx.to(x.dtype).reshape(x.shape), s.new_zeros(0)
+    dp = ((du - dv) * xf).sum(-1)  # [B, N]
+    dscore = p * (dp - (p * dp).sum(1, keepdim=True))
+    dx = dx + dscore[:, :, None] * s.float()
+    return dx.to(x.dtype).reshape(x.shape), torch.einsum("bn,bnf->nf", dscore, xf).to(s.dtype)

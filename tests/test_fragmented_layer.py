@@ -274,3 +274,81 @@ def test_block_diagonal_and_low_rank_baselines():
     assert sum(p.numel() for p in lr.parameters()) == (96 + 48) * 3
     ref = x.double() @ lr.down.weight.double().t() @ lr.up.weight.double().t()
     assert relerr(lr(x), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n,f,b", [(3, 7, 5), (1, 33, 1), (16, 2, 40), (128, 64, 3)])
+def test_select_scale_backward_kernels_match_torch(n, f, b, dtype, device):
+    """dx and dS of the selector's backward kernels against the plain-torch formula (fp32 inside)."""
+    from kernels.fragmented import select_scale_backward, select_scale_backward_reference
+
+    torch.manual_seed(n + 7 * f + b)
+    x = torch.randn(b, n * f, dtype=DTYPES[dtype], device=device)
+    s = torch.randn(n, f, dtype=DTYPES[dtype], device=device)
+    du, dv = torch.randn_like(x), torch.randn_like(x)
+    for hard in (False, True):
+        p = select_scale(x, s, hard)[2]
+        got, want = select_scale_backward(x, s, p, du, dv, hard), select_scale_backward_reference(x, s, p, du, dv, hard)
+        for name, a, e in zip(("dx", "dS"), got, want):
+            assert a.dtype == e.dtype and a.shape == e.shape, f"{name} hard={hard}: {a.shape} vs {e.shape}"
+            if hard and name == "dS":
+                assert a.numel() == 0, "the hard selection has no selector gradient"
+                continue
+            tol = 1e-2 if dtype != "fp32" else 1e-5
+            if not e.any():  # one fragment: p = 1, so dscore and dS are exactly zero
+                assert not a.any(), f"{name} hard={hard}: expected zeros"
+                continue
+            assert relerr(a, e) <= tol, f"{name} hard={hard}: rel err {relerr(a, e):.2e}"
+
+
+def _train_step(layer, x, g):
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(True)
+    y = layer(x)
+    y.backward(g)
+    return [y.detach(), x.grad] + [p.grad for p in layer.parameters()]
+
+
+def test_compiled_fullgraph_train_step_matches_eager():
+    """torch.compile(fullgraph=True) of the training-mode layer (kernels as custom ops; on the CPU the
+    Triton kernels run through the interpreter) gives the eager output and gradients."""
+    torch._dynamo.reset()
+    layer, x = make((96, 40, 3, 5, 7), "fp32", bias=True, seed=5, device="cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.randn(x.shape[0], 40, device=x.device)
+    backend = "inductor" if x.is_cuda else "aot_eager"
+    got = _train_step(torch.compile(layer, fullgraph=True, backend=backend), x, g)
+    for i, (a, e) in enumerate(zip(got, _train_step(layer, x, g))):
+        assert relerr(a, e) <= 1e-5, f"tensor {i}: rel err {relerr(a, e):.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_cuda_graph_train_step_matches_eager_without_syncs(dtype):
+    """The training step captured into a CUDA graph replays to the eager results; eager steps make no
+    host synchronisation (sync debug mode 'error')."""
+    layer, x = make((1024, 512, 8, 32, 16), dtype, bias=False, seed=6, device="cuda")
+    g = torch.randn(x.shape[0], 512, device="cuda", dtype=x.dtype)
+    want = _train_step(layer, x, g)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            _train_step(layer, x, g)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    xs = x.detach().clone().requires_grad_(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        layer(xs).backward(g)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    layer.zero_grad(set_to_none=True)
+    xs.grad = None
+    with torch.cuda.graph(graph):
+        y = layer(xs)
+        y.backward(g)
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, (a, e) in enumerate(zip([y, xs.grad] + [p.grad for p in layer.parameters()], want)):
+        assert relerr(a, e) <= 1e-2, f"tensor {i}: rel err {relerr(a, e):.2e}"

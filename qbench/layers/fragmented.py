@@ -11,7 +11,9 @@ Parameters: in + in*out + in*c + c*out (+ 2*out with bias), independent of N.
 
 Fast paths (no per-sample copy of W_{f*}, which is what made the original eval mode slow and
 memory-hungry):
-- training mode: x scaled per fragment by p, then ONE dense matmul with W viewed as [in, out];
+- training mode: x scaled per fragment by p, then ONE dense matmul with W viewed as [in, out]; the
+  whole soft layer is one autograd node (SoftFragmentedFn) whose backward is six matmuls and the
+  selector's two backward kernels;
 - eval mode, N small against the batch: x masked to its selected fragment, then the same single
   dense matmul (most fragments are selected, so a grouped GEMM would read most of W anyway);
 - eval mode, N >= 4 x batch (fp32) or 16 x batch (16-bit): rows sorted by fragment and one grouped
@@ -29,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.fragmented import select_scale
+from kernels.fragmented import select_scale, select_scale_backward
 from kernels.grouped_gemm import grouped_matmul
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
@@ -108,9 +110,8 @@ class FragmentedLinear(nn.Module):
         return torch.addmm(expert_out, c, self.compressed_net.weight.t())
 
     def _soft(self, x: torch.Tensor) -> torch.Tensor:
-        u, v, _ = SelectScale.apply(x, self.selector_weights, False)  # x * p, x * (1 - p)
-        expert = u @ self.expert_weights.view(self.in_features, self.out_features)
-        return self._low_rank(expert, v)
+        return SoftFragmentedFn.apply(x, self.selector_weights, self.expert_weights, self.compressor.weight,
+                                      self.compressed_net.weight)
 
     def use_grouped(self, batch: int) -> bool:
         """Grouped GEMM when the selected fragments are a small share of W (at most batch/N of it);
@@ -131,38 +132,54 @@ class FragmentedLinear(nn.Module):
         return self._low_rank(expert, v)
 
 
+class SoftFragmentedFn(torch.autograd.Function):
+    """The training-mode layer (no bias) as one autograd node: x [B, in], S [N, F], W [N, F, out],
+    C [c, in] (compressor), E [out, c] (compressed_net) ->
+        (u, v, p) = select_scale(x, S);  c = v C^T;  y = u W_flat + c E^T     (W_flat = W as [in, out])
+    Backward: dW = u^T dy, dE = dy^T c, dc = dy E, dC = dc^T v, du = dy W_flat^T, dv = dc C, then
+    (dx, dS) from the selector's backward kernel: six matmuls and two kernels, one node for the
+    autograd engine to walk instead of five."""
+
+    @staticmethod
+    def forward(ctx, x, s, w, c_w, e_w):
+        u, v, p, _ = select_scale(x, s, False)  # x * p, x * (1 - p)
+        c = v @ c_w.t()  # [B, c]
+        y = torch.addmm(u @ w.view(-1, w.shape[-1]), c, e_w.t())
+        ctx.save_for_backward(x, s, p, u, v, c, w, c_w, e_w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, s, p, u, v, c, w, c_w, e_w = ctx.saved_tensors
+        w_flat = w.view(-1, w.shape[-1])
+        dw = (u.t() @ dy).view(w.shape) if ctx.needs_input_grad[2] else None
+        de = dy.t() @ c if ctx.needs_input_grad[4] else None
+        dc = dy @ e_w  # [B, c]
+        dcw = dc.t() @ v if ctx.needs_input_grad[3] else None
+        dx, ds = select_scale_backward(x, s, p, dy @ w_flat.t(), dc @ c_w, False)
+        return dx, ds if ctx.needs_input_grad[1] else None, dw, dcw, de
+
+
 class SelectScale(torch.autograd.Function):
     """(u, v, idx) = (x * p, x * (1 - p), argmax) with p the soft or hard selection over fragments,
-    in one kernel (kernels/fragmented.py). x [B, in], S [N, F]. Backward, for p = softmax(scores):
-    dp_f = <du_f - dv_f, x_f>, dscore = p * (dp - <p, dp>), dx = du p + dv (1 - p) + dscore S,
-    dS = dscore^T x; for the hard selection p is constant (argmax has no gradient), as in the
-    reference, so S gets none."""
+    in one kernel (kernels/fragmented.py), and its backward in one or two (see that module); for the
+    hard selection p is constant (argmax has no gradient), as in the reference, so S gets none."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, s: torch.Tensor, hard: bool):
         u, v, p, idx = select_scale(x, s, hard)
         ctx.hard = hard
         ctx.save_for_backward(x, s, p)
-        idx = idx if hard else p.new_empty(0, dtype=torch.int64)
         ctx.mark_non_differentiable(idx)
         return u, v, idx
 
     @staticmethod
     def backward(ctx, du, dv, _):
         x, s, p = ctx.saved_tensors
-        b, (n, f) = x.shape[0], s.shape
-        xf = x.view(b, n, f).float()
-        du = torch.zeros_like(xf) if du is None else du.reshape(b, n, f).float()
-        dv = torch.zeros_like(xf) if dv is None else dv.reshape(b, n, f).float()
-        pe = p[:, :, None]
-        dx = du * pe + dv * (1 - pe)
-        ds = None
-        if not ctx.hard:
-            dp = ((du - dv) * xf).sum(-1)  # [B, N]
-            dscore = p * (dp - (p * dp).sum(1, keepdim=True))
-            dx = dx + dscore[:, :, None] * s.float()
-            ds = torch.einsum("bn,bnf->nf", dscore, xf).to(s.dtype) if ctx.needs_input_grad[1] else None
-        return dx.to(x.dtype).view(x.shape), ds, None
+        du = torch.zeros_like(x) if du is None else du
+        dv = torch.zeros_like(x) if dv is None else dv
+        dx, ds = select_scale_backward(x, s, p, du, dv, ctx.hard)
+        return dx, (None if ctx.hard else ds), None
 
 
 class GroupedExperts(torch.autograd.Function):

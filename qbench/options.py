@@ -111,7 +111,7 @@ def parse_dtype(choices: tuple[str, ...] = DTYPES):
         except ValueError:
             name = None
         if name not in choices:
-            raise click.BadParameter(f"{value!r} is not a dtype here; choose from {', '.join(choices)}")
+            raise click.BadParameter(f"unknown {value}; choose a dtype from {', '.join(choices)}")
         return name
 
     return parse

@@ -9,7 +9,7 @@ from qbench.benches import fragmented as bench
 from qbench.cli import main
 from qbench.store import load_run
 
-PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragments", "dtype"}
+PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragments", "dtype", "exec"}
 
 
 def run_cli(args, capsys):
@@ -55,6 +55,9 @@ def test_cpu_run_writes_complete_records(tmp_path, capsys):
         else:
             m = rec["metrics"]
             assert m["backward_optimizer_ms"] >= m["backward_ms"] and m["optimizer_state_mb"] > 0
+            assert m["step_ms"] >= m["backward_optimizer_ms"] and m["fwd_bwd_ms"] > 0
+            assert m["host_step_ms"] > 0 and m["host_fwd_bwd_ms"] > 0
+        assert rec["params"]["exec"] == "eager"  # the CPU default
     frag = [r for r in records if r["params"]["layer"] == "fragmented"]
     assert all(r["metrics"]["rel_error_train"] <= bench.TOLERANCE[r["params"]["dtype"]] for r in frag)
     counts = {r["params"]["layer"]: r["metrics"]["parameters"] for r in records if r["params"]["fragments"] in (0, 3)}
@@ -156,3 +159,19 @@ def test_forward_cost_counts_useful_work():
     # hard selection of 5 distinct fragments reads 5/128 of the expert weights
     assert bench.forward_cost(hard, 5)[1] == 2 * (5 * 8192 * 64 + 2 * 8192 * 256 + 8192 + 16 * 2 * 8192)
     assert bench.forward_cost(linear, None)[0] == 2 * 16 * 8192 * 8192
+
+
+def test_compile_mode_is_checked_against_eager_and_timed(tmp_path, capsys):
+    """--exec compile: one record per configuration and mode, the compiled step checked against the
+    eager one before it is timed; --exec graph on the CPU is a one-line usage error."""
+    out = tmp_path / "run"
+    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "3", "--fragments", "2", "--modes", "train",
+                            "--baselines", "linear", "--steps", "2", "--warmup", "1", "--exec", "eager,compile",
+                            "--out", str(out)], capsys)
+    assert code == 0, err
+    _, records = load_run(out)
+    assert sorted((r["params"]["layer"], r["params"]["exec"]) for r in records) == [
+        ("fragmented", "compile"), ("fragmented", "eager"), ("linear", "compile"), ("linear", "eager")]
+    assert all(r["status"] == "ok" and r["metrics"]["fwd_bwd_ms"] > 0 for r in records), records
+    code, _, err = run_cli(["--sizes", "64", "--exec", "graph", "--out", str(tmp_path / "g")], capsys)
+    assert code == 2 and "needs a CUDA device" in err and len(err.strip().splitlines()) == 1

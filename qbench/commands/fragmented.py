@@ -7,6 +7,7 @@ import click
 from qbench.options import (
     callback,
     device_option,
+    exec_option,
     out_options,
     parse_dtype_list,
     parse_names,
@@ -20,11 +21,6 @@ Examples:
   qbench fragmented --modes eval --baselines linear --format seed
   qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --plot fragmented.png
 """
-TABLE_PARAMS = ("dtype", "in_features", "batch_size", "layer", "mode", "fragments")
-TABLE_METRICS = ("forward_ms", "forward_graph_ms", "backward_ms", "optimizer_ms", "backward_optimizer_ms",
-                 "peak_memory_mb", "parameters", "tflops")
-HEADERS = {"in_features": "size", "batch_size": "batch", "forward_graph_ms": "fwd graph",
-           "backward_optimizer_ms": "bwd+opt", "peak_memory_mb": "peak mem"}
 LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 
 
@@ -46,12 +42,13 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @click.option("--no-graph", is_flag=True, help="Skip the CUDA-graph replay of the forward.")
 @click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
               help="'seed' prints the original report layout (Forward time / Backward time / ...).")
+@exec_option
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also draw the standard figure of the run into this file (.png, .svg, .pdf).")
 @device_option
 @out_options
 def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
-            plot_path, device, out, append, force, as_json) -> None:
+            execs, plot_path, device, out, append, force, as_json) -> None:
     """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
     selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
@@ -61,30 +58,14 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
 
     config = bench.resolve(bench.FragmentedConfig(
         sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
-        steps, warmup, not no_graph, device))
+        steps, warmup, not no_graph, device, execs=execs))
     if config.device == "cpu":
         report.notice(report.CPU_NOTICE)
     out = out or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
-                  append=append, force=force, as_json=as_json, table=_table(fmt))
+                  append=append, force=force, as_json=as_json, table=bench.table(fmt))
     if plot_path:
         from qbench.plots import plot_run
 
         report.notice(f"figure: {plot_run([out], plot_path)}", style="dim")
 
-
-def _table(fmt: str):
-    from rich.text import Text
-
-    from qbench import report
-    from qbench.benches.fragmented import format_seed
-
-    if fmt == "seed":
-        return lambda records: Text(format_seed(records))
-    def table(records):
-        # columns that no record fills (GPU-only metrics on the CPU, a single dtype) are left out
-        metrics = [m for m in TABLE_METRICS if any(r["metrics"].get(m) is not None for r in records)]
-        params = [p for p in TABLE_PARAMS if p != "dtype" or len({r["params"]["dtype"] for r in records}) > 1]
-        return report.records_table(records, params, metrics, title="FragmentedLinear", headers=HEADERS)
-
-    return table

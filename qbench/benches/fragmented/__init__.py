@@ -1,0 +1,20 @@
+"""`qbench fragmented`: FragmentedLinear against dense and structured baselines (config: the sweep;
+gate: correctness; steps: timing in each execution mode; cost: flops, bytes, units; sweep: records;
+seed: the original report layout)."""
+
+from qbench.benches.fragmented.config import (  # noqa: F401
+    BASELINES,
+    BENCH,
+    EXECS,
+    LAYERS,
+    MODES,
+    Case,
+    FragmentedConfig,
+    plan,
+    resolve,
+)
+from qbench.benches.fragmented.cost import UNITS, forward_cost  # noqa: F401
+from qbench.benches.fragmented.gate import TIE_GAP, TOLERANCE, gate  # noqa: F401
+from qbench.benches.fragmented.seed import format_seed  # noqa: F401
+from qbench.benches.fragmented.sweep import build, measure, run  # noqa: F401
+from qbench.benches.fragmented.table import table  # noqa: F401

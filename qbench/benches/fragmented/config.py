@@ -1,0 +1,99 @@
+"""`qbench fragmented`: what a run sweeps. Square sizes x batch sizes x fragment counts x modes x
+dtypes x execution modes; layers "fragmented" and "blockdiag" (N blocks) per fragment count,
+"linear" (dense, same bias setting) and "lowrank" (rank c = in/32, the layer's own low-rank path)
+once per size/batch/mode (fragments = 0).
+Modes: "train" (model.train(), soft selection, full Adam step), "eval" (model.eval(): hard
+selection, still with autograd and the Adam step, as the seed's "Inference"), "inference"
+(torch.inference_mode(), forward only).
+Execution modes (the `exec` param): "eager", "compile" (torch.compile(fullgraph=True), inductor,
+static shapes) and "graph" (forward + loss + backward, or the inference forward, captured into one
+CUDA graph; GPU only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from qbench.errors import QbenchUsageError
+from qbench.timing import resolve_device
+
+BENCH = "fragmented"
+LAYERS = ("linear", "fragmented", "blockdiag", "lowrank")
+BASELINES = ("linear", "blockdiag", "lowrank")
+MODES = ("train", "eval", "inference")
+EXECS = ("eager", "compile", "graph")
+GPU_DEFAULTS = {"sizes": (2048, 4096, 8192), "batch_sizes": (1, 8, 16), "fragments": (2, 8, 32, 128),
+                "steps": 50, "warmup": 10}  # the seed's sweep; it took the mean of 100 steps
+CPU_DEFAULTS = {"sizes": (256,), "batch_sizes": (1, 8), "fragments": (2, 8), "steps": 3, "warmup": 1}
+
+
+@dataclass(frozen=True)
+class FragmentedConfig:
+    sizes: tuple[int, ...] | None = None  # square in = out; None: GPU or CPU default
+    batch_sizes: tuple[int, ...] | None = None
+    fragments: tuple[int, ...] | None = None
+    modes: tuple[str, ...] = MODES
+    baselines: tuple[str, ...] = BASELINES
+    dtypes: tuple[str, ...] = ("fp32",)
+    bias: bool = False
+    steps: int | None = None  # timed training steps (or forward calls) per configuration
+    warmup: int | None = None
+    cuda_graph: bool = True  # also time the eager forward as a replayed CUDA graph (GPU only)
+    device: str = "auto"
+    seed: int = 0
+    execs: tuple[str, ...] | None = None  # None: all the device supports (GPU: all three; CPU: eager)
+
+
+@dataclass(frozen=True)
+class Case:
+    size: int
+    batch: int
+    layer: str
+    mode: str
+    fragments: int
+    dtype: str
+    exec: str = "eager"
+
+    def params(self) -> dict:
+        return {"in_features": self.size, "out_features": self.size, "batch_size": self.batch,
+                "layer": self.layer, "mode": self.mode, "fragments": self.fragments, "dtype": self.dtype,
+                "exec": self.exec}
+
+
+def resolve(config: FragmentedConfig) -> FragmentedConfig:
+    """Fill the defaults for the device and check that every size fits every fragment count."""
+    device = resolve_device(config.device)
+    if config.device == "cuda" and device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+    defaults = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
+    config = replace(config, device=device, **{k: v for k, v in defaults.items() if getattr(config, k) is None})
+    execs = config.execs or (EXECS if device == "cuda" else ("eager",))
+    if "graph" in execs and device != "cuda":
+        raise QbenchUsageError("--exec graph needs a CUDA device; on the CPU use eager or compile")
+    for size in config.sizes:
+        if size < 32:
+            raise QbenchUsageError(f"size {size} is below 32: the low-rank path has in/32 features; use >= 32")
+        bad = [n for n in config.fragments if size % n]
+        if bad:
+            raise QbenchUsageError(f"size {size} is not divisible by --fragments {bad[0]}; "
+                                   "every fragment count must divide every size")
+    return replace(config, execs=execs)
+
+
+def plan(config: FragmentedConfig) -> list[Case]:
+    """Every configuration, in the order the seed printed them (per size and batch: baselines first),
+    each in every execution mode."""
+    cases = []
+    for dtype in config.dtypes:
+        for size in config.sizes:
+            for batch in config.batch_sizes:
+                for mode in config.modes:
+                    layers = [(b, 0) for b in ("linear", "lowrank") if b in config.baselines]
+                    for n in config.fragments:
+                        layers += [("fragmented", n)] + ([("blockdiag", n)] if "blockdiag" in config.baselines else [])
+                    cases += [Case(size, batch, layer, mode, n, dtype, ex) for layer, n in layers
+                              for ex in config.execs]
+    return cases

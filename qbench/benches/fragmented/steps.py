@@ -1,0 +1,179 @@
+"""Timed steps of `qbench fragmented`, in each execution mode.
+
+  training steps (train, eval)  forward, MSE loss, zero_grad, backward, Adam step; phases timed by
+                                events (forward_ms, backward_ms, optimizer_ms, step_ms ...), eager or
+                                compiled (torch.compile(model, fullgraph=True), static shapes)
+  fwd_bwd                       forward + loss + backward alone (fwd_bwd_ms), in every mode; the
+                                graph mode captures it into one CUDA graph and replays it
+  inference                     forward calls under torch.inference_mode(), cold L2 before each
+  host time                     CPU time spent issuing one step (host_step_ms, host_fwd_bwd_ms,
+                                host_forward_ms), the device synchronized outside each sample
+peak_memory_mb: torch.cuda.max_memory_allocated over the timed steps (reset after warm-up):
+parameters, gradients, both Adam moments, input and target, activations saved for backward and kernel
+temporaries (inference: parameters, input, activations).
+"""
+
+from __future__ import annotations
+
+import gc
+
+from qbench.timing import PhaseTimer, graph_replay, host_time, time_fn
+
+
+def sync_and_reset(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        gc.collect()  # frees the previous configuration's tensors before the peak is reset
+        torch.cuda.synchronize()
+        # cuBLAS workspaces are cached per stream and each CUDA-graph capture uses a new side stream:
+        # without this, every earlier configuration would leave ~32-64 MB counted in the next peak
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
+            torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_mb(device: str, baseline: int = 0) -> float | None:
+    """Peak allocated MB since the last reset, less `baseline` bytes held before the model existed."""
+    import torch
+
+    return (torch.cuda.max_memory_allocated() - baseline) / 2**20 if device == "cuda" else None
+
+
+def allocated(device: str) -> int:
+    import torch
+
+    return torch.cuda.memory_allocated() if device == "cuda" else 0
+
+
+def compiled(model, exec: str):
+    """The model as the execution mode runs it (compile: fullgraph, static shapes, fresh caches)."""
+    if exec != "compile":
+        return model
+    import torch
+
+    torch._dynamo.reset()
+    return torch.compile(model, fullgraph=True, dynamic=False)
+
+
+def measure_training(model, x, target, steps: int, warmup: int, device: str, baseline: int = 0
+                     ) -> tuple[dict, dict]:
+    """Training steps timed phase by phase. Returns ({phase: [ms per step]}, memory and host metrics)."""
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.Adam(model.parameters())
+    timer = PhaseTimer(device)
+
+    def step() -> None:
+        with timer.phase("step"):
+            with timer.phase("forward"):
+                out = model(x)
+            loss = F.mse_loss(out, target)  # outside the named phases, as in the seed
+            with timer.phase("zero_grad"):
+                optimizer.zero_grad()
+            with timer.phase("backward"):
+                loss.backward()
+            with timer.phase("optimizer"):
+                optimizer.step()
+        timer.next_step()
+
+    def plain_step() -> None:  # the same step without phase events, for its host time
+        out = model(x)
+        optimizer.zero_grad()
+        F.mse_loss(out, target).backward()
+        optimizer.step()
+
+    for _ in range(warmup):
+        step()
+    sync_and_reset(device)
+    timer.discard()
+    for _ in range(steps):
+        step()
+    phases = timer.results_ms()
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                if torch.is_tensor(t) and t.dim() > 0)
+    extra = {"peak_memory_mb": peak_mb(device, baseline), "optimizer_state_mb": state / 2**20,
+             "host_step_ms": host_time(plain_step, device=device, warmup=1, repeat=steps).median}
+    return phases, extra
+
+
+def fwd_bwd(model, x, target, out: dict):
+    """forward + MSE loss + backward, grads set to None first (a graph capture then owns them); the
+    output lands in out["y"]."""
+    import torch.nn.functional as F
+
+    def run() -> None:
+        for p in model.parameters():
+            p.grad = None
+        out["y"] = model(x)
+        F.mse_loss(out["y"], target).backward()
+
+    return run
+
+
+def fwd_bwd_results(model, x, target, exec: str):
+    """(the step to time, [output, grads...] after one step) of forward + backward in a mode."""
+    import torch
+
+    out: dict = {}
+    step = fwd_bwd(model, x, target, out)
+    for _ in range(3):  # compilation and allocator warm-up, outside any capture
+        step()
+    if exec == "graph":
+        torch.cuda.synchronize()
+        step = graph_replay(step)
+    step()
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]  # eval: S gets none
+    results = [out["y"].detach().clone()] + grads
+    return step, results
+
+
+def time_fwd_bwd(step, steps: int, device: str) -> tuple[list[float], float]:
+    """(samples of fwd_bwd_ms, host ms per fwd_bwd)."""
+    timing = time_fn(step, device=device, warmup=1, repeat=steps, flush_l2=True)
+    return list(timing.samples_ms), host_time(step, device=device, warmup=1, repeat=steps).median
+
+
+def forward_fn(model, x, mode: str):
+    """The forward call of a mode: under inference_mode for 'inference', with autograd otherwise."""
+    import torch
+
+    if mode != "inference":
+        return lambda: model(x)
+
+    def infer():
+        with torch.inference_mode():
+            return model(x)
+
+    return infer
+
+
+def measure_inference(model, x, steps: int, warmup: int, device: str, baseline: int = 0,
+                      graph: bool = False) -> tuple[dict, dict]:
+    """Forward calls under torch.inference_mode(), cold L2 before each (as inside a larger model);
+    with graph=True the forward is one replayed CUDA graph."""
+    fn = forward_fn(model, x, "inference")
+    for _ in range(warmup):
+        fn()
+    sync_and_reset(device)
+    fn()  # peak memory of one call, before the timer's L2-flush buffer exists
+    peak = peak_mb(device, baseline)
+    if graph:
+        fn = graph_replay(fn)
+    timing = time_fn(fn, device=device, warmup=1, repeat=steps)
+    host = host_time(fn, device=device, warmup=1, repeat=steps).median
+    return {"forward": list(timing.samples_ms)}, {"peak_memory_mb": peak, "host_forward_ms": host}
+
+
+def graph_forward_ms(model, x, mode: str, steps: int, device: str) -> list[float] | None:
+    """The forward replayed as a CUDA graph (what a training loop gets from graph capture), or None
+    on the CPU or when this forward cannot be captured."""
+    if device != "cuda":
+        return None
+    try:
+        timing = time_fn(forward_fn(model, x, mode), device=device, warmup=3, repeat=steps, cuda_graph=True)
+    except RuntimeError:
+        return None
+    return list(timing.samples_ms)

@@ -1,0 +1,177 @@
+"""`qbench fragmented`: FragmentedLinear against dense and structured baselines, one record per
+configuration and execution mode.
+
+Measured per record (ms are medians over the timed steps, samples kept):
+  forward_ms             the forward call inside a training step (inference: cold-L2 forward calls)
+  backward_ms            loss.backward() alone;  optimizer_ms: Adam's step alone
+  backward_optimizer_ms  zero_grad + backward + optimizer step: the seed's "Backward time"
+  step_ms                the whole training step (forward, loss, zero_grad, backward, Adam)
+  fwd_bwd_ms             forward + loss + backward alone (the graph mode's one measure of training)
+  host_*_ms              CPU time spent issuing a step (see benches/fragmented/steps.py)
+  forward_graph_ms       the eager forward replayed as one CUDA graph (GPU only; no launch overhead)
+  peak_memory_mb, param_memory_mb, optimizer_state_mb, parameters, tflops (useful forward flops /
+  forward_ms), roofline_fraction (GPU with a preset)
+Before timing, FragmentedLinear's train, eval and inference outputs are checked against the float64
+reference definition, and a compiled or graphed step against the eager one; a mismatch is an error
+record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from qbench.benches.fragmented import steps
+from qbench.benches.fragmented.config import BENCH, Case, FragmentedConfig
+from qbench.benches.fragmented.cost import UNITS, forward_cost, roofline
+from qbench.benches.fragmented.gate import TOLERANCE, gate
+from qbench.store import make_record
+from qbench.units import torch_dtype
+
+
+def build(case: Case, bias: bool, device: str):
+    import torch
+
+    from qbench.layers import fragmented as fl
+
+    kw = {"device": device, "dtype": torch_dtype(case.dtype)}
+    s = case.size
+    if case.layer == "linear":
+        return torch.nn.Linear(s, s, bias=bias, **kw)
+    if case.layer == "lowrank":
+        return fl.LowRankLinear(s, s, s // 32, bias=bias, **kw)
+    if case.layer == "blockdiag":
+        return fl.BlockDiagonalLinear(s, s, case.fragments, bias=bias, **kw)
+    return fl.FragmentedLinear(s, s, case.fragments, s // 32, bias=bias, **kw)
+
+
+
+def _median(values) -> float | None:
+    from qbench.timing import percentile
+
+    return percentile(values, 50) if values else None
+
+
+def _phase_metrics(phases: dict) -> tuple[dict, dict]:
+    """Medians and samples per phase; backward_optimizer = zero_grad + backward + optimizer per step."""
+    samples = {f"{k}_ms": v for k, v in phases.items() if k in ("forward", "backward", "optimizer", "step")}
+    if "backward" in phases:
+        samples["backward_optimizer_ms"] = [sum(t) for t in zip(
+            phases["zero_grad"], phases["backward"], phases["optimizer"])]
+    return {k: _median(v) for k, v in samples.items()}, samples
+
+
+def _inputs(case: Case, device: str, seed: int):
+    """Fresh normal inputs and targets (never zeros), seeded per configuration."""
+    import torch
+
+    torch.manual_seed(seed)
+    dtype = torch_dtype(case.dtype)
+    x = torch.randn(case.batch, case.size, device=device, dtype=dtype)
+    target = torch.randn(case.batch, case.size, device=device, dtype=dtype)
+    return x, target
+
+
+def _mismatch(got: list, want: list, dtype: str) -> str | None:
+    for i, (a, b) in enumerate(zip(got, want)):
+        err = float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+        if not err <= TOLERANCE[dtype]:
+            return f"tensor {i} (0: output, then gradients) differs from eager by {err:.2e}"
+    return None
+
+
+def _train(model, runner, x, target, case: Case, config: FragmentedConfig, baseline: int):
+    """(phases, extra metrics, fwd_bwd samples, failure) of a train/eval configuration."""
+    device, ex = config.device, case.exec
+    phases, extra = ({}, {}) if ex == "graph" else steps.measure_training(
+        runner, x, target, config.steps, config.warmup, device, baseline)
+    step, got = steps.fwd_bwd_results(runner, x, target, ex)
+    if ex != "eager":
+        failure = _mismatch(got, steps.fwd_bwd_results(model, x, target, "eager")[1], case.dtype)
+        if failure:
+            return phases, extra, None, f"{ex}: {failure}"
+    samples, extra["host_fwd_bwd_ms"] = steps.time_fwd_bwd(step, config.steps, device)
+    return phases, extra, samples, None
+
+
+def _infer(model, runner, x, case: Case, config: FragmentedConfig, baseline: int):
+    if case.exec != "eager":
+        import torch
+
+        with torch.inference_mode():
+            failure = _mismatch([runner(x)], [model(x)], case.dtype)
+        if failure:
+            return {}, {}, f"{case.exec}: {failure}"
+    phases, extra = steps.measure_inference(runner if case.exec == "compile" else model, x, config.steps,
+                                            config.warmup, config.device, baseline, graph=case.exec == "graph")
+    return phases, extra, None
+
+
+def measure(case: Case, config: FragmentedConfig) -> dict:
+    """One record: build, gate (FragmentedLinear), check the mode against eager, time, count."""
+    import torch
+
+    device = config.device
+    steps.sync_and_reset(device)
+    baseline = steps.allocated(device)  # anything still held from earlier configurations (normally 0)
+    x, target = _inputs(case, device, config.seed)
+    model = build(case, config.bias, device)
+    metrics: dict = {"parameters": sum(p.numel() for p in model.parameters()),
+                     "param_memory_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}
+    selected = None
+    if case.layer == "fragmented":
+        errors, failure = gate(model, x, case.dtype)
+        metrics.update(errors)
+        if failure:
+            return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure,
+                               device=device)
+        if case.mode != "train":
+            with torch.no_grad():
+                selected = int(model.scores(x).argmax(dim=1).unique().numel())
+            metrics["selected_fragments"] = selected
+    model.train(case.mode == "train")
+    runner = steps.compiled(model, case.exec)
+    fwd_bwd = None
+    if case.mode == "inference":
+        phases, extra, failure = _infer(model, runner, x, case, config, baseline)
+    else:
+        phases, extra, fwd_bwd, failure = _train(model, runner, x, target, case, config, baseline)
+    if failure:
+        return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure, device=device)
+    medians, samples = _phase_metrics(phases)
+    metrics.update(medians)
+    metrics.update(extra)
+    if fwd_bwd:
+        samples["fwd_bwd_ms"], metrics["fwd_bwd_ms"] = fwd_bwd, _median(fwd_bwd)
+    if config.cuda_graph and case.exec == "eager":
+        graph = steps.graph_forward_ms(model, x, case.mode, config.steps, device)
+        if graph:
+            samples["forward_graph_ms"], metrics["forward_graph_ms"] = graph, _median(graph)
+    _throughput(metrics, case, selected, device)
+    return make_record(BENCH, case.params(), metrics, units=UNITS, samples=samples, device=device)
+
+
+def _throughput(metrics: dict, case: Case, selected, device: str) -> None:
+    flops, moved = forward_cost(case, selected)
+    metrics["tflops"] = flops / metrics["forward_ms"] / 1e9 if metrics.get("forward_ms") else None
+    if metrics.get("forward_graph_ms"):
+        metrics["graph_tflops"] = flops / metrics["forward_graph_ms"] / 1e9
+    metrics["roofline_fraction"] = roofline(flops, moved, case.dtype, metrics.get("forward_ms"), device)
+
+
+def run(config: FragmentedConfig) -> Iterator[dict]:
+    """Records of every planned configuration, as they are measured (config must be resolved)."""
+    from qbench.benches.fragmented.config import plan
+
+    for case in plan(config):
+        try:
+            yield measure(case, config)
+        except torch_oom_errors() as exc:
+            yield make_record(BENCH, case.params(), status="error", device=config.device,
+                              error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+
+
+def torch_oom_errors() -> tuple[type[BaseException], ...]:
+    """Errors that fail one configuration, not the sweep (out of memory, a kernel that cannot run)."""
+    import torch
+
+    return (torch.cuda.OutOfMemoryError, RuntimeError)

@@ -109,6 +109,7 @@ class LaunchCache:
     def store(self, key: tuple, compiled, grid: tuple, constexprs: tuple, config: dict, extra=None) -> None:
         """Remember a first launch's compiled kernel (never under the interpreter, which has none)."""
         if compiled is not None and not interpreting():
+            grid = tuple(grid) + (1,) * (3 - len(grid))  # the compiled kernel's runner reads three sizes
             self._entries[key] = (compiled, grid, tuple(constexprs), extra)
             record_pick(self.name, key, config)
 

@@ -88,21 +88,23 @@ def import_to_run(
     path: str | Path, fmt: str = "auto", out: str | Path | None = None, *, append: bool = False, force: bool = False
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Read a file in a seed format and write it as a qbench run directory (default:
-    results/<bench>-import-<UTC time>). env.json describes the source, not this machine."""
+    results/<bench>-import-<UTC time>). env.json describes the source, not this machine, plus the
+    provenance of the qbench code that converted it (its records' names and derived metrics)."""
     import shlex
     import sys
     from datetime import datetime, timezone
 
-    from qbench import __version__
+    from qbench.env import provenance
 
     env, records = read_file(path, fmt)
-    target = Path(out) if out else store.default_run_dir(f"{records[0]['bench']}-import")
+    bench = records[0]["bench"]
+    target = Path(out) if out else store.default_run_dir(f"{bench}-import")
     env.update(
         command=shlex.join(sys.argv),
         time_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        qbench_version=__version__,
+        **provenance(),
     )
-    with store.RunWriter(target, env, append=append, force=force) as writer:
+    with store.RunWriter(target, env, append=append, force=force, bench=bench) as writer:
         for record in records:
             writer.write(record)
     return target, records

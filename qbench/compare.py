@@ -26,6 +26,8 @@ from qbench.errors import QbenchUsageError
 
 ALPHA = 0.05  # significance level of the U test
 FEW_SAMPLES = 9  # below this many samples per side the U test has little power: say so
+MISSING_IN_CANDIDATE = "missing in candidate"  # the note of an 'n/a' row; such rows fail a gate
+MISSING_IN_REFERENCE = "missing in reference"
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,12 @@ class Comparison:
     env_warnings: list[str] = field(default_factory=list)
     geomeans: dict[tuple[str, str], float] = field(default_factory=dict)  # (candidate, metric) -> ratio
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # candidate -> marker -> n
+    unfiltered: list[Row] = field(default_factory=list)  # every row before -k / --only-changed
 
 
 def load_any(path: str | Path) -> Run:
-    """A qbench run directory, or a file in a seed format (imported on the fly)."""
+    """A qbench run directory, or a file in a seed format (imported on the fly); a run without
+    records is a usage error (it would compare as "nothing changed")."""
     target = Path(path)
     if target.is_file():
         from qbench.importers import load_any as import_file
@@ -82,6 +86,8 @@ def load_any(path: str | Path) -> Run:
         env, records = import_file(target)
         return Run(str(target), env, records)
     env, records = store.load_run(target)
+    if not records:
+        raise QbenchUsageError(f"{target} is an empty run (no records in {store.RECORDS_FILE}); rerun it or drop it")
     return Run(str(target), env, records)
 
 
@@ -214,15 +220,18 @@ def _missing_row(record: dict[str, Any], candidate: str, note: str) -> Row:
 
 
 def _pair_rows(reference: Run, candidate: Run, options: CompareOptions) -> list[Row]:
-    rows: list[Row] = []
-    benches = sorted({r["bench"] for r in reference.records} & {r["bench"] for r in candidate.records})
-    for bench in benches:
+    ref_benches, cand_benches = {r["bench"] for r in reference.records}, {r["bench"] for r in candidate.records}
+    one_sided = ref_benches ^ cand_benches  # a bench one side lacks entirely: each of its cases is missing there
+    label = candidate.label
+    rows = [_missing_row(r, label, MISSING_IN_CANDIDATE) for r in reference.records if r["bench"] in one_sided]
+    rows += [_missing_row(r, label, MISSING_IN_REFERENCE) for r in candidate.records if r["bench"] in one_sided]
+    for bench in sorted(ref_benches & cand_benches):
         keys = _join_keys([reference, candidate], bench)
         ref_index, cand_index = _index(reference, bench, keys), _index(candidate, bench, keys)
         for key, ref_rec in ref_index.items():
             cand_rec = cand_index.get(key)
             if cand_rec is None:
-                rows.append(_missing_row(ref_rec, candidate.label, "missing in candidate"))
+                rows.append(_missing_row(ref_rec, candidate.label, MISSING_IN_CANDIDATE))
                 continue
             status = _status_row(ref_rec, cand_rec, candidate.label)
             if status is not None:
@@ -233,7 +242,7 @@ def _pair_rows(reference: Run, candidate: Run, options: CompareOptions) -> list[
                 for m in _metrics_of(ref_rec, cand_rec, options.metrics)
             )
         rows.extend(
-            _missing_row(cand_index[k], candidate.label, "missing in reference")
+            _missing_row(cand_index[k], candidate.label, MISSING_IN_REFERENCE)
             for k in cand_index.keys() - ref_index.keys()
         )
     return rows
@@ -289,7 +298,7 @@ def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
         if _hardware_differs(reference, candidate):
             _mark_cross_env(pair, options.cross_env)
         rows.extend(pair)
-    comparison = Comparison(rows, warnings, _geomeans(rows), _counts(rows))
+    comparison = Comparison(rows, warnings, _geomeans(rows), _counts(rows), unfiltered=rows)
     comparison.rows = _filter_and_sort(rows, options)
     return comparison
 
@@ -326,6 +335,32 @@ def parse_fail_on(items: Sequence[str]) -> list[tuple[str, float]]:
     return gates
 
 
+def require_metrics(runs: Sequence[Run], metrics: Sequence[str], gates: Sequence[tuple[str, float]]) -> None:
+    """--metric and --fail-on name metrics some record has: a misspelt name would select nothing and
+    a gate on it would always pass."""
+    known = {name for run in runs for rec in run.records for name in rec.get("metrics", {})}
+    asked = [("--metric", name) for name in metrics] + [("--fail-on", name) for name, _ in gates]
+    for flag, name in asked:
+        if name not in known:
+            shown = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
+            raise QbenchUsageError(f"{flag} {name}: no record of these runs has this metric (they have: {shown})")
+
+
+def require_gates_evaluable(comparison: Comparison, gates: Sequence[tuple[str, float]]) -> None:
+    """Each --fail-on metric is compared (=, +, -, ~) on at least one case: a gate that can judge
+    nothing (the metric is on one side only, or every row is 'x') is a usage error, not a pass."""
+    for name, _ in gates:
+        rows = [r for r in comparison.unfiltered if r.metric == name]
+        if not any(r.marker in ("=", "+", "-", "~") for r in rows):
+            why = rows[0].note if rows else "no case has it in both the reference and a candidate"
+            raise QbenchUsageError(f"--fail-on {name}: no case can be compared on it: {why}")
+
+
+def missing_cases(comparison: Comparison) -> list[Row]:
+    """Cases the reference has and a candidate lacks (they fail a gate unless --allow-missing)."""
+    return [r for r in comparison.rows if r.marker == "n/a" and r.note == MISSING_IN_CANDIDATE]
+
+
 def regressions(comparison: Comparison, gates: Sequence[tuple[str, float]]) -> list[Row]:
     """Rows that break a --fail-on gate: the metric got worse by more than PCT (and the change is not
     marked '~', i.e. not shown to be noise), or its configuration newly fails."""
@@ -340,3 +375,15 @@ def regressions(comparison: Comparison, gates: Sequence[tuple[str, float]]) -> l
             if row.metric == name and row.marker == "+" and abs(row.change_pct or 0.0) > pct:
                 hits.append(row)
     return hits
+
+
+def gate_failures(comparison: Comparison, gates: Sequence[tuple[str, float]], allow_missing: bool) -> list[str]:
+    """One line per reason the --fail-on gate fails; empty when it passes (or no gate is set)."""
+    lines = []
+    if hits := regressions(comparison, gates):
+        lines.append("regression beyond --fail-on: " + ", ".join(sorted({f"{h.metric} ({h.case})" for h in hits})[:5]))
+    missing = missing_cases(comparison) if gates and not allow_missing else []
+    if missing:
+        names = ", ".join(sorted({r.case for r in missing})[:5])
+        lines.append(f"{len(missing)} reference cases missing in a candidate ({names}); --allow-missing accepts that")
+    return lines

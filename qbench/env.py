@@ -1,23 +1,36 @@
 """The environment block, captured once per run and stored as env.json.
 
 Everything a reader needs to judge whether two runs are comparable: GPU name and count, SM clock
-and power limit (when nvidia-smi answers), driver, CUDA, torch, triton, python, host, CPU, the git
-commit (and dirty flag) of the qbench checkout, the command line and the UTC time.
+and power limit (when nvidia-smi answers), driver, CUDA, torch, triton, python, host, CPU, the command
+line and the UTC time; and what code produced the numbers (provenance()): the qbench version, a hash
+of the package's own source (traceable without .git) and, in a checkout, the git commit and dirty flag.
+Autotuner picks noted during a run (note_autotune) are added under "autotune" when the run closes.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import platform
 import shlex
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from qbench import __version__
+
 CHECKOUT = Path(__file__).resolve().parent.parent
+# The package's own source: the two top-level packages pyproject.toml ships (beside each other both in
+# a checkout and in site-packages).
+SOURCE_PACKAGES = ("qbench", "kernels")
+SHORT_HASH = 12  # hex digits of the short form: 48 bits, ample to tell source trees apart
 # Keys that make two runs not directly comparable; `qbench compare` warns when they differ.
 COMPARABILITY_KEYS = ("gpu_name", "driver", "torch", "triton", "cuda")
 
@@ -30,12 +43,45 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
     return out.stdout.strip()
 
 
-def git_info() -> dict[str, Any]:
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=CHECKOUT)
+def git_info(root: Path = CHECKOUT) -> dict[str, Any]:
+    """Commit and dirty flag of the checkout at root; both None where root is no checkout (a copied tree,
+    site-packages), rather than the commit of some repository that happens to contain it."""
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root) if (root / ".git").exists() else None
     if commit is None:
         return {"git_commit": None, "git_dirty": None}
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=CHECKOUT)
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return {"git_commit": commit, "git_dirty": bool(status)}
+
+
+def source_files(root: Path = CHECKOUT) -> list[Path]:
+    """Every *.py of the package's own source under root, sorted by its path relative to root."""
+    found = [p for package in SOURCE_PACKAGES if (root / package).is_dir() for p in (root / package).rglob("*.py")]
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def source_hash(root: Path = CHECKOUT) -> str:
+    """sha256 (hex) of the source files under root: for each file in path order, its relative path, NUL,
+    its length in bytes, NUL, its bytes. Renaming, moving or editing any file changes it."""
+    digest = hashlib.sha256()
+    for path in source_files(root):
+        data = path.read_bytes()
+        digest.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def own_source_hash() -> str:
+    """source_hash of the running package, computed once per process (so env.json and every record of
+    a run name the same tree even if a file is edited while it runs)."""
+    return source_hash(CHECKOUT)
+
+
+def provenance() -> dict[str, Any]:
+    """What code made a run: version, source hash (full and short) and, in a checkout, git commit + dirty."""
+    digest = own_source_hash()
+    return {"qbench_version": __version__, "source_hash": digest, "source_hash_short": digest[:SHORT_HASH],
+            **git_info()}
 
 
 def nvidia_smi() -> dict[str, Any]:
@@ -77,6 +123,55 @@ def triton_version() -> str | None:
     return triton.__version__
 
 
+class _AutotuneLog:
+    """Autotuner picks of this process: (kernel, key) -> the latest pick, with the sequence number of
+    its note, so a run writer can take exactly the picks noted while it was open."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # launchers may run on several threads
+        self.seq = 0
+        self.picks: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
+
+    def note(self, kernel: str, key: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+        pick = {"kernel": str(kernel), "key": _jsonable(key), "config": _jsonable(config)}
+        ident = (pick["kernel"], json.dumps(pick["key"], sort_keys=True))
+        with self.lock:
+            self.seq += 1
+            self.picks[ident] = (self.seq, pick)
+
+    def since(self, mark: int) -> list[dict[str, Any]]:
+        with self.lock:
+            found = [(ident, pick) for ident, (seq, pick) in self.picks.items() if seq > mark]
+        return [pick for _, pick in sorted(found, key=lambda item: item[0])]
+
+
+def _jsonable(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain JSON object (tuples -> lists, dtypes and other objects -> their str)."""
+    return json.loads(json.dumps(dict(mapping), sort_keys=True, default=str))
+
+
+_AUTOTUNE = _AutotuneLog()
+
+
+def note_autotune(kernel: str, key: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """Note that the autotuner of `kernel` chose `config` (e.g. {"BLOCK_M": 128, "num_warps": 8,
+    "num_stages": 3}) for `key` (what it tunes on, e.g. {"M": 8192, "N": 4096, "K": 1024}). Launchers
+    call it whenever they resolve a config, cached or fresh, so every run that uses the kernel lists the
+    pick; a new pick for the same kernel and key replaces the old one. The run writer stores the picks
+    noted while it is open in env.json under "autotune" when it closes."""
+    _AUTOTUNE.note(kernel, key, config)
+
+
+def autotune_mark() -> int:
+    """A mark to pass to autotune_picks: only picks noted after it are returned."""
+    return _AUTOTUNE.seq
+
+
+def autotune_picks(since: int = 0) -> list[dict[str, Any]]:
+    """[{"kernel", "key", "config"}, ...] noted after the mark `since`, sorted by kernel and key."""
+    return _AUTOTUNE.since(since)
+
+
 def command_line(argv: list[str]) -> str:
     """The command as a user would retype it: 'python -m qbench' and the script path read as 'qbench'."""
     words = list(argv)
@@ -99,7 +194,7 @@ def capture_env(argv: list[str] | None = None, config: Any = None) -> dict[str, 
     env.update(torch_info())
     env["triton"] = triton_version()
     env.update(nvidia_smi())
-    env.update(git_info())
+    env.update(provenance())
     env["config"] = _config_dict(config)
     return env
 

@@ -9,7 +9,8 @@ A record (schema_version 1):
   {"schema_version": 1, "bench": "switchback", "case": "batch_size=8192/dim_in=1024/...",
    "params": {...every swept value...}, "metrics": {"time_standard": 0.83, ...},
    "units": {"time_standard": "ms", ...}, "samples": {"time_standard": [...ms...]},
-   "status": "ok" | "error" | "skipped", "error": null | "text", "device": "cuda" | "cpu"}
+   "status": "ok" | "error" | "skipped", "error": null | "text", "device": "cuda" | "cpu",
+   "source_hash": "<sha256 of the qbench/ and kernels/ sources, as in env.json>"}
 Metric names follow each bench's declared names (seed-compatible keys kept exactly); `units` is the
 per-metric declaration that `qbench compare` reads to know whether lower or higher is better.
 """
@@ -20,12 +21,14 @@ import csv
 import json
 import math
 import os
+import secrets
 import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from qbench.env import autotune_mark, autotune_picks, own_source_hash
 from qbench.errors import QbenchUsageError
 
 SCHEMA_VERSION = 1
@@ -72,6 +75,7 @@ def make_record(
         "status": status,
         "error": error,
         "device": device,
+        "source_hash": own_source_hash(),  # a record copied out of its run still names its code
     }
 
 
@@ -83,42 +87,100 @@ def _json_number(value: Any) -> Any:
 
 
 def utc_stamp() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    """UTC time to the microsecond, e.g. 20250101T120000.123456Z: names sort in the order they were taken."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def default_run_dir(bench: str, root: str | Path = "results") -> Path:
-    return Path(root) / f"{bench}-{utc_stamp()}"
+    """results/<bench>-<UTC time to the microsecond>-<4 random hex digits>: two runs started at the same
+    moment (on two hosts sharing a disk, say) still get different names, and names sort by start time."""
+    return Path(root) / f"{bench}-{utc_stamp()}-{secrets.token_hex(2)}"
 
 
 class RunWriter:
     """Writes one run directory. Records are appended with one write + flush + fsync per line, so a
     crash loses at most the record being written; the CSV is regenerated on close().
 
-    The target is checked at construction (refusing a non-empty run without append/force), but the
-    directory is created only with the first record: input that fails validation inside a bench
-    leaves no empty run behind.
+    A new run claims its directory at construction, before anything is measured: mkdir (which fails if
+    the directory exists; an existing one must be empty), then an exclusive create of env.json. Each
+    is one atomic step, and whoever loses either race is refused, so two runs never share a directory.
+    A claim with no record written by close() is undone: input rejected by a bench leaves no empty run.
+    --force replaces the old files when the first record arrives (a run that measures nothing keeps
+    the old one). --append adds to a run of the same bench; a record whose case the run already holds
+    replaces that record (the file is rewritten atomically), so a case is never there twice.
     """
 
-    def __init__(self, path: str | Path, env: Mapping[str, Any], *, append: bool = False, force: bool = False):
-        self.path = Path(path)
-        self.env = dict(env)
+    def __init__(
+        self, path: str | Path, env: Mapping[str, Any], *, append: bool = False, force: bool = False,
+        bench: str | None = None,
+    ):  # fmt: skip
+        if append and force:
+            raise QbenchUsageError("--append adds to a run and --force replaces it; pass only one of them")
+        self.path, self.env = Path(path), dict(env)
         self.append, self.force = append, force
-        check_writable(self.path, append, force)
         self.count = 0
         self._fh = None
+        self._claimed: str | None = None  # "dir" or "env": what the claim created, undone if nothing is written
+        self._autotune_mark = autotune_mark()
+        if self.path.exists() and not self.path.is_dir():
+            raise QbenchUsageError(f"{self.path} exists and is not a directory; choose another --out")
+        self._benches, self._prior = _existing(self.path) if append else (set(), set())
+        if bench is not None:
+            self._check_bench(bench)
+        if not (append or force):
+            self._claim()
+
+    def _claim(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir()
+            self._claimed = "dir"
+        except FileExistsError:
+            if not self.path.is_dir():
+                raise _cannot_create(self.path, "a parent is a file") from None
+            if any(self.path.iterdir()):
+                raise _not_empty(self.path) from None
+            self._claimed = "env"
+        except OSError as exc:
+            raise _cannot_create(self.path, exc.strerror) from None
+        try:  # the step that decides a race for the same (new or empty) directory
+            os.close(os.open(self.path / ENV_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            self._claimed = None  # the other run owns it now
+            raise _not_empty(self.path) from None
+        except OSError as exc:
+            raise _cannot_create(self.path, exc.strerror) from None
+        _write_json(self.path / ENV_FILE, self.env)
+
+    def _check_bench(self, bench: str) -> None:
+        if self._benches and bench not in self._benches:
+            raise QbenchUsageError(
+                f"--append: {self.path} holds a {'/'.join(sorted(self._benches))} run, not {bench}; "
+                "append to a run of the same bench or choose another --out"
+            )
 
     def _open(self) -> None:
-        if self.force and not self.append:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.force:
             for name in (ENV_FILE, RECORDS_FILE, CSV_FILE):
                 (self.path / name).unlink(missing_ok=True)
-        self.path.mkdir(parents=True, exist_ok=True)
-        if not (self.append and (self.path / ENV_FILE).exists()):
+        if self._claimed is None and not (self.append and (self.path / ENV_FILE).exists()):
             _write_json(self.path / ENV_FILE, self.env)
-        self._fh = open(self.path / RECORDS_FILE, "a", encoding="utf-8")
+        records = self.path / RECORDS_FILE
+        if self.append and records.exists() and not records.read_bytes().endswith(b"\n"):
+            _rewrite_records(self.path, drop=set())  # a crash left a partial last line: drop it before appending
+        self._fh = open(records, "a", encoding="utf-8")
 
     def write(self, record: Mapping[str, Any]) -> None:
+        self._check_bench(record["bench"])
         if self._fh is None:
             self._open()
+        ident = (record["bench"], record["case"])
+        if ident in self._prior:
+            self._fh.close()
+            _rewrite_records(self.path, drop={ident})
+            self._prior.discard(ident)
+            self._fh = open(self.path / RECORDS_FILE, "a", encoding="utf-8")
         line = json.dumps(record, allow_nan=False, default=str)
         self._fh.write(line + "\n")
         self._fh.flush()
@@ -129,6 +191,12 @@ class RunWriter:
         if self._fh is not None and not self._fh.closed:
             self._fh.close()
             export_csv(self.path)
+            _store_autotune(self.path / ENV_FILE, autotune_picks(self._autotune_mark))
+        elif self._fh is None and self._claimed is not None:
+            (self.path / ENV_FILE).unlink(missing_ok=True)
+            if self._claimed == "dir":
+                _remove_if_empty(self.path)
+            self._claimed = None
 
     def __enter__(self) -> RunWriter:
         return self
@@ -137,14 +205,59 @@ class RunWriter:
         self.close()
 
 
-def check_writable(path: Path, append: bool, force: bool) -> None:
-    """Refuse a path that is a file, or a non-empty run directory without --append/--force."""
-    if path.exists() and not path.is_dir():
-        raise QbenchUsageError(f"{path} exists and is not a directory; choose another --out")
-    if path.is_dir() and any(path.iterdir()) and not (append or force):
-        raise QbenchUsageError(
-            f"run directory {path} is not empty; pass --append to add to it or --force to replace it"
-        )
+def _not_empty(path: Path) -> QbenchUsageError:
+    return QbenchUsageError(
+        f"run directory {path} is not empty (or another run is writing it); "
+        "pass --append to add to it or --force to replace it, or choose another --out"
+    )
+
+
+def _cannot_create(path: Path, why: str | None) -> QbenchUsageError:
+    return QbenchUsageError(f"cannot create run directory {path} ({why}); choose another --out")
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass  # something else was put there meanwhile: leave it
+
+
+def _existing(path: Path) -> tuple[set[str], set[tuple[str, str]]]:
+    """(benches, (bench, case) pairs) of the records already in a run; empty sets for a new one."""
+    if not (path / RECORDS_FILE).is_file():
+        return set(), set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a partial last line is dropped by _open before appending
+        records = read_records(path)
+    return {r["bench"] for r in records}, {(r["bench"], r.get("case")) for r in records}
+
+
+def _rewrite_records(path: Path, drop: set[tuple[str, str]]) -> None:
+    """Rewrite results.jsonl without the records of the cases in `drop` (and without a partial line)."""
+    file = path / RECORDS_FILE
+    kept = []
+    for line in file.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # only a crash's partial last line gets here: read_records refused any other
+        if (record.get("bench"), record.get("case")) not in drop:
+            kept.append(line + "\n")
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(file)  # atomic: a crash leaves either the old file or the new one
+
+
+def _store_autotune(env_file: Path, picks: list[dict[str, Any]]) -> None:
+    """Add the autotuner picks noted during the run to env.json["autotune"] (a pick for a kernel and key
+    already there, from an earlier run appended to, is replaced)."""
+    if not picks or not env_file.exists():
+        return
+    env = json.loads(env_file.read_text(encoding="utf-8"))
+    merged = {(p["kernel"], json.dumps(p["key"], sort_keys=True)): p for p in [*env.get("autotune", []), *picks]}
+    env["autotune"] = [merged[k] for k in sorted(merged)]
+    _write_json(env_file, env)
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -184,6 +297,8 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     run = Path(path)
     if not run.exists():
         raise QbenchUsageError(f"{run} does not exist; give a run directory written by qbench")
+    if not is_run_dir(run) and (run / ENV_FILE).is_file():
+        raise QbenchUsageError(f"{run} is an empty run ({ENV_FILE} but no {RECORDS_FILE}: it stopped before a record)")
     if not is_run_dir(run):
         raise QbenchUsageError(f"{run} is not a qbench run (no {RECORDS_FILE} inside)")
     env_file = run / ENV_FILE

@@ -168,3 +168,56 @@ def test_rich_table_renders_all_rows(slower_runs):
         console.print(table)
     text = console.file.getvalue()
     assert "toy/m=1" in text and "geometric mean" in text and "1 worse (+)" in text
+
+
+def _one_line_exit_2(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_unknown_metric_in_fail_on_or_metric_is_a_usage_error(slower_runs):
+    a, b = slower_runs
+    _one_line_exit_2(_cli(a, b, "--fail-on", "tiem:5"), "--fail-on tiem", "no record")
+    _one_line_exit_2(_cli(a, b, "--metric", "tflops"), "--metric tflops", "no record")
+    assert _cli(a, b, "--metric", "time").returncode == 0
+
+
+def test_a_gate_that_can_judge_no_case_is_a_usage_error(tmp_path):
+    a = write_run(tmp_path / "a", [timed_record({"m": 1}, FAST, tflops=10.0)])
+    b = write_run(tmp_path / "b", [timed_record({"m": 1}, SLOW)])  # no tflops on this side
+    _one_line_exit_2(_cli(a, b, "--fail-on", "tflops:5"), "--fail-on tflops", "no case")
+    c = write_run(tmp_path / "c", [timed_record({"m": 1}, SLOW)], gpu="NVIDIA A100")  # every row 'x'
+    _one_line_exit_2(_cli(a, c, "--fail-on", "time:5"), "different hardware")
+    assert _cli(a, c, "--fail-on", "time:5", "--cross-env").returncode == 1
+
+
+def test_a_candidate_missing_reference_cases_fails_the_gate_unless_allowed(tmp_path):
+    a = write_run(tmp_path / "a", [timed_record({"m": m}, FAST) for m in (1, 2, 3)])
+    b = write_run(tmp_path / "b", [timed_record({"m": 1}, FAST)])
+    failing = _cli(a, b, "--fail-on", "time:5")
+    assert failing.returncode == 1 and "2 reference cases missing" in failing.stderr, failing.stderr
+    assert _cli(a, b, "--fail-on", "time:5", "--allow-missing").returncode == 0
+    assert _cli(a, b).returncode == 0  # no gate: a report only
+    assert _cli(b, a, "--fail-on", "time:5").returncode == 0  # cases new in the candidate are fine
+
+
+def test_a_bench_the_candidate_lacks_entirely_is_missing(tmp_path):
+    ref = [timed_record({"m": 1}, FAST), timed_record({"m": 1}, FAST, bench="other")]
+    runs = _runs(tmp_path, ref, [timed_record({"m": 1}, FAST)])
+    result = compare.compare_runs(runs, compare.CompareOptions())
+    assert [(r.bench, r.note) for r in compare.missing_cases(result)] == [("other", "missing in candidate")]
+    assert compare.gate_failures(result, [("time", 5.0)], allow_missing=False)
+    assert not compare.gate_failures(result, [("time", 5.0)], allow_missing=True)
+
+
+def test_an_empty_run_is_named_empty(tmp_path, slower_runs):
+    a, _ = slower_runs
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "results.jsonl").write_text("")
+    (empty / "env.json").write_text("{}")
+    _one_line_exit_2(_cli(a, empty), "empty run")
+    (empty / "results.jsonl").unlink()  # stopped before its first record
+    _one_line_exit_2(_cli(empty, a), "empty run")

@@ -260,6 +260,11 @@ def test_formats_are_detected(path, fmt):
     assert importers.detect_format(path.read_text()) == fmt
 
 
+def test_every_registered_format_has_a_detected_fixture():
+    detected = {importers.detect_format(p.read_text()) for p in (BNB, MIXMOE, BASELINE, FRAGMENTED, DEEPFLOW)}
+    assert detected == set(importers.FORMATS) == set(importers.READERS)
+
+
 def test_unknown_or_wrong_format_is_a_clear_error(tmp_path):
     junk = tmp_path / "notes.txt"
     junk.write_text('hello\n{"a": 1}\n')

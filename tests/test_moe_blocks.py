@@ -151,7 +151,7 @@ def test_sweep_end_to_end_and_seed_lines_read_back(tmp_path):
 
 def _read_back(stdout, blocks):
     """The importer reads the printed block_info / AG / GA lines back into the record's numbers."""
-    from qbench.importers_moe import read_moe_log
+    from qbench.importers.moe import read_moe_log
 
     _, imported = read_moe_log(stdout)
     assert len(imported) == 4

@@ -81,7 +81,7 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
         assert {"step 0", "forward", "backward", "gate", "dispatch"} <= names, sorted(n for n in names if n)[:20]
         assert (tmp_path / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.csv").exists()
     assert len(record["samples"]["step_time"]) == 3
-    from qbench.importers_moe import STEP, SUMMARY
+    from qbench.importers.moe import STEP, SUMMARY
 
     steps = [line for line in proc.stdout.splitlines() if STEP.search(line)]
     assert len(steps) == 3 and any(SUMMARY.search(line) for line in proc.stdout.splitlines())

@@ -12,7 +12,7 @@ import pytest
 from qbench import plots, store, units
 from qbench.cli import main
 from qbench.errors import QbenchUsageError
-from qbench.plots_switchback import by_dim, focus_batch
+from qbench.plots.switchback import by_dim, focus_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -213,6 +213,12 @@ def test_one_dtype_keeps_a_single_dtype():
     records = switchback_records(random.Random())
     kept, dtype = plots.one_dtype(records)
     assert dtype == "fp16" and {r["params"]["dtype"] for r in kept} == {"fp16"} and len(kept) == len(records) // 2
+
+
+def test_registry_has_panels_for_every_bench():
+    registry = plots.registry()
+    assert set(registry) == set(plots.BENCHES)
+    assert all(panels and all(callable(p) for p in panels) for panels in registry.values())
 
 
 def test_bad_input(tmp_path, capsys):

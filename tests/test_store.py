@@ -1,11 +1,17 @@
 import json
+import re
+import threading
 import warnings
+from pathlib import Path
 
 import pytest
 
-from qbench import store
+from qbench import env, store
+from qbench.cli import main
 from qbench.errors import QbenchUsageError
 from tests.helpers import timed_record, write_run
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _records(n=3):
@@ -54,7 +60,7 @@ def test_refuses_to_overwrite_a_run_unless_append_or_force(tmp_path):
     with pytest.raises(QbenchUsageError, match="--append"):
         store.RunWriter(run, {})
     with store.RunWriter(run, {"gpu_name": "other"}, append=True) as writer:
-        writer.write(_records(1)[0])
+        writer.write(_records(3)[2])  # a case the run does not hold yet
     env, loaded = store.load_run(run)
     assert len(loaded) == 3 and env["gpu_name"] == "NVIDIA H200"  # append keeps the first env
     with store.RunWriter(run, {"gpu_name": "new"}, force=True) as writer:
@@ -108,3 +114,144 @@ def test_no_directory_is_created_until_the_first_record(tmp_path):
     writer = store.RunWriter(tmp_path / "run", {})
     writer.close()  # e.g. the bench rejected its input before measuring anything
     assert not (tmp_path / "run").exists()
+
+
+def test_every_record_names_the_source_it_was_made_by(tmp_path):
+    run = write_run(tmp_path / "run", _records(2))
+    env_json, loaded = store.load_run(run)
+    assert {r["source_hash"] for r in loaded} == {env.own_source_hash()}
+    assert re.fullmatch(r"[0-9a-f]{64}", loaded[0]["source_hash"])
+
+
+def test_autotune_picks_noted_during_the_run_land_in_env_json(tmp_path):
+    env.note_autotune("stale", {"M": 1}, {"BLOCK": 8})  # noted before the run: not its pick
+    with store.RunWriter(tmp_path / "run", {"gpu_name": "x"}) as writer:
+        env.note_autotune("int8_matmul", {"M": 64, "N": 96, "K": 32}, {"BLOCK_M": 32, "num_warps": 4})
+        writer.write(_records(1)[0])
+    picks = json.loads((tmp_path / "run" / store.ENV_FILE).read_text())["autotune"]
+    want = {"kernel": "int8_matmul", "key": {"K": 32, "M": 64, "N": 96}, "config": {"BLOCK_M": 32, "num_warps": 4}}
+    assert picks == [want]
+    with store.RunWriter(tmp_path / "run", {}, append=True) as writer:  # an appended run adds and replaces picks
+        env.note_autotune("int8_matmul", {"M": 64, "N": 96, "K": 32}, {"BLOCK_M": 64, "num_warps": 8})
+        env.note_autotune("quantize", {"M": 64}, {"BLOCK": 128})
+        writer.write(_records(2)[1])
+    picks = json.loads((tmp_path / "run" / store.ENV_FILE).read_text())["autotune"]
+    assert [(p["kernel"], p["config"]) for p in picks] == [
+        ("int8_matmul", {"BLOCK_M": 64, "num_warps": 8}), ("quantize", {"BLOCK": 128})
+    ]
+
+
+def test_default_run_names_are_unique_and_sort_by_start_time(tmp_path):
+    names = [store.default_run_dir("moe", tmp_path).name for _ in range(200)]  # all within a few microseconds
+    assert len(set(names)) == len(names)
+    stamps = [re.fullmatch(r"moe-(\d{8}T\d{6}\.\d{6}Z)-[0-9a-f]{4}", n).group(1) for n in names]
+    assert stamps == sorted(stamps)
+
+
+@pytest.mark.parametrize("existing_empty_dir", [False, True])
+def test_writers_racing_on_one_path_never_share_it(tmp_path, existing_empty_dir):
+    """Eight runs start at once on one --out: exactly one gets it, the others are refused at once (all
+    claims happen before any record is written, as when each run measures before its first record)."""
+    target = tmp_path / "run"
+    if existing_empty_dir:
+        target.mkdir()
+    start, claimed, outcome = threading.Barrier(8), threading.Barrier(8), {}
+
+    def start_run(i: int) -> None:
+        start.wait()
+        try:
+            writer = store.RunWriter(target, {"writer": i})
+        except QbenchUsageError as exc:
+            writer, outcome[i] = None, str(exc)
+        claimed.wait()
+        if writer is not None:
+            with writer:
+                writer.write(_records(1)[0])
+            outcome[i] = "won"
+
+    threads = [threading.Thread(target=start_run, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [i for i, got in outcome.items() if got == "won"]
+    assert len(winners) == 1, outcome
+    assert all("not empty" in got for i, got in outcome.items() if i not in winners)
+    env_json, loaded = store.load_run(target)
+    assert env_json["writer"] == winners[0] and len(loaded) == 1
+
+
+def test_a_second_run_on_the_same_out_is_refused_before_the_first_writes(tmp_path):
+    first = store.RunWriter(tmp_path / "run", {"writer": 1})  # still measuring: no record yet
+    with pytest.raises(QbenchUsageError, match="not empty"):
+        store.RunWriter(tmp_path / "run", {"writer": 2})
+    with first:
+        first.write(_records(1)[0])
+    env_json, loaded = store.load_run(tmp_path / "run")
+    assert env_json["writer"] == 1 and len(loaded) == 1
+
+
+def test_an_unused_claim_on_an_existing_empty_directory_leaves_it_empty(tmp_path):
+    (tmp_path / "run").mkdir()
+    store.RunWriter(tmp_path / "run", {}).close()
+    assert (tmp_path / "run").is_dir() and not any((tmp_path / "run").iterdir())
+
+
+def test_append_and_force_together_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(QbenchUsageError, match="only one"):
+        store.RunWriter(tmp_path / "run", {}, append=True, force=True)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["import", str(FIXTURES / "seed_deepflow.txt"), "--out", str(tmp_path / "x"), "--append", "--force"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "--append" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_append_refuses_a_run_of_another_bench(tmp_path):
+    run = write_run(tmp_path / "run", _records(2))
+    before = (run / store.RECORDS_FILE).read_text()
+    with pytest.raises(QbenchUsageError, match="holds a toy run, not moe"):
+        store.RunWriter(run, {}, append=True, bench="moe")
+    with pytest.raises(QbenchUsageError, match="not moe"):  # a writer not told its bench checks each record
+        with store.RunWriter(run, {}, append=True) as writer:
+            writer.write(store.make_record("moe", {"world_size": 2}, {"step_time": 1.0}))
+    assert (run / store.RECORDS_FILE).read_text() == before
+
+
+def test_appending_an_existing_case_replaces_it(tmp_path):
+    old = _records(3)
+    run = write_run(tmp_path / "run", old)
+    again = timed_record(old[1]["params"], [5.0, 5.0, 5.0])
+    with store.RunWriter(run, {}, append=True, bench="toy") as writer:
+        writer.write(again)
+    _, loaded = store.load_run(run)
+    assert [r["case"] for r in loaded] == [old[0]["case"], old[2]["case"], old[1]["case"]]
+    assert loaded[-1]["metrics"]["time"] == 5.0
+    assert len((run / store.CSV_FILE).read_text().splitlines()) == 1 + 3
+
+
+def test_appending_after_a_crash_drops_the_partial_line(tmp_path):
+    run = write_run(tmp_path / "run", _records(2))
+    with open(run / store.RECORDS_FILE, "a") as fh:
+        fh.write('{"schema_version": 1, "bench": "to')  # killed mid-write
+    with store.RunWriter(run, {}, append=True) as writer:
+        writer.write(_records(3)[2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, loaded = store.load_run(run)
+    assert len(loaded) == 3
+
+
+def test_unusable_out_paths_are_one_line_errors(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(QbenchUsageError, match="is not a directory"):
+        store.RunWriter(tmp_path / "file", {})
+    with pytest.raises(QbenchUsageError, match="cannot create run directory"):
+        store.RunWriter(tmp_path / "file" / "run", {})
+
+
+def test_a_run_that_stopped_before_its_first_record_is_named_empty(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / store.ENV_FILE).write_text("{}")
+    with pytest.raises(QbenchUsageError, match="empty run"):
+        store.load_run(tmp_path / "run")

@@ -28,7 +28,8 @@ def run_and_store(
     the table (or JSON). Exits 1 when any configuration failed its correctness check or errored."""
     path = Path(out) if out else store.default_run_dir(bench, root)
     kept: list[dict] = []
-    with store.RunWriter(path, capture_env(config=config), append=append, force=force) as writer:
+    env = capture_env(config=config)
+    with store.RunWriter(path, env, append=append, force=force, bench=bench) as writer:
         with report.progress(total, bench) as advance:
             for record in records:
                 writer.write(record)

@@ -11,6 +11,7 @@ Examples:
   qbench compare results/switchback-old results/switchback-new
   qbench compare old new --metric time_global --threshold 3% --only-changed
   qbench compare old new --fail-on time_global:5 --fail-on step_time:10   # exit 1 on a regression
+  qbench compare full-sweep partial-rerun --fail-on time_global:5 --allow-missing
   qbench compare seed_info.jsonl results/switchback-h200 --cross-env --markdown
 """
 
@@ -24,25 +25,30 @@ Examples:
 @click.option("-k", "pattern", default=None, help="Keep rows whose 'bench/case metric' matches this regex.")
 @click.option("--cross-env", is_flag=True, help="Compare runs from different GPUs anyway (and say so).")
 @click.option("--fail-on", multiple=True, help="METRIC:PCT, exit 1 if METRIC gets worse by more than PCT.")
+@click.option("--allow-missing", is_flag=True, help="Cases the reference has and a candidate lacks do not fail a gate.")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a markdown table.")
 @click.option("--csv", "fmt", flag_value="csv", help="Print CSV.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
-def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, fmt) -> None:
+def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, allow_missing, fmt) -> None:
     """Compare runs against the first (the reference): per case and metric the values, the ratio,
     the change, a Mann-Whitney U test on the samples, and a marker: + worse, - better, ~ beyond
     the threshold but not significant, = same, x not comparable, ! newly failing, * fixed,
     n/a missing. Lower is better for times, higher for throughputs (declared by each metric's
-    unit). RUNS are run directories or seed files (imported on the fly)."""
+    unit). With --fail-on, a case the reference has and a candidate lacks also fails (unless
+    --allow-missing). RUNS are run directories or seed files (imported on the fly)."""
     from qbench import compare, report
 
     options = compare.CompareOptions(
         tuple(metrics), compare.parse_threshold(threshold), pattern, cross_env, only_changed, sort
     )
     gates = compare.parse_fail_on(fail_on)
-    result = compare.compare_runs([compare.load_any(r) for r in runs], options)
+    loaded = [compare.load_any(r) for r in runs]
+    compare.require_metrics(loaded, options.metrics, gates)
+    result = compare.compare_runs(loaded, options)
+    compare.require_gates_evaluable(result, gates)
     report.print_comparison(result, fmt)
-    hits = compare.regressions(result, gates)
-    if hits:
-        names = ", ".join(sorted({f"{h.metric} ({h.case})" for h in hits})[:5])
-        report.notice(f"regression beyond --fail-on: {names}", style="bold red")
+    failures = compare.gate_failures(result, gates, allow_missing)
+    for line in failures:
+        report.notice(line, style="bold red")
+    if failures:
         sys.exit(1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from qbench.importers import FORMATS
+
 EPILOG = """\b
 Examples:
   qbench import info.jsonl                          # bitsandbytes SwitchBack results (A100)
@@ -22,7 +24,7 @@ COLUMNS = {
     ),
     "model": (("workload",), ("time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s", "memory_total_gb")),
 }
-FORMAT_CHOICES = ("auto", "bnb-jsonl", "moe-log", "fragmented-report", "deepflow")
+FORMAT_CHOICES = ("auto", *FORMATS)
 
 
 def _table(records: list[dict], source: str):

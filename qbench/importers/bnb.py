@@ -1,28 +1,19 @@
-"""Readers for the result formats of the tools qbench replaces, so old results join new runs.
+"""Reader for the bitsandbytes SwitchBack benchmark's `info.jsonl`.
 
-Formats (auto-detected from the content, or named with --format):
-  bnb-jsonl          bitsandbytes SwitchBack `info.jsonl`: one JSON object per line after a text header
-  moe-log            MoE step logs (Tutel-style helloworld): `[Benchmark]` header, STEP lines, `[Summary]`
-  fragmented-report  FragmentedLinear text report: `Benchmarking with input_size=...` blocks
-  deepflow           DeepFlow LSTM summary: component times, hardware block, memory breakdown, `Time:`
-
-Every reader returns (env, records): records in the store's schema with the bench names, params
-and metric names of qbench's own runs (so `qbench compare` joins them), every metric with its unit;
-env says where the numbers came from ("source": the format, "gpu_name": what the file says, or
-None when it does not name the hardware).
+The file is a few non-JSON header lines (kept in env["header"]), then one JSON object per measured
+layer: batch_size (M tokens), dim_in, dim_out, wm, switch, repeat, and times in ms per call (seed
+keys such as standard_fwd, global_fwd, x_quantize_rowwise, time_standard, time_global). Each line
+becomes one "switchback" record with the seed's keys as metrics, plus the TFLOP/s, TOP/s, GB/s,
+speed-up and % saved derived from them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from qbench import store, units
 from qbench.errors import QbenchUsageError
-
-Reader = Callable[[str], tuple[dict[str, Any], list[dict[str, Any]]]]
 
 # Timing keys of the bitsandbytes benchmark, each in ms per call.
 BNB_TIME_KEYS = (
@@ -93,7 +84,7 @@ def read_bnb_jsonl(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """bitsandbytes info.jsonl: the non-JSON header lines are skipped (kept in env["header"])."""
     header, records = [], []
     for number, line in enumerate(text.splitlines(), start=1):
-        row = _json_object(line)
+        row = json_object(line)
         if row is None:
             if line.strip() and not records:
                 header.append(line.strip())
@@ -113,7 +104,8 @@ def read_bnb_jsonl(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return env, records
 
 
-def _json_object(line: str) -> dict[str, Any] | None:
+def json_object(line: str) -> dict[str, Any] | None:
+    """The JSON object a line holds, or None (header lines, lists, malformed JSON)."""
     line = line.strip()
     if not line.startswith("{"):
         return None
@@ -122,89 +114,3 @@ def _json_object(line: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _readers() -> dict[str, Reader]:
-    from qbench.importers_moe import read_moe_log
-    from qbench.importers_text import read_deepflow, read_fragmented_report
-
-    return {
-        "bnb-jsonl": read_bnb_jsonl,
-        "moe-log": read_moe_log,
-        "fragmented-report": read_fragmented_report,
-        "deepflow": read_deepflow,
-    }
-
-
-FORMATS = ("bnb-jsonl", "moe-log", "fragmented-report", "deepflow")
-
-
-def detect_format(text: str) -> str | None:
-    """The format whose signature the text carries, or None."""
-    if "[Benchmark] world_size" in text and "STEP-" in text:
-        return "moe-log"
-    if "Benchmarking with input_size=" in text:
-        return "fragmented-report"
-    if "Hardware Configuration" in text and "\nTime:" in text:
-        return "deepflow"
-    for line in text.splitlines()[:50]:
-        row = _json_object(line)
-        if row is not None and "time_standard" in row:
-            return "bnb-jsonl"
-    return None
-
-
-def read_file(path: str | Path, fmt: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(env, records) of a file in one of FORMATS; a one-line QbenchUsageError otherwise."""
-    source = Path(path)
-    if not source.is_file():
-        raise QbenchUsageError(f"{source} is not a file; give a results file of a known format ({', '.join(FORMATS)})")
-    text = source.read_text(encoding="utf-8", errors="replace")
-    if fmt == "auto":
-        fmt = detect_format(text) or ""
-        if not fmt:
-            raise QbenchUsageError(
-                f"{source}: unknown format; known formats are {', '.join(FORMATS)} "
-                "(`qbench import FILE --format NAME` forces one)"
-            )
-    elif fmt not in FORMATS:
-        raise QbenchUsageError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    try:
-        env, records = _readers()[fmt](text)
-    except QbenchUsageError as exc:
-        raise QbenchUsageError(f"{source}: not a valid {fmt} file: {exc}") from None
-    base = {"source": fmt, "source_file": str(source), "imported": True, "gpu_name": None}
-    base.update(env)
-    return base, records
-
-
-def load_any(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(env, records) of a qbench run directory, or of a file in a seed format (auto-detected)."""
-    target = Path(path)
-    if target.is_dir():
-        return store.load_run(target)
-    return read_file(target)
-
-
-def import_to_run(
-    path: str | Path, fmt: str = "auto", out: str | Path | None = None, *, append: bool = False, force: bool = False
-) -> tuple[Path, list[dict[str, Any]]]:
-    """Read a file in a seed format and write it as a qbench run directory (default:
-    results/<bench>-import-<UTC time>). env.json describes the source, not this machine."""
-    import shlex
-    import sys
-    from datetime import datetime, timezone
-
-    from qbench import __version__
-
-    env, records = read_file(path, fmt)
-    target = Path(out) if out else store.default_run_dir(f"{records[0]['bench']}-import")
-    env.update(
-        command=shlex.join(sys.argv),
-        time_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        qbench_version=__version__,
-    )
-    with store.RunWriter(target, env, append=append, force=force) as writer:
-        for record in records:
-            writer.write(record)
-    return target, records

@@ -5,13 +5,13 @@ the panels of its bench: one run -> the panels side by side; several runs -> one
 (and per bench inside a run), panels down the rows, so runs sit side by side. The format follows
 the extension of out_path: .png (default), .svg or .pdf.
 
-The panels of each bench live in qbench/plots_<bench>.py as PANELS: a tuple of functions
-panel(ax, records, env) that draw one axis from the ok records of that bench.
+The panels of each bench live in qbench/plots/<bench>.py as PANELS: a tuple of functions
+panel(ax, records, env) that draw one axis from the ok records of that bench; registry() names them.
+The helpers those modules share (value, one_dtype, no_data, dim_ticks, mean) are defined here.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,18 @@ PANEL_SIZE = (5.2, 3.9)  # inches per panel: room for a legend inside each axis
 DTYPE_ORDER = ("fp16", "bf16", "fp32", "float16", "bfloat16", "float32")
 
 
+def registry() -> dict[str, tuple]:
+    """bench -> PANELS. Imported on first use, not at the top: the panel modules import the helpers
+    below from this package, which must be complete by then."""
+    from qbench.plots import fragmented, model, moe, switchback
+
+    return {"switchback": switchback.PANELS, "moe": moe.PANELS, "fragmented": fragmented.PANELS, "model": model.PANELS}
+
+
 def panels_of(bench: str) -> tuple:
     if bench not in BENCHES:
         raise QbenchUsageError(f"no standard figure for bench {bench!r}; plots exist for {', '.join(BENCHES)}")
-    return importlib.import_module(f"qbench.plots_{bench}").PANELS
+    return registry()[bench]
 
 
 def load_columns(runs: Iterable[str | Path]) -> list[tuple[str, str, dict[str, Any], list[dict[str, Any]]]]:

@@ -1,0 +1,88 @@
+"""Reader for the FragmentedLinear benchmark's plain-text report.
+
+Times in ms, memory in MB (2**20 bytes), fp32, measured with Adam + MSE loss:
+  Benchmarking with input_size=2048, output_size=2048, batch_size=1
+  Linear Layer:                         -> layer "linear", mode "train", fragments 0
+  FragmentedLinear (Train) Results:     -> layer "fragmented", mode "train"
+  FragmentedLinear (Inference) Results: -> layer "fragmented", mode "eval" (the seed's "Inference" is
+                                           model.eval() still timed with backward and Adam: qbench's eval mode)
+  Fragments: 2 / Forward time / Backward time / Peak memory / Parameters
+The seed's "Backward time" is zero_grad + backward + Adam step: qbench's backward_optimizer_ms.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from qbench import store, units
+from qbench.errors import QbenchUsageError
+
+# A printed number: sign, thousands commas, decimals, exponent (also read by the DeepFlow reader).
+NUMBER = r"([-+]?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?)"
+SHAPE = re.compile(r"Benchmarking with input_size=(\d+), output_size=(\d+), batch_size=(\d+)")
+SEED_MODES = {"train": "train", "inference": "eval"}  # seed section name -> qbench mode
+SECTION = re.compile(r"^(Linear Layer:|FragmentedLinear \((\w+)\) Results:)")
+FRAGMENT_FIELDS = {
+    "Forward time": ("forward_ms", units.MS),
+    "Backward time": ("backward_optimizer_ms", units.MS),
+    "Peak memory": ("peak_memory_mb", units.MB),
+    "Parameters": ("parameters", units.COUNT),
+}
+
+
+def read_fragmented_report(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One "fragmented" record per (size, batch, layer, mode, fragments); the Linear baseline once per shape."""
+    records: list[dict[str, Any]] = []
+    shape: dict[str, Any] | None = None
+    current: dict[str, Any] | None = None
+    section_mode: str | None = None  # "train"/"eval" inside a FragmentedLinear section
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if m := SHAPE.match(line):
+            _flush(records, current)
+            shape, current = _shape_params(m), None
+        elif m := SECTION.match(line):
+            _flush(records, current)
+            current = _start(shape, layer="linear", mode="train", number=number) if m.group(2) is None else None
+            section_mode = SEED_MODES.get(m.group(2).lower(), m.group(2).lower()) if m.group(2) else None
+        elif m := re.match(r"Fragments: (\d+)", line):
+            _flush(records, current)
+            if section_mode is None:
+                raise QbenchUsageError(f"line {number}: 'Fragments:' outside a FragmentedLinear section")
+            current = _start(shape, layer="fragmented", mode=section_mode, number=number, fragments=int(m.group(1)))
+        elif (
+            (m := re.match(r"([A-Za-z ]+): " + NUMBER, line)) and current is not None and m.group(1) in FRAGMENT_FIELDS
+        ):
+            name, _ = FRAGMENT_FIELDS[m.group(1)]
+            current["metrics"][name] = parse_number(m.group(2))
+    _flush(records, current)
+    if not records:
+        raise QbenchUsageError("no 'Benchmarking with input_size=...' blocks with results found")
+    env = {"gpu_name": None, "gpu_count": 1, "timing": "mean of 100 steps after 10 warm-ups, host clock"}
+    return env, records
+
+
+def _shape_params(match: re.Match) -> dict[str, Any]:
+    in_features, out_features, batch = (int(v) for v in match.groups())
+    return {"in_features": in_features, "out_features": out_features, "batch_size": batch}
+
+
+def _start(shape, *, layer: str, mode: str, number: int, fragments: int = 0) -> dict[str, Any]:
+    if shape is None:
+        raise QbenchUsageError(f"line {number}: results before any 'Benchmarking with input_size=...' line")
+    params = {**shape, "layer": layer, "mode": mode, "fragments": fragments, "dtype": "fp32"}
+    return {"params": params, "metrics": {}}
+
+
+def _flush(records: list[dict[str, Any]], current: dict[str, Any] | None) -> None:
+    if current is None or not current["metrics"]:
+        return
+    unit_of = {name: unit for name, unit in FRAGMENT_FIELDS.values() if name in current["metrics"]}
+    records.append(store.make_record("fragmented", current["params"], current["metrics"], units=unit_of, device="cuda"))
+
+
+def parse_number(text: str) -> float | int:
+    """A printed number: "4,196,352" -> 4196352 (an int when printed without a point), "1.5e-3" -> 0.0015."""
+    value = float(text.replace(",", ""))
+    return int(value) if value.is_integer() and "." not in text else value

@@ -123,18 +123,31 @@ def aligned(*tensors) -> bool:
     return bits % 16 == 0
 
 
-_PICKS: dict[tuple[str, tuple], dict] = {}
+class _PickLog:
+    """The configurations kernels launched with, per (kernel, launch key): the latest pick, with the
+    sequence number of its note, so that a run writer can take exactly the picks made while it was
+    open (qbench.env.autotune_mark / autotune_picks read this log)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.picks: dict[tuple[str, str], tuple[int, dict]] = {}
+
+    def note(self, kernel: str, key, config: dict) -> None:
+        key = [str(v) for v in key] if isinstance(key, tuple) else key
+        self.seq += 1
+        self.picks[(kernel, repr(key))] = (self.seq, {"kernel": kernel, "key": key, "config": dict(config)})
+
+    def since(self, mark: int) -> list[dict]:
+        return [pick for ident, (seq, pick) in sorted(self.picks.items()) if seq > mark]
 
 
-def record_pick(kernel: str, key: tuple, config: dict | None) -> None:
+PICKS = _PickLog()
+
+
+def record_pick(kernel: str, key, config: dict | None) -> None:
     """Remember the configuration a kernel launched with for one launch key (autotuner picks)."""
     if config:
-        _PICKS[(kernel, key)] = dict(config)
-
-
-def autotune_picks() -> list[dict]:
-    """Every configuration picked so far in this process: [{kernel, key, config}], for the records."""
-    return [{"kernel": k, "key": [str(v) for v in key], "config": c} for (k, key), c in _PICKS.items()]
+        PICKS.note(kernel, key, config)
 
 
 def config_dict(config) -> dict:

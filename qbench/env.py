@@ -18,7 +18,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
@@ -123,26 +122,21 @@ def triton_version() -> str | None:
     return triton.__version__
 
 
-class _AutotuneLog:
-    """Autotuner picks of this process: (kernel, key) -> the latest pick, with the sequence number of
-    its note, so a run writer can take exactly the picks noted while it was open."""
+def _pick_log():
+    """The kernels' log of launch configurations (kernels._common.PICKS), or None when no kernel module
+    was imported (then no kernel launched, and `qbench --help` never pays for importing triton)."""
+    common = sys.modules.get("kernels._common")
+    return common.PICKS if common is not None else None
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()  # launchers may run on several threads
-        self.seq = 0
-        self.picks: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
 
-    def note(self, kernel: str, key: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-        pick = {"kernel": str(kernel), "key": _jsonable(key), "config": _jsonable(config)}
-        ident = (pick["kernel"], json.dumps(pick["key"], sort_keys=True))
-        with self.lock:
-            self.seq += 1
-            self.picks[ident] = (self.seq, pick)
+def note_autotune(kernel: str, key: Any, config: Mapping[str, Any]) -> None:
+    """Note that `kernel` launched with `config` (e.g. {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3})
+    for `key` (what it tunes on). Kernel launchers note their picks in kernels._common.PICKS
+    themselves; this is the same log for code outside kernels/. The run writer stores the picks noted
+    while it is open in env.json under "autotune" when it closes."""
+    from kernels._common import PICKS
 
-    def since(self, mark: int) -> list[dict[str, Any]]:
-        with self.lock:
-            found = [(ident, pick) for ident, (seq, pick) in self.picks.items() if seq > mark]
-        return [pick for _, pick in sorted(found, key=lambda item: item[0])]
+    PICKS.note(str(kernel), key if not isinstance(key, Mapping) else _jsonable(key), _jsonable(config))
 
 
 def _jsonable(mapping: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,26 +144,16 @@ def _jsonable(mapping: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(dict(mapping), sort_keys=True, default=str))
 
 
-_AUTOTUNE = _AutotuneLog()
-
-
-def note_autotune(kernel: str, key: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    """Note that the autotuner of `kernel` chose `config` (e.g. {"BLOCK_M": 128, "num_warps": 8,
-    "num_stages": 3}) for `key` (what it tunes on, e.g. {"M": 8192, "N": 4096, "K": 1024}). Launchers
-    call it whenever they resolve a config, cached or fresh, so every run that uses the kernel lists the
-    pick; a new pick for the same kernel and key replaces the old one. The run writer stores the picks
-    noted while it is open in env.json under "autotune" when it closes."""
-    _AUTOTUNE.note(kernel, key, config)
-
-
 def autotune_mark() -> int:
     """A mark to pass to autotune_picks: only picks noted after it are returned."""
-    return _AUTOTUNE.seq
+    log = _pick_log()
+    return log.seq if log is not None else 0
 
 
 def autotune_picks(since: int = 0) -> list[dict[str, Any]]:
     """[{"kernel", "key", "config"}, ...] noted after the mark `since`, sorted by kernel and key."""
-    return _AUTOTUNE.since(since)
+    log = _pick_log()
+    return [json.loads(json.dumps(p, default=str)) for p in log.since(since)] if log is not None else []
 
 
 def command_line(argv: list[str]) -> str:

@@ -135,7 +135,7 @@ def _select_scale(x: torch.Tensor, s: torch.Tensor, hard: bool):
     p = torch.empty((b, n), dtype=torch.float32, device=x.device)
     idx = torch.empty(b if hard else 0, dtype=torch.int64, device=x.device)
     args = (x, s, u, v, p, idx if hard else p, n, f, x.stride(0))
-    key = (b, n, f, x.stride(0), x.dtype, s.dtype, hard, aligned(x, s, u, v, p, idx))
+    key = (b, n, f, x.stride(0), x.dtype, s.dtype, hard, aligned(x, s, u, v, p, idx), x.device)
     _row_launch(_FORWARD, _select_scale_kernel, key, args, (b,), n, f, hard)
     return u, v, p, idx
 
@@ -149,7 +149,8 @@ def _select_scale_backward(x, s, p, du, dv, hard: bool):
     dx = torch.empty((b, n * f), dtype=x.dtype, device=x.device)
     dscore = torch.empty((b, n) if not hard else 0, dtype=torch.float32, device=x.device)
     args = (x, s, p, du, dv, dx, dscore if not hard else p, n, f, x.stride(0))
-    key = (b, n, f, x.stride(0), x.dtype, s.dtype, du.dtype, dv.dtype, hard, aligned(x, s, p, du, dv, dx, dscore))
+    key = (b, n, f, x.stride(0), x.dtype, s.dtype, du.dtype, dv.dtype, hard, aligned(x, s, p, du, dv, dx, dscore),
+           x.device)
     _row_launch(_BACKWARD, _select_scale_backward_kernel, key, args, (b,), n, f, hard)
     if hard:
         return dx, s.new_zeros(0)
@@ -166,7 +167,7 @@ def _selector_grad(x, dscore, s):
     def first():
         return _selector_grad_kernel[grid](*args, *consts, num_warps=4), grid, consts, {"BLOCK_F": block_f}
 
-    _SELECTOR.launch((b, n, f, x.stride(0), x.dtype, s.dtype, aligned(x, dscore, ds)), args, first)
+    _SELECTOR.launch((b, n, f, x.stride(0), x.dtype, s.dtype, aligned(x, dscore, ds), x.device), args, first)
     return ds
 
 

@@ -128,7 +128,7 @@ def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None, impl="auto")
     if config is None and interpreting():
         config = _INTERPRETER_CONFIG
     key = (M, N, K, a.stride(0), b.stride(0), out_dtype, per_column, bias is not None, config,
-           aligned(a, b, c, sa, sb, bias))
+           aligned(a, b, c, sa, sb, bias), a.device)
     _POINTER.launch(key, args, lambda: _first_launch(args, per_column, bias is not None, config))
     return c
 
@@ -163,7 +163,16 @@ def _check(a, sa, b, sb, bias, per_column):
                          f"B {tuple(b.shape)}")
     if bias is not None and bias.numel() != b.shape[0]:
         raise ValueError(f"bias has {bias.numel()} entries, expected N = {b.shape[0]}")
-    return a.contiguous(), sa.float().contiguous(), b.contiguous(), sb.float().contiguous()
+    return _dense(a), _fp32(sa), _dense(b), _fp32(sb)
+
+
+def _dense(t):
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _fp32(t):
+    """Scales as contiguous fp32 (checked first: each conversion call costs host time per launch)."""
+    return t if t.dtype == torch.float32 and t.is_contiguous() else t.float().contiguous()
 
 
 def _matmul(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, bias: torch.Tensor | None,

@@ -83,13 +83,13 @@ def launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
     N = b.shape[0]
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     tail = (sa, sb, bias if bias is not None else sa, M, N, K)
-    key = (M, N, K, out_dtype, per_column, bias is not None, config, aligned(a, b, c, sa, sb, bias))
+    key = (M, N, K, out_dtype, per_column, bias is not None, config, aligned(a, b, c, sa, sb, bias), a.device)
     entry = _CACHE.entry(key)
     if entry is None:
         _CACHE.store(key, *_first_launch(a, b, c, tail, per_column, bias is not None, config))
         return c
-    compiled, grid, consts, _ = entry
-    compiled[grid](*_descriptors(a, b, c, *consts[:3]), *tail, *consts)
+    replay, _, consts, _ = entry
+    replay(*_descriptors(a, b, c, *consts[:3]), *tail)
     return c
 
 

@@ -113,7 +113,7 @@ def _quantize_rowwise(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tens
         compiled = _rowwise_kernel[grid](*args, *consts, num_warps=warps)
         return compiled, grid, consts, {"BLOCK_M": blocks[0], "BLOCK_K": blocks[1], "num_warps": warps}
 
-    _ROWWISE.launch((M, K, x.stride(0), x.dtype, format, aligned(x, q, s)), args, first)
+    _ROWWISE.launch((M, K, x.stride(0), x.dtype, format, aligned(x, q, s), x.device), args, first)
     return q, s
 
 
@@ -141,7 +141,7 @@ def _dequantize_rowwise(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) ->
         compiled = _dequantize_rowwise_kernel[grid](*args, *blocks, num_warps=warps)
         return compiled, grid, blocks, {"BLOCK_M": blocks[0], "BLOCK_K": blocks[1], "num_warps": warps}
 
-    _DEQUANTIZE.launch((M, K, dtype, aligned(q, s, y)), args, first)
+    _DEQUANTIZE.launch((M, K, dtype, aligned(q, s, y), q.device), args, first)
     return y
 
 

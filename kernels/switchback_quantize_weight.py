@@ -162,7 +162,7 @@ def _partial_maxima(w: torch.Tensor, per_column: bool, plan: tuple) -> torch.Ten
         warps = 4 if per_column else 8
         return kernel[grid](*args, *consts, num_warps=warps), grid, consts, {"grid": list(grid), "num_warps": warps}
 
-    _PHASE1.launch((N, K, per_column, w.dtype, aligned(w, part)), args, first)
+    _PHASE1.launch((N, K, per_column, w.dtype, aligned(w, part), w.device), args, first)
     return part
 
 
@@ -187,7 +187,8 @@ def quantize_strips(w: torch.Tensor, per_column: bool, plain: bool, transposed: 
         compiled = _strip_kernel[(strips, splits)](*args, *consts, num_warps=warps)
         return compiled, (strips, splits), consts, {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
 
-    _PHASE2.launch((N, K, per_column, plain, transposed, format, w.dtype, aligned(w, part, s, q, qt)), args, first)
+    key = (N, K, per_column, plain, transposed, format, w.dtype, aligned(w, part, s, q, qt), w.device)
+    _PHASE2.launch(key, args, first)
     return q, qt, s
 
 

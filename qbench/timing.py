@@ -132,12 +132,12 @@ def _make_flush(device: str, flush_l2: bool) -> Callable[[], None]:
     return buffer.zero_
 
 
-_CAPTURE_STREAMS: dict[int, object] = {}  # one side stream per device, reused for every capture
+_CAPTURE_STREAMS: dict[int, object] = {}  # one warm-up side stream per device, reused for every capture
 
 
 def _capture_stream():
-    """The side stream used for CUDA-graph capture. Reused: every new stream makes cuBLAS allocate
-    another 32-64 MB workspace, which would inflate the peak memory of benches that use graphs."""
+    """The side stream of the eager call before a capture. Reused: every new stream makes cuBLAS
+    allocate another 32-64 MB workspace, which would inflate the peak memory of benches that use graphs."""
     import torch
 
     device = torch.cuda.current_device()
@@ -156,7 +156,10 @@ def _graph_of(fn: Callable[[], object]) -> Callable[[], None]:
         fn()  # one more eager call on the side stream, as CUDA-graph capture requires
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
+    # capture on torch's own (reused) capture stream, not the warm-up stream: a training step's
+    # backward captured on the stream that ran its warm-up failed on an H200 (torch 2.11,
+    # cudaErrorStreamCaptureInvalidated), the documented pattern does not
+    with torch.cuda.graph(graph):
         fn()
     return graph.replay
 

@@ -136,9 +136,9 @@ def test_calibrate_on_cpu(capsys, tmp_path):
                              "--out", str(tmp_path / "c"))
     assert code == 0, err
     assert "CPU" in err and target.exists()
-    from qbench.model import hardware
+    from qbench.benches.model.config import load_hardware
 
-    dev = hardware.load(target)
+    dev = load_hardware(target)
     assert dev.source == "calibrated" and dev.peak("fp32") > 0 and dev.hbm_tbps > 0
 
 

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from qbench.model import deepflow, deepflow_config, deepflow_machine
+from qbench.benches.model import config as config_files
+from qbench.model import deepflow
+from qbench.model.deepflow import config as deepflow_config
+from qbench.model.deepflow import machine as deepflow_machine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED_CONFIG = FIXTURES / "deepflow_seed_config.yaml"
@@ -23,7 +26,7 @@ def _mismatches(got: list[str], want: list[str]) -> str:
 
 
 def seed_result(debug=True):
-    cfg = deepflow_config.load(SEED_CONFIG)
+    cfg = config_files.load(SEED_CONFIG)
     return deepflow.evaluate(cfg, deepflow_machine.derive(cfg), debug=debug)
 
 
@@ -73,7 +76,7 @@ scheduling_param: {auto: False, topology: mesh, dp: 1, lp: 1, hlp: 1, kp_hidden_
 def small_cfg(tmp_path, **sched):
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
-    raw = deepflow_config.read_yaml(path)
+    raw = config_files.read_yaml(path)
     raw["scheduling_param"].update(sched)
     return deepflow_config.normalize(raw)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from qbench import store
+from qbench.benches.model import config as config_files
 from qbench.cli import main
-from qbench.model import deepflow_config, search, search_hw, search_run, transformer
+from qbench.model import objective, search, search_hw, transformer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED_CONFIG = str(FIXTURES / "deepflow_seed_config.yaml")
@@ -30,13 +31,13 @@ def run_cli(capsys, *args):
 
 @pytest.fixture(scope="module")
 def cfg():
-    return deepflow_config.load(SEED_CONFIG)
+    return config_files.load(SEED_CONFIG)
 
 
 @pytest.fixture(scope="module")
 def seed_outcome(cfg):
     setup = search_hw.HwSearch(starts=3, seed=7, iterations=40)
-    return search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], setup)
+    return search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], setup)
 
 
 def _valid(split: dict, keys, total, lo, hi) -> list[str]:
@@ -73,10 +74,10 @@ def test_fractions_stay_valid_on_every_step(seed_outcome, cfg):
 
 def test_search_is_deterministic_for_a_fixed_seed(cfg):
     setup = search_hw.HwSearch(starts=3, seed=11, iterations=8)
-    runs = [search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], setup) for _ in range(2)]
+    runs = [search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], setup) for _ in range(2)]
     a, b = ([(s.start, s.iteration, s.split, s.time_s) for s in o.path] for o in runs)
     assert a == b
-    other = search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"],
+    other = search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"],
                              search_hw.HwSearch(starts=3, seed=12, iterations=8))
     assert [s.split for s in other.path if s.start == 1][0] != [s.split for s in runs[0].path if s.start == 1][0]
 
@@ -97,37 +98,37 @@ def test_projection_and_search_refuse_impossible_bounds(cfg):
     with pytest.raises(ValueError, match="cannot sum"):
         search_hw.project([0.5, 0.5], 1.0, 0.6, 0.9)
     with pytest.raises(ValueError, match="outside the bounds"):
-        search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(hi=0.2))
+        search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(hi=0.2))
     with pytest.raises(ValueError, match="--keys"):
-        search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(keys=("core",)))
+        search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(keys=("core",)))
 
 
 def test_transformer_workload_search_improves_its_start(cfg):
     shape = transformer.from_params({"batch": 8, "seq": 512, "layers": 4, "hidden": 768, "heads": 12,
                                      "vocab": 1000})
     setup = search_hw.HwSearch(starts=2, seed=3, iterations=15)
-    o = search_hw.search(search_run.objective(cfg, shape), cfg["power_breakdown"], setup)
+    o = search_hw.search(objective.objective(cfg, shape), cfg["power_breakdown"], setup)
     assert o.best_point.time_s <= o.initial_point.time_s
     assert o.best_point.time_s == min(s.time_s for s in o.path)
 
 
 def test_time_budget_from_tokens_and_hours():
     # the DeepFlow harness's budget: 100 x 768,648,884 tokens, batch 32, sequences of 20, one day
-    got = search_run.time_budget(None, 100 * 768_648_884, 24, 32, 20)
+    got = objective.time_budget(None, 100 * 768_648_884, 24, 32, 20)
     assert got == pytest.approx(86400 / 120_101_389)  # ceil, where the harness floors: one step apart
-    assert search_run.time_budget(0.5, None, None, 32, 20) == 0.5
-    assert search_run.time_budget(None, None, None, 32, 20) is None
+    assert objective.time_budget(0.5, None, None, 32, 20) == 0.5
+    assert objective.time_budget(None, None, None, 32, 20) is None
     with pytest.raises(ValueError, match="go together"):
-        search_run.time_budget(None, 1e9, None, 32, 20)
+        objective.time_budget(None, 1e9, None, 32, 20)
 
 
 def test_ring_and_mesh_links(cfg):
     trial = {**cfg, "power_breakdown": dict(cfg["power_breakdown"])}
     pw, e = 0.2 * 300, 10e-12 * 8
-    assert search_run.network_ib(trial, "ring", 4, 1, 1) == pytest.approx(pw / (2 * e))
-    assert search_run.network_ib(trial, "mesh", 4, 1, 1) == pytest.approx(pw / (4 * e))  # DeepFlow: dp*h1 links
-    assert search_run.network_ib(trial, "mesh", 2, 2, 1) == pytest.approx(pw / (2 * 2 * 2 * e))
-    assert search_run.network_ib(trial, "ring", 1, 1, 1) == 0
+    assert objective.network_ib(trial, "ring", 4, 1, 1) == pytest.approx(pw / (2 * e))
+    assert objective.network_ib(trial, "mesh", 4, 1, 1) == pytest.approx(pw / (4 * e))  # DeepFlow: dp*h1 links
+    assert objective.network_ib(trial, "mesh", 2, 2, 1) == pytest.approx(pw / (2 * 2 * 2 * e))
+    assert objective.network_ib(trial, "ring", 1, 1, 1) == 0
 
 
 def test_strategy_search_over_topologies(cfg):

@@ -7,7 +7,7 @@ of the LSTM GEMM (type 1 column-row over h1, type 2 row-column over h1 x h2), co
 split of the softmax GEMM over the same devices (DeepFlow counts devices per layer as the max over
 layers). Embedding and projection stay unsplit (the projection is left out of the time; the
 embedding has no time model). Topologies: mesh is DeepFlow's link rule, ring a bidirectional ring
-(qbench.model.search_run.network_ib). A dense transformer (qbench.model.transformer) is searched over
+(qbench.model.objective.network_ib). A dense transformer (qbench.model.transformer) is searched over
 dp x tp x pp instead.
 """
 
@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from qbench.model import deepflow_config
-from qbench.model.deepflow_config import ConfigError
+from qbench.model import transformer
+from qbench.model.deepflow import config as deepflow_config
+from qbench.model.deepflow.config import ConfigError
+from qbench.model.objective import lstm_point, transformer_point
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,6 @@ _SINGLE = {"dp": 1, "lp": 1, "hlp": 1, **{f"kp_{n}_dim{i}": 1 for n in deepflow_
 
 def search(cfg: dict, devices: int, topologies=("mesh",)) -> tuple[list[Candidate], list[tuple[dict, str]]]:
     """(candidates of every topology sorted by time, strategies the model rejects with the reason)."""
-    from qbench.model.search_run import lstm_point
-
     if devices < 1:
         raise ConfigError(f"--devices must be >= 1, not {devices}")
     ranked, rejected = [], []
@@ -89,11 +89,6 @@ def search(cfg: dict, devices: int, topologies=("mesh",)) -> tuple[list[Candidat
 
 def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",)):
     """Every dp x tp x pp = devices split of a transformer, per topology, sorted by time."""
-    from dataclasses import replace
-
-    from qbench.model import transformer
-    from qbench.model.search_run import transformer_point
-
     ranked, rejected = [], []
     for dp in divisors(devices):
         for tp in divisors(devices // dp):

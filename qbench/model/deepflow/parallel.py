@@ -9,8 +9,8 @@ DeepFlow's quirks are kept on purpose (see the comments): the model must print D
 
 from __future__ import annotations
 
-from qbench.model.deepflow_machine import Machine, roofline
-from qbench.model.gemm import gemm_time
+from qbench.model.deepflow.gemm import gemm_time
+from qbench.model.deepflow.machine import Machine, roofline
 
 
 def collective(m: Machine, trace, D0, D1, p, ib, partial: bool, all_reduce: bool):

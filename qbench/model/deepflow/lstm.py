@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from qbench.model import parallel as par
-from qbench.model.deepflow_machine import MEM_LATENCY, Machine, Trace, roofline
-from qbench.model.gemm import gemm_time
+from qbench.model.deepflow import parallel as par
+from qbench.model.deepflow.gemm import gemm_time
+from qbench.model.deepflow.machine import MEM_LATENCY, Machine, Trace, roofline
 
 
 @dataclass

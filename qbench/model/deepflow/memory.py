@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qbench.model.lstm import Shape
+from qbench.model.deepflow.lstm import Shape
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qbench.model import lstm, lstm_memory
-from qbench.model.deepflow_machine import Machine, Trace, hardware_block
-from qbench.model.parallel import collective
+from qbench.model.deepflow import lstm, memory
+from qbench.model.deepflow.machine import Machine, Trace, hardware_block
+from qbench.model.deepflow.parallel import collective
 
 # The search harness that produced DeepFlow's summaries appended a time budget per step: one day of
 # training on data_scale x 768,648,884 tokens in sequences of 20, batch 32 (its own constants).
@@ -26,8 +26,8 @@ class Result:
     machine: Machine
     shape: lstm.Shape
     components: lstm.Components
-    memory_shard: lstm_memory.Memory
-    memory_model_shard: lstm_memory.Memory
+    memory_shard: memory.Memory
+    memory_model_shard: memory.Memory
     parameters: int
     lines: list[str]  # what DeepFlow prints while evaluating (debug lines only when debug=True)
 
@@ -55,9 +55,9 @@ def evaluate(cfg: dict, machine: Machine, *, debug: bool = False) -> Result:
     c.embedding_f, c.embedding_b = lstm.embedding(m, t, s)
     _summaries(t, cfg, c)
     lstm.compose(c, s)
-    shard = lstm_memory.per_data_shard(s, m.prec, m.mem_size)
-    model_shard = lstm_memory.per_model_shard(s, m.prec, m.mem_size)
-    return Result(cfg, m, s, c, shard, model_shard, lstm_memory.parameter_count(s), t.lines)
+    shard = memory.per_data_shard(s, m.prec, m.mem_size)
+    model_shard = memory.per_model_shard(s, m.prec, m.mem_size)
+    return Result(cfg, m, s, c, shard, model_shard, memory.parameter_count(s), t.lines)
 
 
 def _summaries(t: Trace, cfg: dict, c: lstm.Components) -> None:

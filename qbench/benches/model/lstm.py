@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from qbench import store, units
-from qbench.model import deepflow, deepflow_config, deepflow_machine
-from qbench.model.deepflow_config import ConfigError
+from qbench.benches.model.config import read_yaml
+from qbench.model import deepflow
+from qbench.model.deepflow import config as deepflow_config
+from qbench.model.deepflow import machine as deepflow_machine
+from qbench.model.deepflow.config import ConfigError
 
 METRIC_UNITS = {
     "time_s": units.S, "cf_s": units.S, "cb_s": units.S, "r_s": units.S, "w_s": units.S,
@@ -40,7 +43,7 @@ class LstmRun:
 
 def configs(run: LstmRun) -> list[dict]:
     """Normalized configs, one per sweep point (one when there is no sweep)."""
-    raw = deepflow_config.with_overrides(deepflow_config.read_yaml(run.config), dict(run.overrides))
+    raw = deepflow_config.with_overrides(read_yaml(run.config), dict(run.overrides))
     if not run.sweep_key:
         return [deepflow_config.normalize(raw)]
     out = []
@@ -54,6 +57,11 @@ def configs(run: LstmRun) -> list[dict]:
 
 def evaluate(cfg: dict, debug: bool = False) -> deepflow.Result:
     return deepflow.evaluate(cfg, deepflow_machine.derive(cfg), debug=debug)
+
+
+def evaluate_all(run: LstmRun) -> list[deepflow.Result]:
+    """One evaluation per sweep point, all configs validated first."""
+    return [evaluate(cfg, run.debug) for cfg in configs(run)]
 
 
 def record(result: deepflow.Result, config_path: str) -> dict:

@@ -1,4 +1,4 @@
-"""Workload objectives, networks, time budgets and records of `qbench model search-hw` / `search`.
+"""Workload objectives, networks and time budgets of `qbench model search-hw` / `search`.
 
 A workload is DeepFlow's LSTM (the config's model_param and scheduling) or a dense transformer
 (qbench.model.transformer, with the config giving only the hardware: tech_param, power_breakdown,
@@ -16,13 +16,11 @@ import copy
 import math
 from dataclasses import replace
 
-from qbench import store, units
-from qbench.model import deepflow, deepflow_machine, search_hw, transformer
-from qbench.model.deepflow_machine import Machine
+from qbench.model import deepflow, search_hw, transformer
+from qbench.model.deepflow import machine as deepflow_machine
+from qbench.model.deepflow.machine import Machine
 
 TOPOLOGIES = ("ring", "mesh")
-STEP_UNITS = {"time_s": units.S, "best_s": units.S, "step": units.COUNT, "memory_gb": units.GB,
-              "capacity_gb": units.GB, "fits": units.FLAG, "budget_s": units.S, "meets_budget": units.FLAG}
 
 
 def with_split(cfg: dict, split: dict) -> dict:
@@ -84,18 +82,3 @@ def time_budget(seconds: float | None, tokens: float | None, hours: float | None
         raise ValueError("--tokens and --hours go together (a dataset size and a wall-clock target)")
     steps = math.ceil(tokens / (batch * seq))
     return hours * 3600 / steps
-
-
-def step_record(step: search_hw.Step, base: dict, budget: float | None) -> dict:
-    """One record per iteration of one start: the split, its time, the best so far and memory fit."""
-    params = {**base, "start": step.start, "iteration": step.iteration, "move": step.move}
-    p = step.point
-    metrics = {"time_s": step.time_s, "best_s": step.best_s, "step": step.step, "memory_gb": p.memory_gb,
-               "capacity_gb": p.capacity_gb, "fits": int(p.fits)}
-    unit = dict(STEP_UNITS)
-    for key, value in step.split.items():
-        metrics[f"f_{key}"] = value
-        unit[f"f_{key}"] = "of TDP"
-    if budget is not None:
-        metrics.update(budget_s=budget, meets_budget=int(step.time_s <= budget))
-    return store.make_record("model", params, metrics, units=unit, device="model")

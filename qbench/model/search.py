@@ -27,7 +27,7 @@ from qbench.model.objective import lstm_point, transformer_point
 class Candidate:
     settings: dict  # scheduling_param values that differ from a single device
     time_s: float
-    memory_gb: float  # per data shard per model shard, GiB
+    memory_gb: float  # per device (data shard per model shard), GiB
     capacity_gb: float
     fits: bool
     topology: str = "mesh"
@@ -65,10 +65,20 @@ _SINGLE = {"dp": 1, "lp": 1, "hlp": 1, **{f"kp_{n}_dim{i}": 1 for n in deepflow_
            **{f"kp_{n}_type": -1 for n in deepflow_config.KP_LAYERS}}
 
 
-def search(cfg: dict, devices: int, topologies=("mesh",)) -> tuple[list[Candidate], list[tuple[dict, str]]]:
-    """(candidates of every topology sorted by time, strategies the model rejects with the reason)."""
-    if devices < 1:
-        raise ConfigError(f"--devices must be >= 1, not {devices}")
+MAX_DEVICES = 4096  # every split of N is enumerated: ~d(N)^3 strategies, one model evaluation each
+NO_NETWORK = "none"  # the topology of one device: nothing to connect
+
+
+def check_devices(devices: int) -> None:
+    if not 1 <= devices <= MAX_DEVICES:
+        raise ConfigError(f"--devices {devices}: give 1 to {MAX_DEVICES} (the search evaluates every split "
+                          "of the devices)")
+
+
+def search(cfg: dict, devices: int, topologies=("mesh",), fixes: frozenset[str] = frozenset()):
+    """(candidates of every topology sorted by time, strategies the model rejects with the reason);
+    one device is evaluated once, with no network, whatever the topologies."""
+    check_devices(devices)
     ranked, rejected = [], []
     for settings in strategies(devices, cfg["model_param"]["num_layers"]):
         trial = copy.deepcopy(cfg)
@@ -80,15 +90,16 @@ def search(cfg: dict, devices: int, topologies=("mesh",)) -> tuple[list[Candidat
         except ConfigError as exc:
             rejected.append((settings, str(exc)))
             continue
-        for topology in topologies:
-            p = lstm_point(trial, topology if devices > 1 else None)
+        for topology in topologies if devices > 1 else (NO_NETWORK,):
+            p = lstm_point(trial, topology if devices > 1 else None, fixes)
             ranked.append(Candidate(settings, p.time_s, p.memory_gb, p.capacity_gb, p.fits, topology))
     ranked.sort(key=lambda c: c.time_s)
     return ranked, rejected
 
 
-def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",)):
+def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",), fixes: frozenset[str] = frozenset()):
     """Every dp x tp x pp = devices split of a transformer, per topology, sorted by time."""
+    check_devices(devices)
     ranked, rejected = [], []
     for dp in divisors(devices):
         for tp in divisors(devices // dp):
@@ -98,8 +109,8 @@ def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",)):
             except ValueError as exc:
                 rejected.append((settings, str(exc)))
                 continue
-            for topology in topologies:
-                p = transformer_point(cfg, x, topology)
+            for topology in topologies if devices > 1 else (NO_NETWORK,):
+                p = transformer_point(cfg, x, topology, fixes)
                 ranked.append(Candidate(settings, p.time_s, p.memory_gb, p.capacity_gb, p.fits, topology))
     ranked.sort(key=lambda c: c.time_s)
     return ranked, rejected
@@ -112,7 +123,7 @@ def describe(settings: dict) -> str:
         return f"dp={settings['dp']} tp={settings['tp']} pp={settings['pp']}"
     if settings.get("hlp", 1) > 1:
         parts.append(f"pipeline hlp={settings['hlp']}")
-    for layer in ("hidden", "softmax"):
+    for layer in ("hidden", "softmax", "projection"):
         kind = settings.get(f"kp_{layer}_type", -1)
         if kind == 1:
             parts.append(f"{layer}:CR {settings[f'kp_{layer}_dim1']}")

@@ -150,10 +150,11 @@ def _pointwise(m: Machine, t: Trace, x: Transformer) -> float:
     return sum(roofline(m, t, fl, by) + m.O for fl, by in kernels)
 
 
-def evaluate(x: Transformer, m: Machine) -> Result:
+def evaluate(x: Transformer, m: Machine, fixes: frozenset[str] = frozenset()) -> Result:
     """Seconds per training iteration on one device of the dp x tp x pp grid (pipeline = GPipe with one
-    sequence per micro-batch; backward pointwise work taken as twice the forward's)."""
-    x, t = validate(x), Trace(False)
+    sequence per micro-batch; backward pointwise work taken as twice the forward's). `fixes`: the DeepFlow
+    quirks of its building blocks to correct (only the small-collective one applies here)."""
+    x, t = validate(x), Trace(False, fixes)
     T, h, p = x.b * x.seq, x.hidden, m.prec
     fwd = _gemms_time(m, t, layer_gemms(x), False) + _pointwise(m, t, x)
     bwd = _gemms_time(m, t, layer_gemms(x), True) + 2 * _pointwise(m, t, x)

@@ -1,7 +1,7 @@
 """`qbench model`: the analytical model (DeepFlow LSTM, roofline floors, calibration, --against).
 
-The group runs --against itself; each subcommand is a module here (lstm, search, search_hw, floors
-with gemm, calibrate), and all of them import the model and the benches inside the command.
+The group runs --against itself; each subcommand is a module here (lstm, quirks, search, search_hw,
+floors with gemm, calibrate), and all of them import the model and the benches inside the command.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import click
 
-from qbench.commands.model import calibrate, floors, lstm, search, search_hw
+from qbench.commands.model import calibrate, floors, lstm, quirks, search, search_hw
 from qbench.commands.model.common import EPILOG, gpu_options, usage_errors
 
 
@@ -42,6 +42,6 @@ def command(ctx, run, gpu, calibrated, as_json) -> None:
         report.notice(f"{len(high)} measurements beat their floor: a flop/byte count is wrong or data sat in cache")
 
 
-for module in (lstm, search, search_hw, floors, calibrate):
+for module in (lstm, quirks, search, search_hw, floors, calibrate):
     for sub in module.COMMANDS:
         command.add_command(sub)

@@ -11,12 +11,14 @@ from qbench.errors import QbenchUsageError
 
 EPILOG = """\b
 Examples:
-  qbench model lstm --config deepflow.yaml --debug
-  qbench model lstm --config deepflow.yaml --set model_param.batch_size=64
-  qbench model lstm --config deepflow.yaml --sweep scheduling_param.dp=1,2,4,8 --set scheduling_param.topology=mesh
-  qbench model search --config deepflow.yaml --devices 8 --topologies ring,mesh --time-budget 0.5
-  qbench model search-hw --config deepflow.yaml --starts 4 --tokens 7.7e10 --hours 24
-  qbench model search-hw --config deepflow.yaml --workload transformer --shape layers=24 --shape hidden=2048
+  qbench model lstm --config deepflow --debug      # the shipped seed config, by name
+  qbench model lstm --config deepflow --set model_param.batch_size=64 --tokens 7.7e10 --hours 24
+  qbench model lstm --config my.yaml --sweep scheduling_param.dp=1,2,4,8 --set scheduling_param.topology=mesh
+  qbench model lstm --config deepflow --deepflow corrected
+  qbench model quirks --config deepflow
+  qbench model search --config deepflow --devices 8 --topologies ring,mesh --time-budget 0.5
+  qbench model search-hw --config deepflow --set model_param.vocab_size=100000 --starts 4
+  qbench model search-hw --config deepflow --workload transformer --shape layers=24 --shape hidden=2048
   qbench model gemm --m 8192 --k 4096 --n 4096 --dtype bf16 --gpu h200
   qbench model floors switchback batch_size=32768 dim_in=1024 dim_out=4096 dtype=bf16
   qbench model --against results/switchback-20250101T000000Z --gpu h200
@@ -42,24 +44,34 @@ def gpu_options(fn):
 
 
 def config_options(fn):
-    """--config and --set: a DeepFlow YAML and overrides of its values."""
+    """--config and --set: a DeepFlow YAML (a path, or the name of a shipped config) and overrides."""
     fn = click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
                       help="Override a config value.")(fn)
     return click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-                        help="DeepFlow YAML.")(fn)
+                        help="DeepFlow YAML: a path, or a shipped config by name (deepflow).")(fn)
+
+
+def deepflow_option(default: str):
+    """--deepflow exact|corrected: DeepFlow with its quirks, or each quirk of `qbench model quirks` fixed."""
+    return click.option("--deepflow", "mode", type=click.Choice(("exact", "corrected")), default=default,
+                        show_default=True, help="exact: DeepFlow as published, quirks included; corrected: "
+                        "each quirk listed by `qbench model quirks` fixed.")
+
+
+def budget_options(fn):
+    """--time-budget, or --tokens with --hours: seconds allowed per step."""
+    fn = click.option("--hours", type=click.FloatRange(min=0, min_open=True),
+                      help="Wall-clock target (with --tokens).")(fn)
+    fn = click.option("--tokens", type=click.FloatRange(min=1), help="Training tokens: budget = hours / steps.")(fn)
+    return click.option("--time-budget", type=click.FloatRange(min=0, min_open=True),
+                        help="Seconds allowed per step.")(fn)
 
 
 def workload_options(fn):
-    """--workload, --shape and the time budget, shared by search and search-hw."""
-    opts = [
-        click.option("--hours", type=click.FloatRange(min=0, min_open=True), help="Wall-clock target (with --tokens)."),
-        click.option("--tokens", type=click.FloatRange(min=1), help="Training tokens: budget = hours / steps."),
-        click.option("--time-budget", type=click.FloatRange(min=0, min_open=True), help="Seconds allowed per step."),
-        click.option("--shape", multiple=True, metavar="KEY=VALUE",
-                     help="Transformer shape: batch, seq, layers, hidden, heads, vocab, ffn, recompute."),
-        click.option("--workload", type=click.Choice(("lstm", "transformer")), default="lstm", show_default=True,
-                     help="The config's LSTM, or a dense transformer on the config's hardware."),
-    ]
-    for opt in opts:
-        fn = opt(fn)
+    """--config, --set, --workload, --shape and the time budget, shared by search and search-hw."""
+    fn = budget_options(fn)
+    fn = click.option("--shape", multiple=True, metavar="KEY=VALUE",
+                      help="Transformer shape: batch, seq, layers, hidden, heads, vocab, ffn, recompute.")(fn)
+    fn = click.option("--workload", type=click.Choice(("lstm", "transformer")), default="lstm", show_default=True,
+                      help="The config's LSTM, or a dense transformer on the config's hardware.")(fn)
     return config_options(fn)

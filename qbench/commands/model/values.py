@@ -3,6 +3,10 @@ as YAML 1.2 scalars (what a config file would say). Errors are one-line usage er
 
 from __future__ import annotations
 
+import math
+
+import click
+
 from qbench.errors import QbenchUsageError
 
 
@@ -38,3 +42,28 @@ def parse_sweep(sweep: str | None) -> tuple[str | None, tuple]:
     if not values:
         raise QbenchUsageError(f"--sweep {sweep!r} gives no values")
     return key, values
+
+
+def parse_count(text: str | int | None) -> int | None:
+    """A count such as --devices: an integer, also written 1e3; bounds are checked where it is used."""
+    if text is None or isinstance(text, int):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value.is_integer():
+        raise click.BadParameter(f"{text!r} is not a whole number; give a count like 8")
+    return int(value)
+
+
+def parse_bounds(text: str) -> tuple[float, float]:
+    """--bounds LO:HI, the range of each searched fraction of TDP."""
+    lo, sep, hi = text.partition(":")
+    try:
+        bounds = (float(lo), float(hi)) if sep else None
+    except ValueError:
+        bounds = None
+    if bounds is None or not 0 < bounds[0] < bounds[1] <= 1:
+        raise QbenchUsageError(f"--bounds {text!r}: write LO:HI with 0 < LO < HI <= 1, e.g. 0.01:0.9")
+    return bounds

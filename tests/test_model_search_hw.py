@@ -189,3 +189,66 @@ def test_help_ends_with_examples(capsys):
     for sub in ("search", "search-hw"):
         code, out, _ = run_cli(capsys, "model", sub, "--help")
         assert code == 0 and "Examples:" in out and "search-hw --config" in out
+
+
+# ---- memory must fit ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    """The seed with a 100,000-word vocabulary: 67.6 GiB per device, which fits once DRAM has ~0.65 of TDP."""
+    raw = config_files.read_yaml(SEED_CONFIG)
+    raw["model_param"]["vocab_size"] = 100_000
+    from qbench.model.deepflow import config as deepflow_config
+
+    return deepflow_config.normalize(raw)
+
+
+def test_fit_floor_is_where_capacity_meets_the_memory_needed(small_vocab):
+    goal = objective.objective(small_vocab, None)
+    split = small_vocab["power_breakdown"]
+    floor = objective.fit_floor(goal, split)
+    p = goal(split)
+    assert not p.fits and floor == pytest.approx(split["DRAM"] * p.memory_gb / p.capacity_gb, rel=1e-12)
+    assert goal({**split, "DRAM": floor}).fits and not goal({**split, "DRAM": floor * (1 - 1e-9)}).fits
+
+
+def test_projection_with_a_floor_per_fraction():
+    rng = random.Random(5)
+    lows = [0.01, 0.6, 0.01, 0.01]
+    for _ in range(50):
+        y = search_hw.project([rng.uniform(-1, 2) for _ in range(4)], 0.890112, lows, 0.9)
+        assert sum(y) == pytest.approx(0.890112, abs=TOL) and all(lo - TOL <= v <= 0.9 + TOL for v, lo in zip(y, lows))
+
+
+def test_must_fit_keeps_every_step_in_memory(small_vocab):
+    goal = objective.objective(small_vocab, None)
+    floor = objective.fit_floor(goal, small_vocab["power_breakdown"])
+    setup = search_hw.HwSearch(starts=2, seed=1, iterations=6, floors={"DRAM": floor})
+    o = search_hw.search(goal, small_vocab["power_breakdown"], setup)
+    assert not o.initial_point.fits  # the config's own split does not fit ...
+    assert all(s.point.fits and s.split["DRAM"] >= floor for s in o.path)  # ... no searched split misses
+    assert [s.split["DRAM"] for s in o.path if s.start == 0][0] == pytest.approx(floor, abs=TOL)  # start 0 moved
+    free = search_hw.search(goal, small_vocab["power_breakdown"], search_hw.HwSearch(starts=2, seed=1, iterations=6))
+    assert not free.best_point.fits  # unconstrained, the fastest split gives DRAM's power to the cores
+
+
+def test_cli_search_hw_must_fit_by_default(capsys, tmp_path):
+    args = ("model", "search-hw", "--config", SEED_CONFIG, "--set", "model_param.vocab_size=100000",
+            "--starts", "2", "--iterations", "4")
+    code, out, err = run_cli(capsys, *args, "--out", str(tmp_path / "fit"))
+    assert code == 0, err
+    _, records = store.load_run(tmp_path / "fit")
+    assert all(r["metrics"]["fits"] == 1 and r["params"]["must_fit"] and r["params"]["deepflow"] == "corrected"
+               for r in records)
+    assert "memory must fit: DRAM >=" in " ".join(out.split())
+    code, out, err = run_cli(capsys, *args, "--no-must-fit", "--out", str(tmp_path / "free"))
+    _, records = store.load_run(tmp_path / "free")
+    assert code == 0 and any(r["metrics"]["fits"] == 0 for r in records if r["params"]["start"] == 1), err
+
+
+@pytest.mark.parametrize("extra, needle", [((), "no split fits: the model needs 251.9 GiB per device"),
+                                           (("--keys", "core,L2"), "DRAM is not searched")])
+def test_cli_search_hw_says_when_nothing_fits(capsys, extra, needle):
+    code, _, err = run_cli(capsys, "model", "search-hw", "--config", SEED_CONFIG, *extra)
+    assert code == 2 and needle in err and "--no-must-fit" in err and len(err.strip().splitlines()) == 1, err

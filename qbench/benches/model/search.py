@@ -138,8 +138,8 @@ def _fit_floor(goal, split: dict, setup: search_hw.HwSearch) -> float:
     most = min(setup.hi, split["DRAM"] + others - setup.lo * (len(setup.keys) - 1))  # every other part at LO
     if floor > most:
         raise QbenchUsageError(f"no split fits: {need}; that takes DRAM >= {floor:.4g} of TDP and the bounds "
-                               f"allow at most {most:.4g} (raise HI in --bounds, shrink the model with --set, "
-                               "or pass --no-must-fit)")
+                               f"allow at most {most:.4g} (raise HI in --bounds, shrink the workload with --set or "
+                               "--shape, or pass --no-must-fit)")
     return floor
 
 

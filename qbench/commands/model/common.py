@@ -18,7 +18,7 @@ Examples:
   qbench model quirks --config deepflow
   qbench model search --config deepflow --devices 8 --topologies ring,mesh --time-budget 0.5
   qbench model search-hw --config deepflow --set model_param.vocab_size=100000 --starts 4
-  qbench model search-hw --config deepflow --workload transformer --shape layers=24 --shape hidden=2048
+  qbench model search-hw --config deepflow --workload transformer --shape layers=24 --shape batch=32
   qbench model gemm --m 8192 --k 4096 --n 4096 --dtype bf16 --gpu h200
   qbench model floors switchback batch_size=32768 dim_in=1024 dim_out=4096 dtype=bf16
   qbench model --against results/switchback-20250101T000000Z --gpu h200

@@ -137,10 +137,11 @@ def cell_backward(m: Machine, t: Trace, s: Shape) -> float:
     t_act = gemm_time(m, t, b, G * D, 2 * D, "Cb_act")
     t_wt = gemm_time(m, t, 2 * D, b, G * D, "Cb_wt")
     bd = b * D * G if t.fixed(q.CB_POINTWISE_GATES) else b * D  # gate elements; DeepFlow drops G here
-    fp = (bd * 3.25) + (2 * D * G * D)
-    mp = (prec * bd * 8.5) + (2 * D * G * D) * 3  # DeepFlow leaves prec out of the accumulation bytes
+    acc = (2 * D * G * D) * 3  # 3 passes over the 2D x G*D weight gradient: elements, as DeepFlow counts
     if t.fixed(q.CB_ACCUM_PREC):
-        mp = (prec * bd * 8.5) + (2 * D * G * D) * 3 * prec  # 3 passes over 2D x G*D elements of prec bytes
+        acc = acc * prec  # bytes
+    fp = (bd * 3.25) + (2 * D * G * D)
+    mp = (prec * bd * 8.5) + acc
     tp = roofline(m, t, fp, mp) + 15 * m.O
     t.debug(f"(gr) Hidden point_flop: {int(fp):,}, point_mem: {int(mp):,}")
     t.debug(f"Hidden point_time: {tp}")

@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> None:
         hint = exc.ctx.command_path if exc.ctx else "qbench"
         param = exc.param.get_error_hint(exc.ctx) if getattr(exc, "param", None) and exc.ctx else None
         detail = f"{param}: {exc.message}" if param else exc.format_message()
+        if isinstance(exc, click.MissingParameter):  # click leaves its message empty: say what is missing
+            kind = exc.param_type or (exc.param.param_type_name if exc.param else "parameter")
+            detail = f"missing {kind} {param or ''}".strip()
         _fail(prog, f"{detail} (see '{hint} --help')", 2)
     except click.ClickException as exc:
         _fail(prog, exc.format_message(), exc.exit_code)

@@ -16,6 +16,7 @@ from tests.test_model_roofline import moe_record, switchback_record
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED_CONFIG = str(FIXTURES / "deepflow_seed_config.yaml")
 SEED_REPORT = FIXTURES / "deepflow_seed_summary.txt"
+HARNESS_BUDGET = 86400 / ((100 * 768_648_884) // (32 * 20))  # one day over the harness's steps (batch 32)
 
 
 def run_cli(capsys, *args) -> tuple[int, str, str]:
@@ -29,7 +30,9 @@ def run_cli(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_lstm_debug_prints_the_seed_report_then_a_summary(capsys, tmp_path):
-    code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, "--debug", "--out", str(tmp_path / "r"))
+    # the seed's last line is its harness's budget (reference 7.3), given here as the time budget
+    code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, "--debug", "--out", str(tmp_path / "r"),
+                             "--time-budget", repr(HARNESS_BUDGET))
     assert code == 0, err
     want = SEED_REPORT.read_text().splitlines()
     got = out.splitlines()[: len(want)]
@@ -136,15 +139,139 @@ def test_calibrate_on_cpu(capsys, tmp_path):
                              "--out", str(tmp_path / "c"))
     assert code == 0, err
     assert "CPU" in err and target.exists()
-    from qbench.model import hardware
+    from qbench.benches.model.config import load_hardware
 
-    dev = hardware.load(target)
+    dev = load_hardware(target)
     assert dev.source == "calibrated" and dev.peak("fp32") > 0 and dev.hbm_tbps > 0
 
 
 def test_group_help_and_examples(capsys):
     code, out, _ = run_cli(capsys, "model")
     assert code == 0 and "Examples:" in out and "--against" in out
-    for sub in ("lstm", "search", "gemm", "floors", "calibrate"):
+    for sub in ("lstm", "quirks", "search", "search-hw", "gemm", "floors", "calibrate"):
         code, out, _ = run_cli(capsys, "model", sub, "--help")
         assert code == 0 and "Examples:" in out, sub
+
+
+# ---- shipped config, modes, budgets, memory basis, usage errors ---------------------------------
+
+
+def test_the_seed_config_ships_and_is_usable_by_name(capsys, tmp_path, monkeypatch):
+    from qbench.benches.model import config as config_files
+
+    monkeypatch.chdir(tmp_path)  # no deepflow.yaml here: the name resolves to the shipped file
+    want = SEED_REPORT.read_text().splitlines()
+    for name in ("deepflow", "deepflow.yaml"):
+        code, out, err = run_cli(capsys, "model", "lstm", "--config", name, "--debug", "--out", name,
+                                 "--time-budget", repr(HARNESS_BUDGET))
+        assert code == 0 and out.splitlines()[: len(want)] == want, (name, err)
+    assert config_files.load("deepflow") == config_files.load(SEED_CONFIG)
+    code, _, err = run_cli(capsys, "model", "lstm", "--config", "nosuch")
+    assert code == 2 and "usable by name: deepflow" in err and len(err.strip().splitlines()) == 1
+
+
+def test_pyproject_ships_the_configs_as_package_data():
+    import fnmatch
+
+    import tomllib
+
+    root = Path(__file__).parents[1]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped = sorted((root / "qbench" / "model" / "configs").glob("*.yaml"))
+    assert shipped and all(any(fnmatch.fnmatch(f"configs/{p.name}", pat) for pat in data["qbench.model"])
+                           for p in shipped)
+
+
+def test_lstm_time_per_step_comes_from_the_budget_and_the_config(capsys, tmp_path):
+    import math
+
+    code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, "--out", str(tmp_path / "a"))
+    assert code == 0 and "time_per_step" not in out, err
+    for batch in (512, 64):
+        run = tmp_path / f"b{batch}"
+        code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, "--tokens", "7.7e10",
+                                 "--hours", "24", "--set", f"model_param.batch_size={batch}", "--out", str(run))
+        budget = 24 * 3600 / math.ceil(7.7e10 / (batch * 20))  # steps of batch x seq_len 20 tokens
+        assert code == 0 and f"time_per_step: {budget:.8f}" in out.splitlines(), err
+        (rec,) = store.load_run(run)[1]
+        assert rec["metrics"]["budget_s"] == budget and rec["metrics"]["meets_budget"] == 0
+
+
+def test_lstm_corrected_mode_is_recorded_and_exact_is_the_default(capsys, tmp_path):
+    from qbench.benches.model.config import load
+    from qbench.model import deepflow
+    from qbench.model.deepflow import machine, quirks
+
+    cfg = load(SEED_CONFIG)
+    want = deepflow.evaluate(cfg, machine.derive(cfg), fixes=quirks.ALL).time
+    for mode, time in (("corrected", want), (None, 302.88817584140634)):
+        args = ["--deepflow", mode] if mode else []
+        code, out, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, *args,
+                                 "--out", str(tmp_path / str(mode)))
+        (rec,) = store.load_run(tmp_path / str(mode))[1]
+        assert code == 0 and rec["params"]["deepflow"] == (mode or "exact") and rec["metrics"]["time_s"] == time, err
+        assert f"DeepFlow {mode or 'exact'}" in out
+
+
+def test_lstm_memory_fields_share_one_basis(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "model", "lstm", "--config", SEED_CONFIG, "--out", str(tmp_path / "k"),
+                           "--set", "scheduling_param.topology=mesh", "--set", "scheduling_param.kp_hidden_type=1",
+                           "--set", "scheduling_param.kp_hidden_dim1=4")
+    assert code == 0, err
+    m = store.load_run(tmp_path / "k")[1][0]["metrics"]
+    assert m["overflow_rate"] == m["memory_total_gb"] / m["memory_capacity_gb"]  # per data shard
+    assert m["overflow_rate_model_shard"] == m["memory_model_shard_gb"] / m["memory_capacity_gb"]  # per device
+    assert m["overflow_rate_model_shard"] < m["overflow_rate"]  # the hidden weights are split over 4 devices
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("search", "--config", SEED_CONFIG), "missing option '--devices'"),
+    (("search-hw",), "missing option '--config'"),
+    (("gemm", "--m", "8", "--k", "8"), "missing option '--n'"),
+    (("floors",), "missing argument"),
+    (("search", "--config", SEED_CONFIG, "--devices", "1e12"), "give 1 to 4096"),
+    (("search", "--config", SEED_CONFIG, "--devices", "4097"), "give 1 to 4096"),
+    (("search", "--config", SEED_CONFIG, "--devices", "0"), "give 1 to 4096"),
+    (("search", "--config", SEED_CONFIG, "--devices", "2.5"), "not a whole number"),
+    (("lstm", "--config", SEED_CONFIG, "--deepflow", "fixed"), "'--deepflow'"),
+])
+def test_missing_and_out_of_range_options_are_one_line_exit_2(capsys, args, needle):
+    code, out, err = run_cli(capsys, "model", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_search_runs_corrected_says_so_and_warns_when_exact_ranks_another_first(capsys):
+    from qbench.benches.model.config import load
+    from qbench.model import search
+    from qbench.model.deepflow import quirks
+
+    cfg = load(SEED_CONFIG)
+    code, out, err = run_cli(capsys, "model", "search", "--config", SEED_CONFIG, "--devices", "4", "--json")
+    data = json.loads(out)
+    corrected, _ = search.search(cfg, 4, ("mesh",), quirks.ALL)
+    exact, _ = search.search(cfg, 4, ("mesh",))
+    assert code == 0 and data["deepflow"] == "corrected" and "DeepFlow corrected" in err
+    assert [c["time_s"] for c in data["ranked"]] == [c.time_s for c in corrected]
+    assert data["other_mode"]["best"]["settings"] == exact[0].settings
+    assert exact[0].settings != corrected[0].settings and not data["other_mode"]["same_top"]
+    err = " ".join(err.split())  # rich wraps the notice
+    assert f"under DeepFlow exact the fastest would be {search.describe(exact[0].settings)}" in err
+    code, out, err = run_cli(capsys, "model", "search", "--config", SEED_CONFIG, "--devices", "4", "--json",
+                             "--deepflow", "exact")
+    assert [c["time_s"] for c in json.loads(out)["ranked"]] == [c.time_s for c in exact]
+    assert "under DeepFlow corrected the fastest would be" in " ".join(err.split())
+
+
+def test_search_on_one_device_labels_no_topology(capsys):
+    from qbench.benches.model.config import load
+    from qbench.model import deepflow
+    from qbench.model.deepflow import machine, quirks
+
+    cfg = load(SEED_CONFIG)
+    code, out, err = run_cli(capsys, "model", "search", "--config", SEED_CONFIG, "--devices", "1",
+                             "--topologies", "ring,mesh", "--json")
+    (only,) = json.loads(out)["ranked"]
+    assert code == 0 and only["topology"] == "none" and only["settings"] == {"dp": 1}
+    assert only["time_s"] == deepflow.evaluate(cfg, machine.derive(cfg), fixes=quirks.ALL).time
+    code, out, _ = run_cli(capsys, "model", "search", "--config", SEED_CONFIG, "--devices", "1")
+    assert "1 device (no network: topology none)" in " ".join(out.split())

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from qbench.model import deepflow_config as dc
-from qbench.model.deepflow_config import ConfigError
+from qbench.benches.model import config as config_files
+from qbench.model.deepflow import config as dc
+from qbench.model.deepflow.config import ConfigError
 
 SEED = Path(__file__).parent / "fixtures" / "deepflow_seed_config.yaml"
 
 
 def raw():
-    return dc.read_yaml(SEED)
+    return config_files.read_yaml(SEED)
 
 
 def test_yaml_12_floats_and_unit_strings():
@@ -104,8 +105,8 @@ def test_overrides_and_scalars():
 
 def test_missing_or_malformed_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        dc.read_yaml(tmp_path / "nope.yaml")
+        config_files.read_yaml(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("model_param: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        dc.read_yaml(bad)
+        config_files.read_yaml(bad)

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from qbench.model import deepflow, deepflow_config, deepflow_machine
+from qbench.benches.model import config as config_files
+from qbench.model import deepflow
+from qbench.model.deepflow import config as deepflow_config
+from qbench.model.deepflow import machine as deepflow_machine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED_CONFIG = FIXTURES / "deepflow_seed_config.yaml"
 SEED_REPORT = FIXTURES / "deepflow_seed_summary.txt"
+# The seed's last line is its search harness's budget (reference 7.3): one day over floor(100 x 768,648,884
+# tokens / (batch 32 x 20)) steps. It is the harness's input, not the config's, so the test passes it.
+HARNESS_BUDGET = 86400 / ((100 * 768_648_884) // (32 * 20))
 
 
 def _mismatches(got: list[str], want: list[str]) -> str:
@@ -23,12 +29,12 @@ def _mismatches(got: list[str], want: list[str]) -> str:
 
 
 def seed_result(debug=True):
-    cfg = deepflow_config.load(SEED_CONFIG)
+    cfg = config_files.load(SEED_CONFIG)
     return deepflow.evaluate(cfg, deepflow_machine.derive(cfg), debug=debug)
 
 
 def test_seed_report_is_reproduced_line_for_line():
-    got = deepflow.report_lines(seed_result())
+    got = deepflow.report_lines(seed_result(), time_per_step=HARNESS_BUDGET)
     want = SEED_REPORT.read_text().splitlines()
     assert got == want, _mismatches(got, want)
 
@@ -46,10 +52,17 @@ def test_seed_headline_numbers():
 
 
 def test_without_debug_only_the_always_printed_part_remains():
-    got = deepflow.report_lines(seed_result(debug=False))
+    got = deepflow.report_lines(seed_result(debug=False), time_per_step=HARNESS_BUDGET)
     want = SEED_REPORT.read_text().splitlines()
     start = want.index("#Parameters: 38.37 Billion")
     assert got == want[start:], _mismatches(got, want[start:])
+
+
+def test_time_per_step_is_printed_only_from_a_given_budget():
+    """Without a budget the report ends at Time (the seed's time_per_step was the harness's constant)."""
+    plain = deepflow.report_lines(seed_result(debug=False))
+    assert plain[-1] == "Time: 302.88817584" and not any(x.startswith("time_per_step") for x in plain)
+    assert deepflow.report_lines(seed_result(debug=False), time_per_step=0.125)[-1] == "time_per_step: 0.12500000"
 
 
 # ---- hand derivations -------------------------------------------------------------------------
@@ -73,7 +86,7 @@ scheduling_param: {auto: False, topology: mesh, dp: 1, lp: 1, hlp: 1, kp_hidden_
 def small_cfg(tmp_path, **sched):
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
-    raw = deepflow_config.read_yaml(path)
+    raw = config_files.read_yaml(path)
     raw["scheduling_param"].update(sched)
     return deepflow_config.normalize(raw)
 

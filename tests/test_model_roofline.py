@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from qbench import store
+from qbench.benches.model import against
+from qbench.benches.model.config import load_hardware
 from qbench.errors import QbenchUsageError
-from qbench.model import against, floors, hardware
+from qbench.model import floors, hardware
 from qbench.model.roofline import analyze, collective_ms, floor_ms, ridge_point, roofline_fraction
 
 H200, H100 = hardware.preset("h200"), hardware.preset("h100")
@@ -68,13 +70,13 @@ def test_collective_factors():
 def test_custom_and_calibrated_hardware(tmp_path):
     path = tmp_path / "dev.yaml"
     path.write_text("base: h200\nname: my H200\nhbm_tbps: 4.2\npeak_tflops: {bfloat16: 700}\n")
-    dev = hardware.load(path)
+    dev = load_hardware(path)
     assert dev.name == "my H200" and dev.peak("bf16") == 700e12 and dev.peak("int8") == 1979e12
     assert dev.hbm_tbps == 4.2 and dev.source == "custom"
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\npeak_tflops: {bf16: 1}\n")
     with pytest.raises(ValueError, match="missing key 'hbm_gb'"):
-        hardware.load(bad)
+        load_hardware(bad)
     cal = hardware.calibrated(H200, {"bf16": 738.0}, 4.26, launch_us=9.0)
     assert cal.source == "calibrated" and cal.peak("bf16") == 738e12 and cal.launch_us == 9.0
     assert cal.peak("fp16") == 989e12  # not measured: the datasheet value stays

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from qbench import store
+from qbench.benches.model import config as config_files
 from qbench.cli import main
-from qbench.model import deepflow_config, search, search_hw, search_run, transformer
+from qbench.model import objective, search, search_hw, transformer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED_CONFIG = str(FIXTURES / "deepflow_seed_config.yaml")
@@ -30,13 +31,13 @@ def run_cli(capsys, *args):
 
 @pytest.fixture(scope="module")
 def cfg():
-    return deepflow_config.load(SEED_CONFIG)
+    return config_files.load(SEED_CONFIG)
 
 
 @pytest.fixture(scope="module")
 def seed_outcome(cfg):
     setup = search_hw.HwSearch(starts=3, seed=7, iterations=40)
-    return search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], setup)
+    return search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], setup)
 
 
 def _valid(split: dict, keys, total, lo, hi) -> list[str]:
@@ -73,10 +74,10 @@ def test_fractions_stay_valid_on_every_step(seed_outcome, cfg):
 
 def test_search_is_deterministic_for_a_fixed_seed(cfg):
     setup = search_hw.HwSearch(starts=3, seed=11, iterations=8)
-    runs = [search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], setup) for _ in range(2)]
+    runs = [search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], setup) for _ in range(2)]
     a, b = ([(s.start, s.iteration, s.split, s.time_s) for s in o.path] for o in runs)
     assert a == b
-    other = search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"],
+    other = search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"],
                              search_hw.HwSearch(starts=3, seed=12, iterations=8))
     assert [s.split for s in other.path if s.start == 1][0] != [s.split for s in runs[0].path if s.start == 1][0]
 
@@ -97,37 +98,37 @@ def test_projection_and_search_refuse_impossible_bounds(cfg):
     with pytest.raises(ValueError, match="cannot sum"):
         search_hw.project([0.5, 0.5], 1.0, 0.6, 0.9)
     with pytest.raises(ValueError, match="outside the bounds"):
-        search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(hi=0.2))
+        search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(hi=0.2))
     with pytest.raises(ValueError, match="--keys"):
-        search_hw.search(search_run.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(keys=("core",)))
+        search_hw.search(objective.objective(cfg, None), cfg["power_breakdown"], search_hw.HwSearch(keys=("core",)))
 
 
 def test_transformer_workload_search_improves_its_start(cfg):
     shape = transformer.from_params({"batch": 8, "seq": 512, "layers": 4, "hidden": 768, "heads": 12,
                                      "vocab": 1000})
     setup = search_hw.HwSearch(starts=2, seed=3, iterations=15)
-    o = search_hw.search(search_run.objective(cfg, shape), cfg["power_breakdown"], setup)
+    o = search_hw.search(objective.objective(cfg, shape), cfg["power_breakdown"], setup)
     assert o.best_point.time_s <= o.initial_point.time_s
     assert o.best_point.time_s == min(s.time_s for s in o.path)
 
 
 def test_time_budget_from_tokens_and_hours():
     # the DeepFlow harness's budget: 100 x 768,648,884 tokens, batch 32, sequences of 20, one day
-    got = search_run.time_budget(None, 100 * 768_648_884, 24, 32, 20)
+    got = objective.time_budget(None, 100 * 768_648_884, 24, 32, 20)
     assert got == pytest.approx(86400 / 120_101_389)  # ceil, where the harness floors: one step apart
-    assert search_run.time_budget(0.5, None, None, 32, 20) == 0.5
-    assert search_run.time_budget(None, None, None, 32, 20) is None
+    assert objective.time_budget(0.5, None, None, 32, 20) == 0.5
+    assert objective.time_budget(None, None, None, 32, 20) is None
     with pytest.raises(ValueError, match="go together"):
-        search_run.time_budget(None, 1e9, None, 32, 20)
+        objective.time_budget(None, 1e9, None, 32, 20)
 
 
 def test_ring_and_mesh_links(cfg):
     trial = {**cfg, "power_breakdown": dict(cfg["power_breakdown"])}
     pw, e = 0.2 * 300, 10e-12 * 8
-    assert search_run.network_ib(trial, "ring", 4, 1, 1) == pytest.approx(pw / (2 * e))
-    assert search_run.network_ib(trial, "mesh", 4, 1, 1) == pytest.approx(pw / (4 * e))  # DeepFlow: dp*h1 links
-    assert search_run.network_ib(trial, "mesh", 2, 2, 1) == pytest.approx(pw / (2 * 2 * 2 * e))
-    assert search_run.network_ib(trial, "ring", 1, 1, 1) == 0
+    assert objective.network_ib(trial, "ring", 4, 1, 1) == pytest.approx(pw / (2 * e))
+    assert objective.network_ib(trial, "mesh", 4, 1, 1) == pytest.approx(pw / (4 * e))  # DeepFlow: dp*h1 links
+    assert objective.network_ib(trial, "mesh", 2, 2, 1) == pytest.approx(pw / (2 * 2 * 2 * e))
+    assert objective.network_ib(trial, "ring", 1, 1, 1) == 0
 
 
 def test_strategy_search_over_topologies(cfg):
@@ -144,7 +145,8 @@ def test_strategy_search_over_topologies(cfg):
 def test_cli_search_hw_writes_records_plot_and_table(capsys, tmp_path):
     out = tmp_path / "hw"
     code, stdout, err = run_cli(capsys, "model", "search-hw", "--config", SEED_CONFIG, "--starts", "2",
-                                "--iterations", "6", "--time-budget", "120", "--out", str(out))
+                                "--iterations", "6", "--time-budget", "120", "--out", str(out),
+                                "--deepflow", "exact", "--no-must-fit")  # the seed fits at no split
     assert code == 0, err
     assert "Power-split search" in stdout and "302.888" in stdout
     _, records = store.load_run(out)
@@ -187,3 +189,66 @@ def test_help_ends_with_examples(capsys):
     for sub in ("search", "search-hw"):
         code, out, _ = run_cli(capsys, "model", sub, "--help")
         assert code == 0 and "Examples:" in out and "search-hw --config" in out
+
+
+# ---- memory must fit ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    """The seed with a 100,000-word vocabulary: 67.6 GiB per device, which fits once DRAM has ~0.65 of TDP."""
+    raw = config_files.read_yaml(SEED_CONFIG)
+    raw["model_param"]["vocab_size"] = 100_000
+    from qbench.model.deepflow import config as deepflow_config
+
+    return deepflow_config.normalize(raw)
+
+
+def test_fit_floor_is_where_capacity_meets_the_memory_needed(small_vocab):
+    goal = objective.objective(small_vocab, None)
+    split = small_vocab["power_breakdown"]
+    floor = objective.fit_floor(goal, split)
+    p = goal(split)
+    assert not p.fits and floor == pytest.approx(split["DRAM"] * p.memory_gb / p.capacity_gb, rel=1e-12)
+    assert goal({**split, "DRAM": floor}).fits and not goal({**split, "DRAM": floor * (1 - 1e-9)}).fits
+
+
+def test_projection_with_a_floor_per_fraction():
+    rng = random.Random(5)
+    lows = [0.01, 0.6, 0.01, 0.01]
+    for _ in range(50):
+        y = search_hw.project([rng.uniform(-1, 2) for _ in range(4)], 0.890112, lows, 0.9)
+        assert sum(y) == pytest.approx(0.890112, abs=TOL) and all(lo - TOL <= v <= 0.9 + TOL for v, lo in zip(y, lows))
+
+
+def test_must_fit_keeps_every_step_in_memory(small_vocab):
+    goal = objective.objective(small_vocab, None)
+    floor = objective.fit_floor(goal, small_vocab["power_breakdown"])
+    setup = search_hw.HwSearch(starts=2, seed=1, iterations=6, floors={"DRAM": floor})
+    o = search_hw.search(goal, small_vocab["power_breakdown"], setup)
+    assert not o.initial_point.fits  # the config's own split does not fit ...
+    assert all(s.point.fits and s.split["DRAM"] >= floor for s in o.path)  # ... no searched split misses
+    assert [s.split["DRAM"] for s in o.path if s.start == 0][0] == pytest.approx(floor, abs=TOL)  # start 0 moved
+    free = search_hw.search(goal, small_vocab["power_breakdown"], search_hw.HwSearch(starts=2, seed=1, iterations=6))
+    assert not free.best_point.fits  # unconstrained, the fastest split gives DRAM's power to the cores
+
+
+def test_cli_search_hw_must_fit_by_default(capsys, tmp_path):
+    args = ("model", "search-hw", "--config", SEED_CONFIG, "--set", "model_param.vocab_size=100000",
+            "--starts", "2", "--iterations", "4")
+    code, out, err = run_cli(capsys, *args, "--out", str(tmp_path / "fit"))
+    assert code == 0, err
+    _, records = store.load_run(tmp_path / "fit")
+    assert all(r["metrics"]["fits"] == 1 and r["params"]["must_fit"] and r["params"]["deepflow"] == "corrected"
+               for r in records)
+    assert "memory must fit: DRAM >=" in " ".join(out.split())
+    code, out, err = run_cli(capsys, *args, "--no-must-fit", "--out", str(tmp_path / "free"))
+    _, records = store.load_run(tmp_path / "free")
+    assert code == 0 and any(r["metrics"]["fits"] == 0 for r in records if r["params"]["start"] == 1), err
+
+
+@pytest.mark.parametrize("extra, needle", [((), "no split fits: the model needs 251.9 GiB per device"),
+                                           (("--keys", "core,L2"), "DRAM is not searched")])
+def test_cli_search_hw_says_when_nothing_fits(capsys, extra, needle):
+    code, _, err = run_cli(capsys, "model", "search-hw", "--config", SEED_CONFIG, *extra)
+    assert code == 2 and needle in err and "--no-must-fit" in err and len(err.strip().splitlines()) == 1, err

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from qbench.model import deepflow_config, deepflow_machine, transformer
+from qbench.benches.model import config as config_files
+from qbench.model import transformer
+from qbench.model.deepflow import machine as deepflow_machine
 from qbench.model.transformer import Transformer
 
 SEED_CONFIG = Path(__file__).parent / "fixtures" / "deepflow_seed_config.yaml"
@@ -22,7 +24,7 @@ SHAPES = [(512, 2048, 24, 2048, 16, 51200), (3, 77, 5, 96, 3, 1013), (1, 1, 1, 8
 
 @pytest.fixture(scope="module")
 def machine():
-    return deepflow_machine.derive(deepflow_config.load(SEED_CONFIG))
+    return deepflow_machine.derive(config_files.load(SEED_CONFIG))
 
 
 @pytest.mark.parametrize("B,s,l,h,a,V", SHAPES)

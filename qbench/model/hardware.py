@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from qbench.units import DTYPE_ALIASES, DTYPE_BYTES, canonical_dtype  # noqa: F401  (re-exported)
@@ -132,13 +131,9 @@ def from_dict(data: dict[str, Any], *, source: str = "custom", where: str = "har
     return Hardware(**merged)
 
 
-def load(path: str | Path) -> Hardware:
-    """A device from a YAML or JSON file (custom device or `qbench model calibrate` output)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"hardware file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
+def from_text(text: str, where: str, *, is_json: bool = False) -> Hardware:
+    """A device from the text of a YAML or JSON file (custom device or `qbench model calibrate` output)."""
+    if is_json:
         data = json.loads(text)
     else:
         import yaml
@@ -146,7 +141,7 @@ def load(path: str | Path) -> Hardware:
         data = yaml.safe_load(text)
     if isinstance(data, dict) and "hardware" in data:
         data = data["hardware"]  # a calibration file keeps its measurements beside the device
-    return from_dict(data, source="custom", where=str(path))
+    return from_dict(data, source="custom", where=where)
 
 
 def calibrated(base: Hardware, peaks_tflops: dict[str, float], hbm_tbps: float,

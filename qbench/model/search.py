@@ -7,7 +7,7 @@ of the LSTM GEMM (type 1 column-row over h1, type 2 row-column over h1 x h2), co
 split of the softmax GEMM over the same devices (DeepFlow counts devices per layer as the max over
 layers). Embedding and projection stay unsplit (the projection is left out of the time; the
 embedding has no time model). Topologies: mesh is DeepFlow's link rule, ring a bidirectional ring
-(qbench.model.search_run.network_ib). A dense transformer (qbench.model.transformer) is searched over
+(qbench.model.objective.network_ib). A dense transformer (qbench.model.transformer) is searched over
 dp x tp x pp instead.
 """
 
@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from qbench.model import deepflow_config
-from qbench.model.deepflow_config import ConfigError
+from qbench.model import transformer
+from qbench.model.deepflow import config as deepflow_config
+from qbench.model.deepflow.config import ConfigError
+from qbench.model.objective import lstm_point, transformer_point
 
 
 @dataclass(frozen=True)
 class Candidate:
     settings: dict  # scheduling_param values that differ from a single device
     time_s: float
-    memory_gb: float  # per data shard per model shard, GiB
+    memory_gb: float  # per device (data shard per model shard), GiB
     capacity_gb: float
     fits: bool
     topology: str = "mesh"
@@ -63,12 +65,20 @@ _SINGLE = {"dp": 1, "lp": 1, "hlp": 1, **{f"kp_{n}_dim{i}": 1 for n in deepflow_
            **{f"kp_{n}_type": -1 for n in deepflow_config.KP_LAYERS}}
 
 
-def search(cfg: dict, devices: int, topologies=("mesh",)) -> tuple[list[Candidate], list[tuple[dict, str]]]:
-    """(candidates of every topology sorted by time, strategies the model rejects with the reason)."""
-    from qbench.model.search_run import lstm_point
+MAX_DEVICES = 4096  # every split of N is enumerated: ~d(N)^3 strategies, one model evaluation each
+NO_NETWORK = "none"  # the topology of one device: nothing to connect
 
-    if devices < 1:
-        raise ConfigError(f"--devices must be >= 1, not {devices}")
+
+def check_devices(devices: int) -> None:
+    if not 1 <= devices <= MAX_DEVICES:
+        raise ConfigError(f"--devices {devices}: give 1 to {MAX_DEVICES} (the search evaluates every split "
+                          "of the devices)")
+
+
+def search(cfg: dict, devices: int, topologies=("mesh",), fixes: frozenset[str] = frozenset()):
+    """(candidates of every topology sorted by time, strategies the model rejects with the reason);
+    one device is evaluated once, with no network, whatever the topologies."""
+    check_devices(devices)
     ranked, rejected = [], []
     for settings in strategies(devices, cfg["model_param"]["num_layers"]):
         trial = copy.deepcopy(cfg)
@@ -80,20 +90,16 @@ def search(cfg: dict, devices: int, topologies=("mesh",)) -> tuple[list[Candidat
         except ConfigError as exc:
             rejected.append((settings, str(exc)))
             continue
-        for topology in topologies:
-            p = lstm_point(trial, topology if devices > 1 else None)
+        for topology in topologies if devices > 1 else (NO_NETWORK,):
+            p = lstm_point(trial, topology if devices > 1 else None, fixes)
             ranked.append(Candidate(settings, p.time_s, p.memory_gb, p.capacity_gb, p.fits, topology))
     ranked.sort(key=lambda c: c.time_s)
     return ranked, rejected
 
 
-def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",)):
+def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",), fixes: frozenset[str] = frozenset()):
     """Every dp x tp x pp = devices split of a transformer, per topology, sorted by time."""
-    from dataclasses import replace
-
-    from qbench.model import transformer
-    from qbench.model.search_run import transformer_point
-
+    check_devices(devices)
     ranked, rejected = [], []
     for dp in divisors(devices):
         for tp in divisors(devices // dp):
@@ -103,8 +109,8 @@ def search_transformer(cfg: dict, shape, devices: int, topologies=("mesh",)):
             except ValueError as exc:
                 rejected.append((settings, str(exc)))
                 continue
-            for topology in topologies:
-                p = transformer_point(cfg, x, topology)
+            for topology in topologies if devices > 1 else (NO_NETWORK,):
+                p = transformer_point(cfg, x, topology, fixes)
                 ranked.append(Candidate(settings, p.time_s, p.memory_gb, p.capacity_gb, p.fits, topology))
     ranked.sort(key=lambda c: c.time_s)
     return ranked, rejected
@@ -117,7 +123,7 @@ def describe(settings: dict) -> str:
         return f"dp={settings['dp']} tp={settings['tp']} pp={settings['pp']}"
     if settings.get("hlp", 1) > 1:
         parts.append(f"pipeline hlp={settings['hlp']}")
-    for layer in ("hidden", "softmax"):
+    for layer in ("hidden", "softmax", "projection"):
         kind = settings.get(f"kp_{layer}_type", -1)
         if kind == 1:
             parts.append(f"{layer}:CR {settings[f'kp_{layer}_dim1']}")

@@ -11,7 +11,9 @@ workload and parallelism the search moves power between the chosen parts and kee
   also every pairwise transfer of `step` between two parts; the best candidate is taken only when it
   is faster, else the step halves, so the best-so-far time never rises;
 - start 0 is the config's own split; starts 1.. are random splits (a seeded Dirichlet draw), so a
-  fixed seed gives the same path.
+  fixed seed gives the same path;
+- a fraction may have its own floor above lo (`floors`, e.g. the DRAM share at which the model fits in
+  memory: qbench.model.objective.fit_floor); every split, start 0 included, is projected above it.
 
 The objective is any function split -> (time s, fits in memory, memory GiB, capacity GiB).
 """
@@ -46,6 +48,11 @@ class HwSearch:
     hi: float = 0.9
     step: float = 0.05  # first step, fraction of TDP
     min_step: float = 1e-5  # stop when the step is smaller than this
+    floors: dict = field(default_factory=dict)  # key -> lowest fraction allowed, when above lo
+
+    def lows(self) -> list[float]:
+        """The lower bound of each searched fraction."""
+        return [max(self.lo, self.floors.get(k, self.lo)) for k in self.keys]
 
 
 @dataclass(frozen=True)
@@ -70,26 +77,29 @@ class Outcome:
     path: list[Step] = field(default_factory=list)
 
 
-def project(x: list[float], total: float, lo: float, hi: float) -> list[float]:
-    """Euclidean projection onto {sum = total, lo <= x_i <= hi}: clip(x - tau) with tau by bisection."""
+def project(x: list[float], total: float, lo, hi: float) -> list[float]:
+    """Euclidean projection onto {sum = total, lo_i <= x_i <= hi}: clip(x - tau) with tau by bisection.
+    `lo` is one bound for all fractions or one per fraction."""
     n = len(x)
-    if n * lo - PROJECTION_TOL > total or n * hi + PROJECTION_TOL < total:
-        raise ValueError(f"fractions in [{lo}, {hi}] cannot sum to {total:.6g} over {n} parts; widen the bounds")
-    a, b = min(x) - hi, max(x) - lo  # sum(clip(x - a)) = n*hi >= total >= n*lo = sum(clip(x - b))
+    los = list(lo) if isinstance(lo, (list, tuple)) else [lo] * n
+    if sum(los) - PROJECTION_TOL > total or n * hi + PROJECTION_TOL < total:
+        raise ValueError(f"fractions in [{min(los)}, {hi}] cannot sum to {total:.6g} over {n} parts; "
+                         "widen the bounds")
+    a, b = min(x) - hi, max(v - low for v, low in zip(x, los))  # sum(clip(x - a)) = n*hi, sum(clip(x - b)) = sum(lo)
     for _ in range(200):
         tau = (a + b) / 2
-        s = sum(min(hi, max(lo, v - tau)) for v in x)
+        s = sum(min(hi, max(low, v - tau)) for v, low in zip(x, los))
         a, b = (tau, b) if s > total else (a, tau)
-    out = [min(hi, max(lo, v - (a + b) / 2)) for v in x]
+    out = [min(hi, max(low, v - (a + b) / 2)) for v, low in zip(x, los)]
     err = total - sum(out)  # bisection residue: put it on a coordinate with room to take it
     for i in sorted(range(n), key=lambda i: -out[i]):
-        if lo <= out[i] + err <= hi:
+        if los[i] <= out[i] + err <= hi:
             out[i] += err
             break
     return out
 
 
-def random_split(rng: random.Random, n: int, total: float, lo: float, hi: float) -> list[float]:
+def random_split(rng: random.Random, n: int, total: float, lo, hi: float) -> list[float]:
     """A uniform draw on the simplex (Dirichlet(1,...,1)) scaled to total, projected into the bounds."""
     g = [rng.gammavariate(1.0, 1.0) for _ in range(n)]
     s = sum(g)
@@ -100,13 +110,13 @@ def _log_time(objective: Objective, keys, x) -> float:
     return math.log(objective(dict(zip(keys, x))).time_s)
 
 
-def gradient(objective: Objective, keys, x: list[float], h: float, lo: float) -> list[float]:
+def gradient(objective: Objective, keys, x: list[float], h: float, lows: list[float]) -> list[float]:
     """Central differences of log(time) per fraction (one-sided where x_i - h would leave the bounds)."""
     g = []
     for i in range(len(x)):
         up, down = list(x), list(x)
         up[i] += h
-        down[i] = max(lo, x[i] - h)
+        down[i] = max(lows[i], x[i] - h)
         g.append((_log_time(objective, keys, up) - _log_time(objective, keys, down)) / (up[i] - down[i]))
     return g
 
@@ -114,18 +124,19 @@ def gradient(objective: Objective, keys, x: list[float], h: float, lo: float) ->
 def _candidates(objective, keys, x, step, cfg: HwSearch, total) -> list[tuple[str, list[float]]]:
     """The gradient step and every pairwise transfer of `step` (all projected into the feasible set)."""
     out = []
-    g = gradient(objective, keys, x, max(1e-6, step / 10), cfg.lo)
+    lows = cfg.lows()
+    g = gradient(objective, keys, x, max(1e-6, step / 10), lows)
     mean = sum(g) / len(g)
     d = [-(v - mean) for v in g]  # steepest descent inside the hyperplane sum = total
     scale = max(abs(v) for v in d)
     if scale > 0:
-        out.append(("gradient", project([xi + step * di / scale for xi, di in zip(x, d)], total, cfg.lo, cfg.hi)))
+        out.append(("gradient", project([xi + step * di / scale for xi, di in zip(x, d)], total, lows, cfg.hi)))
     for i, ki in enumerate(keys):
         for j, kj in enumerate(keys):
             if i != j:
                 y = list(x)
                 y[i], y[j] = y[i] + step, y[j] - step
-                out.append((f"{kj}->{ki}", project(y, total, cfg.lo, cfg.hi)))
+                out.append((f"{kj}->{ki}", project(y, total, lows, cfg.hi)))
     return out
 
 
@@ -161,8 +172,15 @@ def search(objective: Objective, split: dict, cfg: HwSearch) -> Outcome:
         raise ValueError(f"power_breakdown.{bad[0]} = {split[bad[0]]} is outside the bounds [{cfg.lo}, {cfg.hi}]; "
                          "widen them with --bounds LO:HI")
     project(x0, total, cfg.lo, cfg.hi)  # raises when the bounds cannot hold the total
+    lows = cfg.lows()
+    if sum(lows) > total + PROJECTION_TOL or max(lows) > cfg.hi:
+        k, low = max(zip(keys, lows), key=lambda kv: kv[1] - cfg.lo)
+        raise ValueError(f"{k} must be at least {low:.6g} of TDP, which the bounds [{cfg.lo}, {cfg.hi}] and the "
+                         f"total {total:.6g} of {', '.join(keys)} do not allow")
+    if any(v < low for v, low in zip(x0, lows)):  # start 0: the config's split, moved above the floors
+        x0 = project(x0, total, lows, cfg.hi)
     rng = random.Random(cfg.seed)
-    starts = [x0] + [random_split(rng, len(keys), total, cfg.lo, cfg.hi) for _ in range(cfg.starts - 1)]
+    starts = [x0] + [random_split(rng, len(keys), total, lows, cfg.hi) for _ in range(cfg.starts - 1)]
     out = Outcome(dict(split), objective(dict(split)), total)
     for i, xs in enumerate(starts):
         path = descend(objective, keys, xs, cfg, total, i)

@@ -1,5 +1,5 @@
 """A dense transformer layer stack in DeepFlow's style: every GEMM through DeepFlow's tiled GEMM model and
-roofline (qbench.model.gemm), pointwise kernels through the roofline, collectives through its ring model.
+roofline (qbench.model.deepflow.gemm), pointwise kernels through the roofline, collectives through its ring model.
 
 Shapes (per data shard b = B / dp sequences of s tokens, T = b*s tokens, t = tensor-parallel degree,
 h hidden, a heads, f MLP width, V vocabulary); a GEMM (A, B, C) is output A x C, inner B:
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from qbench.model.deepflow_machine import Machine, Trace, roofline
-from qbench.model.gemm import gemm_time
-from qbench.model.lstm import apply_grad
-from qbench.model.parallel import collective
+from qbench.model.deepflow.gemm import gemm_time
+from qbench.model.deepflow.lstm import apply_grad
+from qbench.model.deepflow.machine import Machine, Trace, roofline
+from qbench.model.deepflow.parallel import collective
 
 KEYS = ("batch", "seq", "layers", "hidden", "heads", "vocab", "ffn", "recompute", "dp", "tp", "pp")
 # GPT-3 XL (Brown et al. 2020: 24 layers, d_model 2048, 16 heads, 2048 tokens), batch 512, GPT-2 vocabulary
@@ -150,10 +150,11 @@ def _pointwise(m: Machine, t: Trace, x: Transformer) -> float:
     return sum(roofline(m, t, fl, by) + m.O for fl, by in kernels)
 
 
-def evaluate(x: Transformer, m: Machine) -> Result:
+def evaluate(x: Transformer, m: Machine, fixes: frozenset[str] = frozenset()) -> Result:
     """Seconds per training iteration on one device of the dp x tp x pp grid (pipeline = GPipe with one
-    sequence per micro-batch; backward pointwise work taken as twice the forward's)."""
-    x, t = validate(x), Trace(False)
+    sequence per micro-batch; backward pointwise work taken as twice the forward's). `fixes`: the DeepFlow
+    quirks of its building blocks to correct (only the small-collective one applies here)."""
+    x, t = validate(x), Trace(False, fixes)
     T, h, p = x.b * x.seq, x.hidden, m.prec
     fwd = _gemms_time(m, t, layer_gemms(x), False) + _pointwise(m, t, x)
     bwd = _gemms_time(m, t, layer_gemms(x), True) + 2 * _pointwise(m, t, x)

@@ -11,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from qbench import store, units
-from qbench.model import deepflow, deepflow_config, deepflow_machine
-from qbench.model.deepflow_config import ConfigError
+from qbench.benches.model.config import read_yaml
+from qbench.model import deepflow, objective
+from qbench.model.deepflow import config as deepflow_config
+from qbench.model.deepflow import machine as deepflow_machine
+from qbench.model.deepflow import quirks
+from qbench.model.deepflow.config import ConfigError
 
 METRIC_UNITS = {
     "time_s": units.S, "cf_s": units.S, "cb_s": units.S, "r_s": units.S, "w_s": units.S,
@@ -21,9 +25,13 @@ METRIC_UNITS = {
     "memory_total_gb": units.GB, "memory_embedding_gb": units.GB, "memory_hidden_gb": units.GB,
     "memory_softmax_gb": units.GB, "memory_projection_gb": units.GB, "memory_weight_gb": units.GB,
     "memory_activation_gb": units.GB, "memory_pointwise_gb": units.GB, "memory_model_shard_gb": units.GB,
-    "memory_capacity_gb": units.GB, "overflow_rate": units.RATIO, "fits": units.FLAG,
-    "parameters": units.COUNT,
+    "memory_capacity_gb": units.GB, "overflow_rate": units.RATIO, "overflow_rate_model_shard": units.RATIO,
+    "fits": units.FLAG, "parameters": units.COUNT, "budget_s": units.S, "meets_budget": units.FLAG,
 }
+# memory_*_gb and overflow_rate are per data shard (DeepFlow's first breakdown, what `qbench import` reads);
+# memory_model_shard_gb, overflow_rate_model_shard and fits are per device (data shard per model shard).
+MEMORY_BASIS = ("memory and overflow_rate per data shard; per device (data shard per model shard): "
+                "memory_model_shard_gb, overflow_rate_model_shard, fits")
 PARAM_KEYS = ("batch_size", "vocab_size", "num_layers", "layer_size", "projection", "seq_len", "precision",
               "dp", "lp", "hlp", "kp_hidden_type", "kp_hidden_dim1", "kp_hidden_dim2", "kp_softmax_type",
               "kp_softmax_dim1", "kp_softmax_dim2")
@@ -36,11 +44,19 @@ class LstmRun:
     sweep_key: str | None = None
     sweep_values: tuple[Any, ...] = ()
     debug: bool = False
+    deepflow: str = "exact"  # exact or corrected (qbench.model.deepflow.quirks)
+    budget: tuple = (None, None, None)  # (--time-budget s, --tokens, --hours): time_per_step when given
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    result: deepflow.Result
+    budget_s: float | None  # seconds allowed per step, from the run's budget and this config (None: none)
 
 
 def configs(run: LstmRun) -> list[dict]:
     """Normalized configs, one per sweep point (one when there is no sweep)."""
-    raw = deepflow_config.with_overrides(deepflow_config.read_yaml(run.config), dict(run.overrides))
+    raw = deepflow_config.with_overrides(read_yaml(run.config), dict(run.overrides))
     if not run.sweep_key:
         return [deepflow_config.normalize(raw)]
     out = []
@@ -52,14 +68,26 @@ def configs(run: LstmRun) -> list[dict]:
     return out
 
 
-def evaluate(cfg: dict, debug: bool = False) -> deepflow.Result:
-    return deepflow.evaluate(cfg, deepflow_machine.derive(cfg), debug=debug)
+def evaluate(cfg: dict, debug: bool = False, mode: str = "exact") -> deepflow.Result:
+    return deepflow.evaluate(cfg, deepflow_machine.derive(cfg), debug=debug, fixes=quirks.fixes_for(mode))
 
 
-def record(result: deepflow.Result, config_path: str) -> dict:
+def evaluate_all(run: LstmRun) -> list[Evaluation]:
+    """One evaluation per sweep point, all configs validated first; the budget per step follows each
+    point's batch_size and seq_len (steps = ceil(tokens / (batch x seq_len)))."""
+    out = []
+    for cfg in configs(run):
+        mp = cfg["model_param"]
+        budget = objective.time_budget(*run.budget, mp["batch_size"], mp["seq_len"])
+        out.append(Evaluation(evaluate(cfg, run.debug, run.deepflow), budget))
+    return out
+
+
+def record(evaluation: Evaluation, run: LstmRun) -> dict:
     """One store record of an evaluation (times in seconds, memory in GiB, as DeepFlow prints them)."""
-    cfg, c, mem = result.cfg, result.components, result.memory_shard
-    params = {"workload": "lstm", "config": Path(config_path).name}
+    result, budget = evaluation.result, evaluation.budget_s
+    cfg, c, mem, shard = result.cfg, result.components, result.memory_shard, result.memory_model_shard
+    params = {"workload": "lstm", "config": Path(run.config).name, "deepflow": run.deepflow}
     for section in ("model_param", "arch_param", "scheduling_param"):
         params.update({k: v for k, v in cfg[section].items() if k in PARAM_KEYS})
     gib = 2**30
@@ -72,10 +100,12 @@ def record(result: deepflow.Result, config_path: str) -> dict:
         "memory_hidden_gb": mem.hidden / gib, "memory_softmax_gb": mem.softmax / gib,
         "memory_projection_gb": mem.projection / gib, "memory_weight_gb": mem.weight / gib,
         "memory_activation_gb": mem.activation / gib, "memory_pointwise_gb": mem.pointwise / gib,
-        "memory_model_shard_gb": result.memory_model_shard.total / gib,
-        "memory_capacity_gb": mem.capacity / gib, "overflow_rate": result.memory_model_shard.overflow,
-        "fits": int(result.memory_model_shard.fits), "parameters": result.parameters,
+        "memory_model_shard_gb": shard.total / gib, "memory_capacity_gb": mem.capacity / gib,
+        "overflow_rate": mem.overflow, "overflow_rate_model_shard": shard.overflow, "fits": int(shard.fits),
+        "parameters": result.parameters,
     }
+    if budget is not None:
+        metrics.update(budget_s=budget, meets_budget=int(c.time <= budget))
     return store.make_record("model", params, metrics, units=METRIC_UNITS, device="model")
 
 
@@ -89,12 +119,16 @@ def summary(records: list[dict], shares_by_case: dict | None = None):
 
     if len(records) != 1:
         keys = [k for k in PARAM_KEYS if len({str(r["params"].get(k)) for r in records}) > 1] or ["dp"]
-        return report.records_table(records, keys, ["time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s",
-                                                     "memory_model_shard_gb", "overflow_rate", "fits"],
-                                    title="DeepFlow LSTM model")
+        table = report.records_table(records, keys, ["time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s",
+                                                      "memory_model_shard_gb", "overflow_rate_model_shard",
+                                                      "fits"],
+                                     title=f"DeepFlow LSTM model ({records[0]['params']['deepflow']})")
+        table.caption = f"records: {MEMORY_BASIS}"
+        return table
     m = records[0]["metrics"]
     shares = (shares_by_case or {}).get(records[0]["case"], {})
-    times = Table(title=f"Time per step: {m['time_s']:.4f} s", header_style="bold")
+    times = Table(title=f"Time per step: {m['time_s']:.4f} s (DeepFlow {records[0]['params']['deepflow']})",
+                  header_style="bold")
     for col in ("component", "seconds", "share"):
         times.add_column(col, justify="right" if col != "component" else "left")
     for name, value in shares.items():
@@ -106,7 +140,8 @@ def summary(records: list[dict], shares_by_case: dict | None = None):
     for cat in ("embedding", "hidden", "softmax", "projection", "weight", "activation", "pointwise", "total"):
         value = m[f"memory_{cat}_gb"]
         mem.add_row(cat, f"{value:.1f}", f"{100 * value / cap:.0f}%")
-    verdict = "fits" if m["fits"] else f"does NOT fit ({m['overflow_rate']:.1f}x the memory)"
+    verdict = "fits" if m["fits"] else f"does NOT fit ({m['overflow_rate_model_shard']:.1f}x the memory)"
     shard = m["memory_model_shard_gb"]
-    mem.caption = f"capacity {cap:.1f} GiB per device; per model shard {shard:.1f} GiB: {verdict}"
+    mem.caption = (f"capacity {cap:.1f} GiB per device; per device (data shard per model shard) {shard:.1f} GiB: "
+                   f"{verdict}")
     return Group(times, mem)

@@ -4,13 +4,15 @@ collective(): a ring all-reduce (or all-gather) of a D0 x D1 matrix over p devic
 bandwidth ib: (p - 1) steps each moving prec*D0*D1/p bytes and paying the line latency, plus the
 local reduction of the received chunks. kp1 is a column-row split of the inner dimension over d1
 devices (partial sums reduced); kp2 a row-column split over d1 x d2 devices (outputs gathered).
-DeepFlow's quirks are kept on purpose (see the comments): the model must print DeepFlow's digits.
+DeepFlow's quirks are kept unless the trace fixes them (qbench.model.deepflow.quirks): exact mode must
+print DeepFlow's digits.
 """
 
 from __future__ import annotations
 
-from qbench.model.deepflow_machine import Machine, roofline
-from qbench.model.gemm import gemm_time
+from qbench.model.deepflow.gemm import gemm_time
+from qbench.model.deepflow.machine import Machine, roofline
+from qbench.model.deepflow.quirks import KP1_GATHER_TWICE, SMALL_COLLECTIVE
 
 
 def collective(m: Machine, trace, D0, D1, p, ib, partial: bool, all_reduce: bool):
@@ -20,7 +22,9 @@ def collective(m: Machine, trace, D0, D1, p, ib, partial: bool, all_reduce: bool
     prec = m.prec
     if prec * D0 * D1 < 128:
         phi = 1 / p if partial else 1
-        transfer = prec * D0 * D1 * phi  # DeepFlow returns bytes as a time here (kept: a unit quirk)
+        transfer = prec * D0 * D1 * phi  # DeepFlow returns these bytes as the time (a unit quirk)
+        if trace.fixed(SMALL_COLLECTIVE):  # bytes over the link (B/s) plus one line latency (s)
+            transfer = transfer / ib + m.ll
         prep_f = D0 * D1 * (p - 1) * phi
         prep_m = 3 * prec * D0 * D1 * (p - 1) * phi
         prep = roofline(m, trace, prep_f, prep_m)
@@ -50,6 +54,8 @@ def b_kp1(m, trace, rows, k, n, d1, name):
     r = collective(m, trace, rows, n, d1, m.IB, False, False)
     t_wt = gemm_time(m, trace, k / d1, rows, n, name + "wt")
     t_act = gemm_time(m, trace, rows, n, k / d1, name + "act")
+    if trace.fixed(KP1_GATHER_TWICE):
+        return t_wt + t_act, r
     return (t_wt + t_act) + r, r
 
 

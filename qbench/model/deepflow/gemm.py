@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from qbench.model.deepflow_machine import Machine, roofline
+from qbench.model.deepflow.machine import Machine, roofline
 
 
 def reloads(A: float, B: float, C: float, X: int) -> tuple[int, int, int]:

@@ -94,11 +94,16 @@ def roofline(m: Machine, trace, flop: float, mem: float, mem2: float = 0) -> flo
 
 
 class Trace:
-    """The lines DeepFlow prints while it evaluates: debug-only ones and always-printed ones."""
+    """One evaluation's context: the lines DeepFlow prints while it evaluates (debug-only ones and
+    always-printed ones) and the quirks it fixes (qbench.model.deepflow.quirks; none: DeepFlow exact)."""
 
-    def __init__(self, debug: bool = False):
+    def __init__(self, debug: bool = False, fixes: frozenset[str] = frozenset()):
         self.on = debug
+        self.fixes = frozenset(fixes)
         self.lines: list[str] = []
+
+    def fixed(self, quirk: str) -> bool:
+        return quirk in self.fixes
 
     def debug(self, text: str) -> None:
         if self.on:

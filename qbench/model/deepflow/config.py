@@ -13,7 +13,6 @@ import copy
 import math
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -58,19 +57,16 @@ def _yaml_loader():
     return Loader
 
 
-def read_yaml(path: str | Path) -> dict:
-    """The raw mapping of a DeepFlow config file (ConfigError for a missing or malformed file)."""
+def parse_yaml(text: str, where: str) -> dict:
+    """The raw mapping of a DeepFlow config's text (ConfigError naming `where` when it is malformed)."""
     import yaml
 
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_yaml_loader())
+        data = yaml.load(text, Loader=_yaml_loader())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ConfigError(f"{where} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected the sections {', '.join(SECTIONS)}")
+        raise ConfigError(f"{where}: expected the sections {', '.join(SECTIONS)}")
     return data
 
 
@@ -205,10 +201,6 @@ def _validate_kp(cfg: dict, layer: str) -> None:
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
-
-
-def load(path: str | Path) -> dict[str, dict[str, Any]]:
-    return normalize(read_yaml(path))
 
 
 def with_overrides(raw: Mapping, overrides: Mapping[str, Any]) -> dict:

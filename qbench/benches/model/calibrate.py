@@ -34,6 +34,20 @@ class CalibrateConfig:
     budget_ms: float  # timing budget per measurement
 
 
+def setup(device: str | None) -> tuple[CalibrateConfig, hardware.Hardware, str]:
+    """(measurement plan, datasheet device it calibrates, default file) for --device auto|cuda|cpu."""
+    from qbench.timing import resolve_device
+
+    device = resolve_device(None if device in (None, "auto") else device)
+    gpu_name = None
+    if device == "cuda":
+        import torch
+
+        gpu_name = torch.cuda.get_device_name()
+    slug = (gpu_name or "cpu").lower().replace("nvidia", "").strip().replace(" ", "-")
+    return default_config(device), device_hardware(device, gpu_name), f"results/model-calibration-{slug}.yaml"
+
+
 def default_config(device: str) -> CalibrateConfig:
     if device == "cuda":
         return CalibrateConfig(device, GPU_SIZES, DTYPES, 2048, 300.0)

@@ -1,4 +1,4 @@
-"""Workload objectives, networks, time budgets and records of `qbench model search-hw` / `search`.
+"""Workload objectives, networks and time budgets of `qbench model search-hw` / `search`.
 
 A workload is DeepFlow's LSTM (the config's model_param and scheduling) or a dense transformer
 (qbench.model.transformer, with the config giving only the hardware: tech_param, power_breakdown,
@@ -16,13 +16,11 @@ import copy
 import math
 from dataclasses import replace
 
-from qbench import store, units
-from qbench.model import deepflow, deepflow_machine, search_hw, transformer
-from qbench.model.deepflow_machine import Machine
+from qbench.model import deepflow, search_hw, transformer
+from qbench.model.deepflow import machine as deepflow_machine
+from qbench.model.deepflow.machine import Machine
 
 TOPOLOGIES = ("ring", "mesh")
-STEP_UNITS = {"time_s": units.S, "best_s": units.S, "step": units.COUNT, "memory_gb": units.GB,
-              "capacity_gb": units.GB, "fits": units.FLAG, "budget_s": units.S, "meets_budget": units.FLAG}
 
 
 def with_split(cfg: dict, split: dict) -> dict:
@@ -54,24 +52,41 @@ def lstm_machine(cfg: dict, topology: str) -> Machine:
     return replace(m, IB=network_ib(cfg, "ring", sp["dp"], model, sp["lp"]))
 
 
-def lstm_point(cfg: dict, topology: str | None = None) -> search_hw.Point:
-    r = deepflow.evaluate(cfg, lstm_machine(cfg, topology or cfg["scheduling_param"]["topology"]))
+def lstm_point(cfg: dict, topology: str | None = None, fixes: frozenset[str] = frozenset()) -> search_hw.Point:
+    """Time, memory fit, memory and capacity (GiB per device: data shard per model shard)."""
+    r = deepflow.evaluate(cfg, lstm_machine(cfg, topology or cfg["scheduling_param"]["topology"]), fixes=fixes)
     mem = r.memory_model_shard
     return search_hw.Point(r.time, mem.fits, mem.total / 2**30, mem.capacity / 2**30)
 
 
-def transformer_point(cfg: dict, shape: transformer.Transformer, topology: str) -> search_hw.Point:
+def transformer_point(cfg: dict, shape: transformer.Transformer, topology: str,
+                      fixes: frozenset[str] = frozenset()) -> search_hw.Point:
     m = deepflow_machine.derive(cfg)
     m = replace(m, IB=network_ib(cfg, topology, shape.dp, shape.tp, shape.pp))
-    r = transformer.evaluate(shape, m)
+    r = transformer.evaluate(shape, m, fixes)
     return search_hw.Point(r.time, r.fits, r.memory / 2**30, r.capacity / 2**30)
 
 
-def objective(cfg: dict, shape: transformer.Transformer | None, topology: str = "mesh"):
+def objective(cfg: dict, shape: transformer.Transformer | None, topology: str = "mesh",
+              fixes: frozenset[str] = frozenset()):
     """split -> Point for the LSTM of `cfg` (shape None) or the transformer `shape` on cfg's hardware."""
     if shape is None:
-        return lambda split: lstm_point(with_split(cfg, split))
-    return lambda split: transformer_point(with_split(cfg, split), shape, topology)
+        return lambda split: lstm_point(with_split(cfg, split), None, fixes)
+    return lambda split: transformer_point(with_split(cfg, split), shape, topology, fixes)
+
+
+def fit_floor(objective, split: dict, key: str = "DRAM") -> float:
+    """The smallest fraction of `key` (DRAM) at which the workload fits in memory, the other fractions as
+    in `split`. Capacity is proportional to the DRAM power (reference 2.3: stacks = bandwidth / per-stack
+    bandwidth) and the memory needed does not depend on the split, so it is f x needed / capacity; the
+    last few ulps are checked against the objective itself."""
+    p = objective(split)
+    floor = split[key] * (p.memory_gb / p.capacity_gb)
+    for _ in range(8):  # rounding of the ratio: step up until the model agrees that it fits
+        if objective({**split, key: floor}).fits:
+            return floor
+        floor = math.nextafter(floor, math.inf)
+    raise ValueError(f"memory does not fit at any {key} fraction near {floor:.6g}")
 
 
 def time_budget(seconds: float | None, tokens: float | None, hours: float | None, batch: int, seq: int):
@@ -84,18 +99,3 @@ def time_budget(seconds: float | None, tokens: float | None, hours: float | None
         raise ValueError("--tokens and --hours go together (a dataset size and a wall-clock target)")
     steps = math.ceil(tokens / (batch * seq))
     return hours * 3600 / steps
-
-
-def step_record(step: search_hw.Step, base: dict, budget: float | None) -> dict:
-    """One record per iteration of one start: the split, its time, the best so far and memory fit."""
-    params = {**base, "start": step.start, "iteration": step.iteration, "move": step.move}
-    p = step.point
-    metrics = {"time_s": step.time_s, "best_s": step.best_s, "step": step.step, "memory_gb": p.memory_gb,
-               "capacity_gb": p.capacity_gb, "fits": int(p.fits)}
-    unit = dict(STEP_UNITS)
-    for key, value in step.split.items():
-        metrics[f"f_{key}"] = value
-        unit[f"f_{key}"] = "of TDP"
-    if budget is not None:
-        metrics.update(budget_s=budget, meets_budget=int(step.time_s <= budget))
-    return store.make_record("model", params, metrics, units=unit, device="model")

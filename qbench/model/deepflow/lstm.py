@@ -5,7 +5,8 @@ vocabulary V (the projection to P is computed and printed but, as in DeepFlow, l
 Per-cell forward Cf and backward Cb times compose into a wavefront over layers and steps (section 7.2
 of the reference); softmax and embedding run once over the whole sequence; R is the hidden weight
 update (gradient clipping + apply) plus the data-parallel all-reduce of the LSTM weight gradients.
-All times are seconds. Evaluation order and grouping follow DeepFlow exactly (printed digits).
+All times are seconds. Evaluation order and grouping follow DeepFlow exactly (printed digits); the
+quirks a trace fixes (qbench.model.deepflow.quirks) change only the terms named at each fix.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from qbench.model import parallel as par
-from qbench.model.deepflow_machine import MEM_LATENCY, Machine, Trace, roofline
-from qbench.model.gemm import gemm_time
+from qbench.model.deepflow import parallel as par
+from qbench.model.deepflow import quirks as q
+from qbench.model.deepflow.gemm import gemm_time
+from qbench.model.deepflow.machine import MEM_LATENCY, Machine, Trace, roofline
 
 
 @dataclass
@@ -41,6 +43,18 @@ class Shape:
     @property
     def Ks(self) -> int:
         return self.D  # softmax inner width: D, since the projection is left out (DeepFlow's proj = false)
+
+    def hidden_shard(self) -> tuple[float, float]:
+        """(rows, columns) of one device's part of the 2D x G*D gate weights: a column-row split (type 1)
+        cuts the 2D input rows over h1, a row-column split (type 2) the G*D columns over h2."""
+        kind, h1, h2 = self.kp["hidden"]
+        return 2 * self.D / (h1 if kind == 1 else 1), self.G * self.D / (h2 if kind == 2 else 1)
+
+    def softmax_shard(self) -> tuple[float, float]:
+        """(rows, columns) of one device's part of the K_s x V softmax weights (type 1: K_s over s1,
+        type 2: V over s2)."""
+        kind, s1, s2 = self.kp["softmax"]
+        return self.Ks / (s1 if kind == 1 else 1), self.V / (s2 if kind == 2 else 1)
 
 
 def shape_of(cfg: dict) -> Shape:
@@ -68,6 +82,7 @@ class Components:
     apply_hidden: float = 0.0
     apply_projection: float = 0.0
     apply_softmax: float = 0.0
+    allreduce_softmax: float = 0.0  # data-parallel all-reduce of the softmax weights (corrected model only)
     time: float = 0.0
     shares: dict = field(default_factory=dict)
 
@@ -121,8 +136,12 @@ def cell_backward(m: Machine, t: Trace, s: Shape) -> float:
     b, D, G, prec = s.b, s.D, s.G, m.prec
     t_act = gemm_time(m, t, b, G * D, 2 * D, "Cb_act")
     t_wt = gemm_time(m, t, 2 * D, b, G * D, "Cb_wt")
-    fp = (b * D * 3.25) + (2 * D * G * D)
-    mp = (prec * b * D * 8.5) + (2 * D * G * D) * 3  # DeepFlow leaves prec out of the accumulation bytes
+    bd = b * D * G if t.fixed(q.CB_POINTWISE_GATES) else b * D  # gate elements; DeepFlow drops G here
+    acc = (2 * D * G * D) * 3  # 3 passes over the 2D x G*D weight gradient: elements, as DeepFlow counts
+    if t.fixed(q.CB_ACCUM_PREC):
+        acc = acc * prec  # bytes
+    fp = (bd * 3.25) + (2 * D * G * D)
+    mp = (prec * bd * 8.5) + acc
     tp = roofline(m, t, fp, mp) + 15 * m.O
     t.debug(f"(gr) Hidden point_flop: {int(fp):,}, point_mem: {int(mp):,}")
     t.debug(f"Hidden point_time: {tp}")
@@ -140,7 +159,8 @@ def _cell_kp(m: Machine, t: Trace, s: Shape, forward: bool) -> float:
     else:
         x = (b / h1) * (G * D / h2)
         fp, mp = x * 4, prec * (b / h1) * (G * D / h2) * 11
-        comm = x * 3 / m.IB if forward else b * (G * D / h2) * 3 / m.IB
+        rows = b / h1 if forward or t.fixed(q.CB_KP2_ROWS) else b  # DeepFlow's backward exchanges all b rows
+        comm = x * 3 / m.IB if forward else rows * (G * D / h2) * 3 / m.IB
     if forward:
         if kind == 1:
             g, r = par.f_kp1(m, t, b, 2 * D, G * D, h1, "Cf_kp1")
@@ -158,6 +178,12 @@ def _cell_kp(m: Machine, t: Trace, s: Shape, forward: bool) -> float:
     return g + r + tp
 
 
+def split_softmax_inner(t: Trace, s: Shape) -> int:
+    """Inner width of a split softmax GEMM: DeepFlow takes P (2048 in the seed) although the unsplit
+    softmax takes K_s = D (19968), so a split looked ~10x cheaper; the corrected model takes K_s."""
+    return s.Ks if t.fixed(q.SOFTMAX_SPLIT_INNER) else s.P
+
+
 def softmax_forward(m: Machine, t: Trace, s: Shape) -> float:
     """Logits GEMM (b*S x K_s . K_s x V) for the whole sequence, then the softmax itself (4 launches)."""
     kind, s1, s2 = s.kp["softmax"]
@@ -170,11 +196,12 @@ def softmax_forward(m: Machine, t: Trace, s: Shape) -> float:
         t.debug(f"point_time: {tp}")
         t.debug("")
         return tg + tp
-    if kind == 1:  # DeepFlow splits P here, whatever the softmax inner width (kept)
-        g, r = par.f_kp1(m, t, bs, s.P, V, s1, "softmax_f_kp1")
+    inner = split_softmax_inner(t, s)
+    if kind == 1:
+        g, r = par.f_kp1(m, t, bs, inner, V, s1, "softmax_f_kp1")
         fp, mp, comm = bs * (V / s1) * 3, prec * bs * (V / s1) * 7, prec * bs * s1 / m.IB
     else:
-        g, r = par.f_kp2(m, t, bs, s.P, V, s1, s2, "softmax_f_kp2")
+        g, r = par.f_kp2(m, t, bs, inner, V, s1, s2, "softmax_f_kp2")
         fp, mp = (bs / s1) * (V / s2) * 3, prec * (bs / s1) * (V / s2) * 7
         comm = prec * (bs / s1) * s2 / m.IB
     tp = roofline(m, t, fp, mp) + m.O + comm
@@ -203,7 +230,7 @@ def softmax_backward(m: Machine, t: Trace, s: Shape) -> float:
         fp, mp = (bs / s1) * (V / s2) * 5, prec * (bs / s1) * ((11 * V) / s2)
     tp = roofline(m, t, fp, mp) + m.O
     if kind == 1:
-        g, r = par.b_kp1(m, t, bs, s.P, V, s1, "softmax_b_kp1")
+        g, r = par.b_kp1(m, t, bs, split_softmax_inner(t, s), V, s1, "softmax_b_kp1")
     else:
         g, r = par.b_kp2(m, t, bs, s.Ks, V, s1, s2, "softmax_b_kp2")
     t.debug(f"(gr) Softmax point_flop: {int(fp):,}, point_mem: {int(mp):,}")
@@ -222,9 +249,10 @@ def projection(m: Machine, t: Trace, s: Shape) -> tuple[float, float]:
     if kind == 1:
         g, r = par.f_kp1(m, t, bs, D, P, p1, "projection_f")
         gb, rb = par.b_kp1(m, t, bs, D, P, p1, "projection_b")
-    else:  # DeepFlow times the backward with the forward block (kept)
+    else:  # DeepFlow times the backward with the forward block (unless fixed)
         g, r = par.f_kp2(m, t, bs, D, P, p1, p2, "projection_f")
-        gb, rb = par.f_kp2(m, t, bs, D, P, p1, p2, "projection_b")
+        backward = par.b_kp2 if t.fixed(q.PROJECTION_B_KP2) else par.f_kp2
+        gb, rb = backward(m, t, bs, D, P, p1, p2, "projection_b")
     return g + r, gb + rb
 
 
@@ -245,6 +273,8 @@ def compose(c: Components, s: Shape) -> None:
     """Time = non-recurrent part + the wavefront over L layers x S steps in hlp pipeline stages."""
     T0 = (((c.softmax_f + c.softmax_b) + c.embedding_f) + c.embedding_b) + 0  # projection left out
     T0 = T0 + c.apply_softmax
+    if c.allreduce_softmax:  # only the corrected model has this term (exact: DeepFlow's sum, digit for digit)
+        T0 = T0 + c.allreduce_softmax
     L, S, hlp, W, Cf, Cb, R = s.L, s.S, s.hlp, c.W, c.Cf, c.Cb, c.R
     a = L + (L / hlp) * (S - 1)
     cc = L + (L / hlp) * (S - 2) + 1
@@ -265,3 +295,5 @@ def compose(c: Components, s: Shape) -> None:
                 "hidden weight update": kr * R, "softmax forward": c.softmax_f,
                 "softmax backward": c.softmax_b, "embedding": c.embedding_f + c.embedding_b,
                 "softmax weight update": c.apply_softmax}
+    if c.allreduce_softmax:
+        c.shares["softmax all-reduce"] = c.allreduce_softmax

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qbench import store
+from qbench.benches.model.config import load_hardware
 from qbench.errors import QbenchUsageError
 from qbench.model import floors, hardware
 from qbench.model.hardware import Hardware
@@ -34,7 +35,7 @@ def choose_hardware(gpu: str | None, calibrated: str | None, env: dict | None = 
     """--calibrated FILE, else --gpu NAME, else the GPU recorded in the run's environment."""
     try:
         if calibrated:
-            return hardware.load(calibrated)
+            return load_hardware(calibrated)
         if gpu:
             return hardware.preset(gpu)
     except ValueError as exc:
@@ -102,4 +103,31 @@ def table(rows: list[Row], hw: Hardware):
             frac = f"[red]{frac} (count or cache?)[/red]"
         t.add_row(r.bench, r.case, r.metric, format_value(r.measured_ms), format_value(r.floor_ms), r.bound,
                   format_value(r.intensity) if r.intensity != float("inf") else "inf", frac)
+    return t
+
+
+def floors_of(workload: str, params: dict, hw: Hardware) -> dict[str, floors.Floor]:
+    """{metric: Floor} of one GEMM (params m, k, n, dtype) or of a qbench workload's record params."""
+    try:
+        if workload == "gemm":
+            return {"gemm": floors.gemm(params["m"], params["k"], params["n"], params["dtype"], hw)}
+        return floors.for_record({"bench": workload, "params": params, "metrics": {}}, hw)
+    except KeyError as exc:
+        raise QbenchUsageError(f"{workload}: missing parameter {exc.args[0]}=VALUE") from None
+
+
+def floors_table(workload: str, result: dict[str, floors.Floor], hw: Hardware):
+    """Flops, bytes, intensity, ridge, bound and floor time of each metric."""
+    from rich.table import Table
+
+    from qbench.report import format_value
+
+    t = Table(title=f"{workload} floors on {hw.name}", header_style="bold")
+    widest = max(len(name) for name in result)
+    for col in ("metric", "GFLOP", "MB moved", "flop/B", "ridge", "bound", "floor ms"):
+        t.add_column(col, justify="left" if col in ("metric", "bound") else "right", no_wrap=True,
+                     min_width=widest if col == "metric" else None)
+    for name, f in result.items():
+        t.add_row(name, f"{f.flops / 1e9:.3f}", f"{f.bytes_moved / 1e6:.3f}", format_value(f.intensity),
+                  f"{f.ridge:.0f}", f.bound, f"{f.floor_ms:.4f}")
     return t

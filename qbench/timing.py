@@ -146,20 +146,23 @@ def _capture_stream():
     return _CAPTURE_STREAMS[device]
 
 
-def _graph_of(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture fn into a CUDA graph (after fn has been warmed up) and return its replay."""
+def _graph_of(fn: Callable[[], object], prepare: Callable[[], None] | None = None) -> Callable[[], None]:
+    """Capture fn into a CUDA graph (after fn has been warmed up) and return its replay. prepare() runs
+    before the side-stream call and again right before the capture, outside both: a training step sets
+    its gradients to None there (freeing them inside the capture invalidated it on an H200 with torch
+    2.11), so the captured backward allocates them from the graph's pool and every replay rewrites them."""
     import torch
 
+    prepare = prepare or (lambda: None)
     stream = _capture_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
+        prepare()
         fn()  # one more eager call on the side stream, as CUDA-graph capture requires
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    # capture on torch's own (reused) capture stream, not the warm-up stream: a training step's
-    # backward captured on the stream that ran its warm-up failed on an H200 (torch 2.11,
-    # cudaErrorStreamCaptureInvalidated), the documented pattern does not
-    with torch.cuda.graph(graph):
+    prepare()
+    with torch.cuda.graph(graph):  # torch's own (reused) capture stream, as its documentation does
         fn()
     return graph.replay
 
@@ -221,9 +224,10 @@ def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: in
     return Timing(tuple(samples), device)
 
 
-def graph_replay(fn: Callable[[], object]) -> Callable[[], None]:
-    """fn (already warmed up) captured into one CUDA graph; returns its replay (GPU only)."""
-    return _graph_of(fn)
+def graph_replay(fn: Callable[[], object], prepare: Callable[[], None] | None = None) -> Callable[[], None]:
+    """fn (already warmed up) captured into one CUDA graph; returns its replay (GPU only). See _graph_of
+    for prepare (set a training step's gradients to None outside the capture)."""
+    return _graph_of(fn, prepare)
 
 
 @dataclass

@@ -99,18 +99,23 @@ def measure_training(model, x, target, steps: int, warmup: int, device: str, bas
     return phases, extra
 
 
-def fwd_bwd(model, x, target, out: dict):
-    """forward + MSE loss + backward, grads set to None first (a graph capture then owns them); the
-    output lands in out["y"]."""
+def fwd_bwd(model, x, target, out: dict, reset: bool = True):
+    """forward + MSE loss + backward, the output in out["y"]; reset: grads set to None first (a graph
+    capture gets them reset outside it instead)."""
     import torch.nn.functional as F
 
     def run() -> None:
-        for p in model.parameters():
-            p.grad = None
+        if reset:
+            clear_grads(model)
         out["y"] = model(x)
         F.mse_loss(out["y"], target).backward()
 
     return run
+
+
+def clear_grads(model) -> None:
+    for p in model.parameters():
+        p.grad = None
 
 
 def fwd_bwd_results(model, x, target, exec: str):
@@ -123,11 +128,10 @@ def fwd_bwd_results(model, x, target, exec: str):
         step()
     if exec == "graph":
         torch.cuda.synchronize()
-        step = graph_replay(step)
+        step = graph_replay(fwd_bwd(model, x, target, out, reset=False), lambda: clear_grads(model))
     step()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]  # eval: S gets none
-    results = [out["y"].detach().clone()] + grads
-    return step, results
+    return step, [out["y"].detach().clone()] + grads
 
 
 def time_fwd_bwd(step, steps: int, device: str) -> tuple[list[float], float]:

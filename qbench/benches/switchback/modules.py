@@ -42,16 +42,21 @@ def _layers(ops):
     return {"switchback": sb, "linear": ref}
 
 
-def _step(layer, x, g, out: dict):
-    """One training step of the layer; grads are set to None first (a graph capture then owns them)
-    and the output is kept in out["y"]."""
+def _step(layer, x, g, out: dict, reset: bool = True):
+    """One training step of the layer, its output kept in out["y"]; reset: grads set to None first
+    (eager and compiled steps; a graph capture gets them reset outside it, see _clear)."""
 
     def run():
-        x.grad = layer.weight.grad = layer.bias.grad = None
+        if reset:
+            _clear(layer, x)
         out["y"] = layer(x)
         out["y"].backward(g)
 
     return run
+
+
+def _clear(layer, x):
+    x.grad = layer.weight.grad = layer.bias.grad = None
 
 
 def _rel(a, b) -> float:
@@ -84,7 +89,7 @@ def _prepare(mode: str, layer, x, g):
         step()
     if mode == "graph":
         torch.cuda.synchronize()
-        step = graph_replay(step)
+        step = graph_replay(_step(layer, x, g, out, reset=False), lambda: _clear(layer, x))
     step()
     if x.is_cuda:
         torch.cuda.synchronize()

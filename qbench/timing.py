@@ -148,9 +148,10 @@ def _capture_stream():
 
 def _graph_of(fn: Callable[[], object], prepare: Callable[[], None] | None = None) -> Callable[[], None]:
     """Capture fn into a CUDA graph (after fn has been warmed up) and return its replay. prepare() runs
-    before the side-stream call and again right before the capture, outside both: a training step sets
-    its gradients to None there (freeing them inside the capture invalidated it on an H200 with torch
-    2.11), so the captured backward allocates them from the graph's pool and every replay rewrites them."""
+    before the side-stream call and again right before the capture, outside both: a training step drops
+    its gradients and kept outputs there, because a tensor of the ordinary pool freed inside the capture
+    invalidates it (cudaErrorStreamCaptureInvalidated on an H200, torch 2.11); the captured step then
+    allocates them from the graph's pool and every replay rewrites them."""
     import torch
 
     prepare = prepare or (lambda: None)

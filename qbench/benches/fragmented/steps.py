@@ -128,7 +128,7 @@ def fwd_bwd_results(model, x, target, exec: str):
         step()
     if exec == "graph":
         torch.cuda.synchronize()
-        step = graph_replay(fwd_bwd(model, x, target, out, reset=False), lambda: clear_grads(model))
+        step = graph_replay(fwd_bwd(model, x, target, out, reset=False), lambda: (clear_grads(model), out.clear()))
     step()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]  # eval: S gets none
     return step, [out["y"].detach().clone()] + grads

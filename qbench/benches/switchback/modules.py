@@ -55,8 +55,11 @@ def _step(layer, x, g, out: dict, reset: bool = True):
     return run
 
 
-def _clear(layer, x):
+def _clear(layer, x, out: dict | None = None):
+    """Drop the gradients (and the kept output): tensors freed inside a capture invalidate it."""
     x.grad = layer.weight.grad = layer.bias.grad = None
+    if out is not None:
+        out.clear()
 
 
 def _rel(a, b) -> float:
@@ -89,7 +92,7 @@ def _prepare(mode: str, layer, x, g):
         step()
     if mode == "graph":
         torch.cuda.synchronize()
-        step = graph_replay(_step(layer, x, g, out, reset=False), lambda: _clear(layer, x))
+        step = graph_replay(_step(layer, x, g, out, reset=False), lambda: _clear(layer, x, out))
     step()
     if x.is_cuda:
         torch.cuda.synchronize()

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from qbench.benches.moe import MoEBenchConfig, seed_flops, seed_lines
-from qbench.layers import moe_comm as comm
-from qbench.layers.moe_reference import reference_keep
-from qbench.layers.moe_routing import capacity_limit, forced_choices, parse_routing, route
+from qbench.layers.moe import plan as comm
+from qbench.layers.moe.reference import reference_keep
+from qbench.layers.moe.routing import capacity_limit, forced_choices, parse_routing, route
 
 # The seeds' own line formats (copied from seed 002), used to parse what --seed-format prints.
 SEED_STEP = re.compile(r"STEP-(\d+): step_time = ([\d.]+) ms, foward_time = ([\d.]+), "

@@ -63,8 +63,8 @@ def _validate_kernels(config: MoEBenchConfig) -> None:
     interpreter, TRITON_INTERPRET=1, for a smoke run on the CPU)."""
     from kernels._common import interpreting
 
-    if config.dtype not in ("fp16", "bf16"):
-        raise QbenchUsageError(f"--kernels {config.kernels} times 16-bit kernels; use --dtype fp16 or bf16")
     if config.device != "cuda" and not interpreting():
         raise QbenchUsageError(f"--kernels {config.kernels} needs a CUDA GPU (on the CPU: TRITON_INTERPRET=1, "
                                "a smoke run whose times mean nothing)")
+    if config.dtype not in ("fp16", "bf16"):
+        raise QbenchUsageError(f"--kernels {config.kernels} times 16-bit kernels; use --dtype fp16 or bf16")

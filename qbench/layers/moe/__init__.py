@@ -9,7 +9,8 @@
     layer.py      MoELayer (all-to-all system) and the seeds' attention + MoE model
     blocks.py     the block plan and BlocksMoELayer (block dispatch fused into the expert GEMMs)
     reference.py  the dense fp32 reference and the check of a layer against it
-Modules import only downwards in this list (routing, options and replicas import none of them).
+Each module imports only modules listed above it (options, routing, plan, experts, replicas and
+transport import none of them); no module here imports a bench or a command.
 """
 
 from qbench.layers.moe.blocks import BlockPlan, BlocksMoELayer, build_plan

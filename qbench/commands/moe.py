@@ -20,7 +20,7 @@ Examples:
 _counts = parse_number_list(int, lambda n: n >= 0, "integers", "0,4", "counts must be >= 0")
 _floats = parse_number_list(float, lambda p: True, "probabilities", "0.25,1.0", "")  # the bench checks [0, 1]
 _words = lambda v: v if v is None else tuple(w.strip() for w in v.split(","))  # noqa: E731 - the bench checks them
-_INT, _CPU = click.IntRange(min=1), "; CPU: "  # defaults without a value depend on the device
+_INT = click.IntRange(min=1)
 
 
 def _opt(name: str, dest: str | None = None, parser=None, **kw):
@@ -34,11 +34,11 @@ OPTIONS = [
     _opt("--world-size", type=_INT, help="Ranks (default: every visible GPU; 2 on the CPU; torchrun's size)."),
     _opt("--batch-size", type=_INT, default=16),
     _opt("--num-tokens", type=_INT, default=512, help="Tokens per sequence."),
-    _opt("--samples", type=_INT, help=f"Tokens per rank (batch size x tokens{_CPU}256)."),
-    _opt("--model-dim", type=_INT, help=f"d (1024{_CPU}64)."),
-    _opt("--hidden-size", type=_INT, help=f"h of the expert FFN (4096{_CPU}128)."),
+    _opt("--samples", type=_INT, help="Tokens per rank (batch size x tokens; CPU: 256)."),
+    _opt("--model-dim", type=_INT, help="d (1024; CPU: 64)."),
+    _opt("--hidden-size", type=_INT, help="h of the expert FFN (4096; CPU: 128)."),
     _opt("--num-local-experts", parser=_sizes, default="8", help="Experts per rank (a list sweeps)."),
-    _opt("--top-k", type=_INT, default=2), dtype_option(None, help=f"Default fp16{_CPU}fp32."),
+    _opt("--top-k", type=_INT, default=2), dtype_option(None, help="Default fp16; CPU: fp32."),
     _opt("--activation", type=click.Choice(("gelu", "relu")), default="gelu"),
     _opt("--capacity-factor", type=float, default=0.0,
          help="x > 0: capacity x*k*T/E, padded; 0: dropless; x < 0: capped at -x, no padding."),
@@ -55,8 +55,8 @@ OPTIONS = [
     _opt("--transport", type=click.Choice(TRANSPORTS), default="auto",
          help="--system blocks: symmetric memory where available (auto), or force one."),
     _opt("--model", type=click.Choice(("layer", "attn-moe")), default="layer"),
-    _opt("--num-steps", type=_INT, help=f"Timed steps (100{_CPU}10)."),
-    _opt("--warmup", type=click.IntRange(min=0), help=f"Untimed steps (10{_CPU}2)."), device_option,
+    _opt("--num-steps", type=_INT, help="Timed steps (100; CPU: 10)."),
+    _opt("--warmup", type=click.IntRange(min=0), help="Untimed steps (10; CPU: 2)."), device_option,
     _opt("--backend", type=click.Choice(("auto", "nccl", "gloo")), default="auto"),
     _opt("--eval", "eval", is_flag=True, help="Forward only, under no_grad."),
     _opt("--seed-format", is_flag=True, help="Also print the seeds' [Benchmark]/STEP/[Summary] lines."),

@@ -10,6 +10,10 @@ first; a mismatch is an error record, not timed. System "blocks" (MixMoE's block
 with the expert GEMMs) runs one chunk, so its cases take overlap degree 1 only; its transport
 ("symm" or the "a2a" fallback) is a param.
 
+Modules: config (MoEBenchConfig, resolve), validate, cases (the grid, each case's params), rank (one
+rank's work: build, check, time, the record), metrics, output (table, seed-format lines), trace
+(profiled steps), grouped (the grouped GEMM kernel bench).
+
 Metrics (times in ms: median over steps of the max over ranks):
   step_time, forward_time, backward_time (steps without the layer's phase events), <phase>_time (gate,
   plan, dispatch, experts, combine, backward_a2a, backward_experts; from a second pass of as many steps

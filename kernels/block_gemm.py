@@ -27,7 +27,6 @@ references take a Python list of tensors standing in for the peers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import triton
@@ -387,36 +386,3 @@ def matmul_scatter_reference(a, w, bias, peers, plan) -> None:
         if bias is not None:
             y += bias[l].float()
         peers[s][row : row + n] = y.to(peers[s].dtype)
-
-
-def blocks_reference(counts_all, rank: int, num_local: int, block_size: int, device=None):
-    """The block list of owner `rank`, built on the host from counts_all [W, E] (rows rank s sends to
-    global expert e): blocks ordered local expert, then source, then position; each covers up to
-    block_size rows of the source's layout (experts sorted, src_off = exclusive cumsum of counts) and
-    lands at the next free row of the owner's packed local layout.
-    Returns a plain object with the BlockPlan fields the kernels and transports read."""
-    import torch
-
-    counts = [[int(c) for c in row] for row in counts_all.tolist()]
-    W = len(counts)
-    src_off = [[sum(row[:e]) for e in range(len(row))] for row in counts]
-    fields = {"block_src": [], "block_row": [], "block_rows": [], "block_expert": [], "block_start": []}
-    offsets = []
-    for l in range(num_local):
-        offsets.append(sum(fields["block_rows"]))
-        e = rank * num_local + l
-        for s in range(W):
-            for start in range(0, counts[s][e], block_size):
-                n = min(block_size, counts[s][e] - start)
-                for key, v in zip(fields, (s, src_off[s][e] + start, n, l, sum(fields["block_rows"]))):
-                    fields[key].append(v)
-    total = sum(fields["block_rows"])
-    remote = sum(c for s, row in enumerate(counts) for e, c in enumerate(row) if e // num_local != s)
-    dtypes = {"block_src": torch.int32, "block_row": torch.int64, "block_rows": torch.int32,
-              "block_expert": torch.int32, "block_start": torch.int64}
-    tensors = {k: torch.tensor(v, dtype=dtypes[k], device=device) for k, v in fields.items()}
-    return SimpleNamespace(block_size=block_size, num_blocks=len(fields["block_src"]), gathered_rows=total,
-                           offsets_local=torch.tensor(offsets + [total], dtype=torch.int64, device=device),
-                           counts_all=counts_all, src_rows=sum(counts[rank]), remote_rows=remote,
-                           all_local=remote == 0,
-                           blocks_remote=sum(1 for s in fields["block_src"] if s != rank), **tensors)

@@ -28,6 +28,8 @@ import triton.language as tl
 
 from kernels._common import dot_accumulate, ieee, interpreting, upcast, use_triton
 
+IMPLS = ("auto", "tma", "pointer")  # Triton forward kernels: TMA where it applies, TMA, pointer
+
 # Interpreter runs (CPU tests) use one tiny tile so that they stay fast; GPU configs are the usual
 # Hopper/Ampere tensor-core shapes (128-row tiles for the large expert batches, 64 for small groups).
 if interpreting():
@@ -158,9 +160,9 @@ def segments_per_group(offsets, num_groups: int) -> int:
     return (offsets.numel() - 1) // num_groups if num_groups else 1
 
 
-def _launch_fwd(x, w, offsets, bias, out=None):
+def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto"):
     """Triton forward launch; w may be any strided view (the input gradient passes w^T); `out` (a
-    row-contiguous [T, N] view) receives y when given."""
+    row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward."""
     import torch
 
     T, K = x.shape
@@ -172,9 +174,9 @@ def _launch_fwd(x, w, offsets, bias, out=None):
     if K == 0 or G == 0:
         return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
     offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
-    from kernels import grouped_gemm_tma as tma  # Hopper: the persistent TMA kernel where it applies
+    if _takes_tma(x, w, offsets, y, bias, impl):
+        from kernels import grouped_gemm_tma as tma
 
-    if tma.enabled() and tma.supported(x, w, offsets, y, bias):
         return tma.launch_fwd(x, w, offsets, bias, y)
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
     grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"]),)
@@ -186,6 +188,24 @@ def _launch_fwd(x, w, offsets, bias, out=None):
         BLOCK_G=triton.next_power_of_2(S + 1),
     )
     return y
+
+
+def _takes_tma(x, w, offsets, y, bias, impl: str) -> bool:
+    """Whether the forward runs the persistent TMA kernel (kernels/grouped_gemm_tma.py): impl "auto"
+    where `supported` says so (Hopper, fp16/bf16, aligned), "tma" always (ValueError where its shapes
+    do not suit; under the interpreter only the shapes are checked), "pointer" never."""
+    from kernels import grouped_gemm_tma as tma
+
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "pointer":
+        return False
+    if impl == "auto":
+        return tma.supported(x, w, offsets, y, bias)
+    if not (tma.shapes_supported if interpreting() else tma.supported)(x, w, offsets, y, bias):
+        raise ValueError("impl='tma': the TMA kernel needs a Hopper GPU, fp16/bf16, 16-byte aligned rows and "
+                         f"K % {tma.BK_TMA} == 0 for plain w; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)}")
+    return True
 
 
 def _launch_wgrad(x, dy, offsets, G):
@@ -226,9 +246,10 @@ def _torch_offs(offsets):
     return offsets[1:].to(torch.int32)
 
 
-def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None):
+def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None, impl: str = "auto"):
     """y = x @ w[s % G] (+ bias[s % G]) per segment s, no autograd; written into `out` when given.
-    backend: auto | triton | torch | reference."""
+    backend: auto | triton | torch | reference. impl (Triton only): "auto" (the persistent TMA kernel
+    where it applies, else the pointer kernel), "tma" or "pointer"."""
     if backend == "reference" or (backend == "auto" and not use_triton(x, w)):
         y = grouped_matmul_reference(x, w, offsets, bias)
     elif backend == "torch":
@@ -238,7 +259,7 @@ def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", o
         y = torch._grouped_mm(x, ws, offs=_torch_offs(offsets))
         y = y if bias is None else y + _bias_rows(bs, offsets, x.shape[0])
     else:
-        return _launch_fwd(x, w, offsets, bias, out)
+        return _launch_fwd(x, w, offsets, bias, out, impl)
     return y if out is None else out.copy_(y)
 
 

@@ -16,12 +16,10 @@ read as zero past T: they are computed and masked at the store), B tiles from w 
               group g + 1 land only in columns n >= N, which the store masks
 The store is a masked pointer store, not a TMA store: a row tile may straddle two segments.
 `supported()` says when this kernel applies; kernels/grouped_gemm.py falls back to the pointer
-kernel otherwise, or when QBENCH_GROUPED_TMA=0 (read at every call, so one process can A/B both).
+kernel otherwise, or when its caller passes impl="pointer" (grouped_matmul_forward's `impl`).
 """
 
 from __future__ import annotations
-
-import os
 
 import triton
 import triton.language as tl
@@ -109,11 +107,6 @@ def _grouped_fwd_tma_kernel(
             acc += tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
         y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < s_hi) & (cols[None, :] < N))
-
-
-def enabled() -> bool:
-    """QBENCH_GROUPED_TMA=0 keeps the pointer kernel (read at call time, for in-process A/B runs)."""
-    return os.environ.get("QBENCH_GROUPED_TMA", "1") != "0"
 
 
 def weight_layout(w) -> str | None:

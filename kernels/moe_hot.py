@@ -3,13 +3,13 @@
 With `--replicate-hot N` the N globally most-loaded experts are computed on every rank for that
 rank's own rows. Before the step's one host synchronisation the plan only moves a few kilobytes, so
 its cost is the host's launch time per op (~17 us each on the H200 hosts): this file replaces the
-tensor-op chain of moe_comm.hottest_device / hot_rows / send_rows with two kernels.
+tensor-op chain of qbench/layers/moe/plan.py: hottest_device / hot_rows / send_rows with two kernels.
 
 Inputs (per rank: T tokens, k choices, E = W * L experts, assignments a = j * T + t):
   counts_all [W, E] int64  kept assignments of every rank per expert (one all_gather)
   flat_e, pos [kT] int64, keep [kT] bool  the routing (expert, position in its list, kept)
   _hot_choice_kernel  grid (1): global loads, the N hottest experts (ties to the lower id, as
-      moe_comm.hottest), their slots, and everything per expert the rows need:
+      plan.hottest), their slots, and everything per expert the rows need:
       slot [E] (-1 or the replica slot), hot_ids [N] ascending, seg [E] rows this rank sends per
       expert (cap when padded, 0 for hot experts), first [E] = exclusive cumsum of seg (send-buffer
       row of each expert's first row), hot_off [N + 1] replica-buffer offsets (this rank's kept rows),

@@ -2,7 +2,7 @@
 
 Before its one host synchronisation an MoE step only moves a few kilobytes, so its time there is
 the host's cost of launching many tiny kernels (about 0.8 ms for ~50 of them on an H200 host).
-These kernels compute the same values as qbench/layers/moe_routing.route and moe_comm.prepare.
+These kernels compute the same values as qbench/layers/moe/routing.route and plan.prepare.
 
 Per rank: T tokens, E experts, k choices, assignments a = j * T + t (every first choice ranks before
 every second choice: Tutel's priority when an expert is over capacity), token blocks of BT.
@@ -17,7 +17,7 @@ every second choice: Tutel's priority when an expert is over capacity), token bl
                      source[row] = token
   _plan_kernel       grid (1): from the rows sent (seg [E]) and received (got [W * L]) per (rank,
                      local expert): split sizes of every chunk, chunk-local segment offsets and
-                     the offsets of all chunks in one receive buffer (as moe_comm.prepare)
+                     the offsets of all chunks in one receive buffer (as plan.prepare)
   _weights_grad_kernel  grid (T / BT): backward of the weights, d_logits [T, E] (zero off the choices)
 """
 
@@ -256,7 +256,7 @@ def weights_backward(idx, weights, d_weights, num_experts: int, dtype):
 
 def plan_offsets(seg, got, world_size: int, degree: int):
     """(splits [2 * D * W]: send splits of chunk 0..D-1 then receive splits, offsets [D, W * L + 1],
-    offsets_all [D * W * L + 1]) from seg and got [W * L] (as moe_comm.prepare / segment_offsets)."""
+    offsets_all [D * W * L + 1]) from seg and got [W * L] (as plan.prepare / segment_offsets)."""
     import torch
 
     n, W, D = seg.numel(), world_size, degree

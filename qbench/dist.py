@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-# Multicast over NVLink is off on the lent multi-GPU machines (and harmless to disable elsewhere).
+# Multicast over NVLink is off on the lent multi-GPU machines (and harmless to disable elsewhere); the
+# symmetric-memory MoE transport (qbench/layers/moe/transport.py) relies on plain peer loads and stores.
 NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 POLL_S = 0.2  # how often the launcher looks at its ranks while waiting for items
 GRACE_S = 5.0  # time a terminated rank gets before it is killed
@@ -40,6 +41,7 @@ class RankContext:
     local_rank: int
     backend: str
     device: str  # "cuda:<local_rank>" or "cpu"
+    local_world_size: int = 1  # ranks on this node (torchrun's LOCAL_WORLD_SIZE; all of them when spawned)
 
     @property
     def is_primary(self) -> bool:
@@ -86,7 +88,8 @@ def _init(rank: int, world_size: int, local_rank: int, backend: str, device: str
     dist.init_process_group(
         backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs
     )
-    return RankContext(rank, world_size, local_rank, backend, device)
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # set by torchrun, not by spawn
+    return RankContext(rank, world_size, local_rank, backend, device, local_world_size)
 
 
 def _shutdown() -> None:

@@ -1,19 +1,77 @@
 #!/usr/bin/env bash
-# The MoE target set on a 4-GPU machine (run from the repository root; results under $OUT).
-# Each command has its own time limit so that one failure does not cost the others.
-# SETS picks the runs (default all): overlap replicate experts gemm.
-export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-results/scratch}
-SETS=${SETS:-"overlap replicate experts gemm"}
-mkdir -p "$OUT/runs"
-nvidia-smi -L
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-[[ -z $SKIP_TESTS ]] && timeout 90 python3 -m pytest -q -x tests/test_grouped_gemm.py 2>&1 | tail -3
-moe() { name=$1; shift; [[ " $SETS " == *" $name "* ]] || return 0
-        timeout "$LIMIT" python3 -m qbench moe --world-size 4 --out "$OUT/runs/moe-$name" "$@" \
-          > "$OUT/runs/$name.log" 2>&1; echo "== $name rc=$?"; tail -25 "$OUT/runs/$name.log"; }
-LIMIT=150 moe overlap --a2a-ffn-overlap-degree 1,2,4 --num-steps 50 --seed-format
-LIMIT=110 moe replicate --routing rand-skew --replicate-hot 0,2,4,6 --num-steps 30 --warmup 5
-LIMIT=110 moe experts --num-local-experts 8,16,32,64 --num-steps 30 --warmup 5
-LIMIT=80 moe gemm --dtype bfloat16 --gemm triton,torch --num-steps 30 --warmup 5
-tar czf "$OUT/moe_runs.tar.gz" -C "$OUT" runs
+# `qbench moe` on a multi-GPU machine, from the repository root; logs and runs under $OUT.
+#   scripts/gpu_moe.sh [PART...]          (default: check)
+#   W=2 STEPS=30 scripts/gpu_moe.sh seed  (W ranks, default 4; STEPS / WARMUP timed / untimed steps, 100 / 10)
+# Parts, each command with its own time limit so that one failure does not cost the others:
+#   check       the MoE GPU tests (grouped GEMM, routing and replication kernels, block GEMMs, the
+#               symmetric-memory transport on every GPU) and a short timing of both systems
+#   seed        the seed config (fp16, d 1024, h 4096, 8192 tokens per rank, 8 experts per rank, top-2)
+#   overlap     --a2a-ffn-overlap-degree 1,2,4
+#   replicate   rand-skew routing, --replicate-hot 0,2,4,6
+#   experts     --num-local-experts 8,16,32,64
+#   gemm        bf16, grouped GEMM backends triton and torch
+#   blocks      a2a against blocks: locality 0.25..1.0 x 8..64 local experts (32 cases, one command)
+#   transports  --system blocks over every --transport, locality 0.25 and 1.0 (ag/ga times: pull + push)
+#   trace       per-rank kernel timelines (--trace) of the seed step and of rand-skew with replication
+#   kernels     `qbench moe --kernels grouped` (one GPU): the TMA against the pointer grouped GEMM
+source "$(dirname "$0")/gpu_prelude.sh"
+W=${W:-4}
+STEPS=${STEPS:-100}
+WARMUP=${WARMUP:-10}
+
+# moe NAME LIMIT_S ARGS...: qbench moe into $OUT/runs/moe-NAME, its log in $OUT/NAME.log; prints the
+# rc and the table's last ${TAIL:-8} rows
+moe() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" python3 -m qbench moe --world-size "$W" --num-steps "$STEPS" --warmup "$WARMUP" \
+    --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$?"
+  grep -E "│|rror" "$OUT/$name.log" | tail -"${TAIL:-8}"
+}
+
+check_part() {
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_grouped_gemm.py tests/test_grouped_gemm_tma.py \
+    tests/test_moe_route.py tests/test_moe_hot.py tests/test_block_gemm.py tests/test_moe_transport_gpu.py \
+    > "$OUT/gpu_tests.log" 2>&1
+  echo "== gpu tests rc=$?"
+  tail -4 "$OUT/gpu_tests.log"
+  STEPS=20 WARMUP=5 moe check 120 --system a2a,blocks --locality 0.25,1.0
+}
+seed_part() { moe seed 120 --seed-format; }
+overlap_part() { moe overlap 200 --a2a-ffn-overlap-degree 1,2,4 --seed-format; }
+replicate_part() { moe replicate 240 --routing rand-skew --replicate-hot 0,2,4,6; }
+experts_part() { moe experts 200 --num-local-experts 8,16,32,64; }
+gemm_part() { moe gemm 120 --dtype bf16 --gemm triton,torch; }
+blocks_part() {
+  TAIL=40 moe blocks 560 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --num-local-experts 8,16,32,64 --seed-format
+}
+transports_part() {
+  for transport in a2a symm symm-fused-ga symm-fused; do
+    TAIL=4 moe "transport-$transport" 120 --system blocks --transport "$transport" --locality 0.25,1.0
+  done
+}
+trace_part() {
+  moe seed-trace 120 --trace "$OUT/runs/trace"
+  moe replicate-trace 240 --routing rand-skew --replicate-hot 0,2,4 --trace "$OUT/runs/trace"
+}
+kernels_part() {
+  for dtype in fp16 bf16; do
+    timeout 300 python3 -m qbench moe --kernels grouped --dtype "$dtype" --out "$OUT/runs/grouped-$dtype" \
+      > "$OUT/grouped-$dtype.log" 2>&1
+    echo "== grouped GEMM kernels $dtype rc=$?"
+    tail -24 "$OUT/grouped-$dtype.log"
+  done
+}
+
+PARTS=("${@:-check}")
+for part in "${PARTS[@]}"; do
+  declare -F "${part}_part" > /dev/null || { echo "unknown part '$part'; see the head of $0"; exit 2; }
+done
+gpu_header
+nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv -lms 1000 > "$OUT/smi.csv" 2>&1 &  # clocks and throttling through the run
+SMI=$!
+for part in "${PARTS[@]}"; do "${part}_part"; done
+kill "$SMI"
+pack_runs

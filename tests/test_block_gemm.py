@@ -12,6 +12,7 @@ import torch
 from kernels import block_gemm as bg
 from kernels import grouped_gemm as gg
 from kernels._common import use_triton
+from qbench.layers.moe.blocks import reference_plan  # the block plan by plain loops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -56,7 +57,7 @@ def test_kernels_run_through_triton_here():
 def test_gather_matmul_matches_reference(dtype, transposed, with_bias):
     gen = torch.Generator().manual_seed(7)
     K, N, L = 19, 21, 2
-    plan = bg.blocks_reference(COUNTS, 1, L, 5, device=DEVICE)
+    plan = reference_plan(COUNTS, 1, L, 5, device=DEVICE)
     assert plan.num_blocks == 6
     srcs = _sources(COUNTS, K, dtype, gen)
     w = _weights(L, K, N, dtype, gen, transposed)
@@ -69,7 +70,7 @@ def test_gather_matmul_matches_reference(dtype, transposed, with_bias):
 
 def test_gathered_rows_are_the_source_rows_packed():
     gen = torch.Generator().manual_seed(3)
-    plan = bg.blocks_reference(COUNTS, 1, 2, 5, device=DEVICE)
+    plan = reference_plan(COUNTS, 1, 2, 5, device=DEVICE)
     srcs = _sources(COUNTS, 9, torch.float16, gen)
     w = _weights(2, 9, 17, torch.float16, gen, False)
     _, gathered = bg.gather_matmul(srcs, plan, w, None, gathered=torch.full((19, 9), 7.0, dtype=torch.float16,
@@ -82,7 +83,7 @@ def test_gathered_rows_are_the_source_rows_packed():
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 def test_fused_activation_stores_pre_and_act(activation):
     gen = torch.Generator().manual_seed(11)
-    plan = bg.blocks_reference(COUNTS, 0, 2, 4, device=DEVICE)
+    plan = reference_plan(COUNTS, 0, 2, 4, device=DEVICE)
     srcs = _sources(COUNTS, 18, torch.float32, gen)
     w = _weights(2, 18, 23, torch.float32, gen, False)
     bias = torch.randn(2, 23, generator=gen).to(DEVICE)
@@ -100,7 +101,7 @@ def test_fused_activation_stores_pre_and_act(activation):
 def test_matmul_scatter_matches_reference_and_writes_only_its_rows(dtype, transposed, with_bias):
     gen = torch.Generator().manual_seed(5)
     K, N, L, B = 17, 13, 2, 5
-    plan = bg.blocks_reference(COUNTS, 1, L, B, device=DEVICE)
+    plan = reference_plan(COUNTS, 1, L, B, device=DEVICE)
     a = torch.randn(plan.gathered_rows, K, generator=gen).to(dtype).to(DEVICE)
     w = _weights(L, K, N, dtype, gen, transposed)
     bias = torch.randn(L, N, generator=gen).to(dtype).to(DEVICE) if with_bias else None
@@ -118,7 +119,7 @@ def test_matmul_scatter_matches_reference_and_writes_only_its_rows(dtype, transp
 
 def test_gather_rows_copy_matches_reference():
     gen = torch.Generator().manual_seed(2)
-    plan = bg.blocks_reference(COUNTS, 0, 2, 3, device=DEVICE)
+    plan = reference_plan(COUNTS, 0, 2, 3, device=DEVICE)
     srcs = _sources(COUNTS, 21, torch.bfloat16, gen)
     rows = plan.gathered_rows
     got = bg.gather_rows(srcs, plan, torch.full((rows, 21), 5.0, dtype=torch.bfloat16, device=DEVICE))
@@ -130,7 +131,7 @@ def test_gather_rows_copy_matches_reference():
 def test_scatter_rows_copies_valid_rows_only(dtype):
     gen = torch.Generator().manual_seed(4)
     B, N = 5, 13
-    plan = bg.blocks_reference(COUNTS, 1, 2, B, device=DEVICE)
+    plan = reference_plan(COUNTS, 1, 2, B, device=DEVICE)
     out = torch.randn(plan.gathered_rows, N, generator=gen).to(dtype).to(DEVICE)
     sentinel = -1234.0  # rows no block of this owner targets (and padding rows' targets) keep it
     got = [torch.full((int(c.sum()), N), sentinel, dtype=dtype, device=DEVICE) for c in COUNTS]
@@ -144,7 +145,7 @@ def test_scatter_rows_copies_valid_rows_only(dtype):
 
 def test_empty_experts_and_no_blocks():
     gen = torch.Generator().manual_seed(1)
-    plan = bg.blocks_reference(EMPTY_EXPERT, 1, 2, 4, device=DEVICE)
+    plan = reference_plan(EMPTY_EXPERT, 1, 2, 4, device=DEVICE)
     assert plan.num_blocks == 0 and plan.offsets_local.tolist() == [0, 0, 0]
     srcs = _sources(EMPTY_EXPERT, 5, torch.float16, gen)
     out, gathered = bg.gather_matmul(srcs, plan, _weights(2, 5, 6, torch.float16, gen, False))
@@ -157,7 +158,7 @@ def test_empty_experts_and_no_blocks():
 
 def test_unaligned_peers_take_the_unhinted_path_and_stay_exact():
     gen = torch.Generator().manual_seed(4)
-    plan = bg.blocks_reference(COUNTS, 1, 2, 5, device=DEVICE)
+    plan = reference_plan(COUNTS, 1, 2, 5, device=DEVICE)
     wide = [torch.randn(int(c.sum()), 20, generator=gen).to(torch.float16).to(DEVICE) for c in COUNTS]
     srcs = [t[:, 1:] for t in wide]  # rows start 2 bytes into a 40-byte row: no 16-byte alignment
     assert not bg.peer_table(srcs).aligned
@@ -170,8 +171,8 @@ def test_unaligned_peers_take_the_unhinted_path_and_stay_exact():
     _assert_close(out, want, TOL[torch.float16], "gather_matmul from unaligned peers")
 
 
-def test_blocks_reference_layout():
-    plan = bg.blocks_reference(COUNTS, 1, 2, 5)
+def test_reference_plan_layout():
+    plan = reference_plan(COUNTS, 1, 2, 5)
     # expert 2: rank 0 row 2 (1 row), rank 1 rows [3, 8), [8, 13), [13, 14); expert 3: rank 0 rows [3, 8), [8, 10)
     assert plan.block_src.tolist() == [0, 1, 1, 1, 0, 0]
     assert plan.block_row.tolist() == [2, 3, 8, 13, 3, 8]
@@ -207,7 +208,7 @@ class _World:
 
 
 def _fake_transport(world, rank, **kw):
-    from qbench.layers.moe_symm import SymmTransport, _Buffer
+    from qbench.layers.moe.transport import SymmTransport, _Buffer
 
     class FakeSymm(SymmTransport):
         count = 0
@@ -237,7 +238,7 @@ def _locked(world, fn):
 def _rank_inputs(rank, counts, K, N, L, dtype):
     gen = torch.Generator().manual_seed(100 + rank)
     B = 4
-    plan = bg.blocks_reference(counts, rank, L, B)
+    plan = reference_plan(counts, rank, L, B)
     return {
         "plan": plan,
         "src": torch.randn(int(counts[rank].sum()), K, generator=gen).to(dtype),

@@ -117,8 +117,8 @@ def test_unsupported_inputs_keep_the_pointer_kernel():
 
 @needs_kernel
 def test_dispatch_and_opt_out(monkeypatch):
-    """grouped_matmul_forward takes the TMA kernel where `supported` says so, and the pointer kernel
-    under QBENCH_GROUPED_TMA=0 (read at call time); both agree with the reference."""
+    """grouped_matmul_forward takes the TMA kernel where `supported` says so (impl="auto") or when
+    asked (impl="tma"), and the pointer kernel with impl="pointer"; all agree with the reference."""
     x, w, b = _inputs("R3-source-major", torch.float16, True, seed=3)
     offsets = _offsets(CASES["R3-source-major"][0])
     calls = []
@@ -126,12 +126,13 @@ def test_dispatch_and_opt_out(monkeypatch):
     monkeypatch.setattr(tma, "supported", tma.shapes_supported)  # the interpreter has no device to ask
     monkeypatch.setattr(tma, "launch_fwd", lambda *a: calls.append(1) or launch(*a))
     want = gg.grouped_matmul_reference(x, w, offsets, b)
-    for env, expect_tma in (("1", True), ("0", False)):
-        monkeypatch.setenv("QBENCH_GROUPED_TMA", env)
+    for impl, expect_tma in (("auto", True), ("tma", True), ("pointer", False)):
         calls.clear()
-        got = gg.grouped_matmul_forward(x, w, offsets, b, backend="triton")
-        assert bool(calls) == expect_tma, f"QBENCH_GROUPED_TMA={env}: TMA kernel used = {bool(calls)}"
-        _assert_close(got, want, TOL[torch.float16], f"dispatch QBENCH_GROUPED_TMA={env}")
+        got = gg.grouped_matmul_forward(x, w, offsets, b, backend="triton", impl=impl)
+        assert bool(calls) == expect_tma, f"impl={impl}: TMA kernel used = {bool(calls)}"
+        _assert_close(got, want, TOL[torch.float16], f"dispatch impl={impl}")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        gg.grouped_matmul_forward(x, w, offsets, b, backend="triton", impl="fast")
 
 
 @pytest.mark.gpu

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from qbench.benches.moe import MoEBenchConfig, seed_flops, seed_lines
-from qbench.layers import moe_comm as comm
-from qbench.layers.moe_reference import reference_keep
-from qbench.layers.moe_routing import capacity_limit, forced_choices, parse_routing, route
+from qbench.layers.moe import plan as comm
+from qbench.layers.moe.reference import reference_keep
+from qbench.layers.moe.routing import capacity_limit, forced_choices, parse_routing, route
 
 # The seeds' own line formats (copied from seed 002), used to parse what --seed-format prints.
 SEED_STEP = re.compile(r"STEP-(\d+): step_time = ([\d.]+) ms, foward_time = ([\d.]+), "
@@ -143,3 +143,15 @@ def test_help_ends_with_examples_and_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "Examples:" in proc.stdout and "torchrun" in proc.stdout
+
+
+def test_resolve_fills_the_cpu_defaults_and_the_flag_accepts_dtype_aliases():
+    from qbench.benches.moe import MoEBenchConfig, resolve
+    from qbench.commands.moe import command
+
+    none = dict.fromkeys(("dtype", "model_dim", "hidden_size", "samples", "num_steps", "warmup"))
+    config = resolve(MoEBenchConfig(world_size=None, backend="auto", device="cpu", **none))
+    assert (config.world_size, config.backend, config.dtype, config.model_dim, config.samples) == (2, "gloo", "fp32",
+                                                                                                   64, 256)
+    for spelling in ("float16", "fp16", "half"):
+        assert command.make_context("moe", ["--dtype", spelling]).params["dtype"] == "fp16"

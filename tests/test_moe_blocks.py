@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from qbench import dist
-from qbench.layers.moe_blocks import build_plan
-from qbench.layers.moe_routing import locality_choices
+from qbench.layers.moe.blocks import build_plan
+from qbench.layers.moe.routing import locality_choices
 from tests import test_moe_blocks_workers as workers  # spawned ranks import it by this name too
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,7 +168,7 @@ def _read_back(stdout, blocks):
 
 @pytest.mark.parametrize("W,L,B", [(1, 3, 4), (3, 2, 5), (4, 5, 64)])
 def test_plan_kernels_match_the_tensor_op_plan(W, L, B):
-    from qbench.layers import moe_blocks
+    from qbench.layers.moe import blocks as moe_blocks
 
     gen = torch.Generator().manual_seed(W + L + B)
     counts = torch.randint(0, 150, (W, W * L), generator=gen) * (torch.rand(W, W * L, generator=gen) > 0.2)

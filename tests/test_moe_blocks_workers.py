@@ -20,8 +20,7 @@ TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes
 
 
 def _layer(ctx, dtype, cf, hot, block, activation, gemm):
-    from qbench.layers.moe import MoEOptions
-    from qbench.layers.moe_blocks_layer import BlocksMoELayer
+    from qbench.layers.moe import BlocksMoELayer, MoEOptions
 
     opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, activation=activation, capacity_factor=cf, replicate_hot=hot,
                       gemm=gemm)
@@ -30,7 +29,7 @@ def _layer(ctx, dtype, cf, hot, block, activation, gemm):
 
 
 def _inputs(ctx, layer, routing, locality, dtype, salt):
-    from qbench.layers.moe_routing import forced_choices, locality_choices, make_input, parse_routing
+    from qbench.layers.moe.routing import forced_choices, locality_choices, make_input, parse_routing
 
     gen = torch.Generator().manual_seed(1000 * salt + ctx.rank)
     spec = parse_routing(routing)
@@ -45,7 +44,7 @@ def check_cases(ctx, gemm="auto"):
     """Each case against the dense reference; yields (case, ok, description, dropped, plan summary),
     then the transport contract's (block, first mismatch) pairs. gemm: the grouped GEMM backend (auto
     runs the Triton kernels under the interpreter; reference keeps the 4-rank run short)."""
-    from qbench.layers.moe_reference import check_layer
+    from qbench.layers.moe.reference import check_layer
 
     for salt, (dtype, cf, hot, block, routing, locality, activation) in enumerate(CASES):
         layer = _layer(ctx, dtype, cf, hot, block, activation, gemm)
@@ -59,7 +58,7 @@ def check_cases(ctx, gemm="auto"):
 
 def _random_plan(ctx, block, salt):
     """A plan from random per-expert counts (some zero) of every rank, and this rank's source rows."""
-    from qbench.layers.moe_blocks import build_plan
+    from qbench.layers.moe.blocks import build_plan
 
     W, E = ctx.world_size, LOCAL * ctx.world_size
     gen = torch.Generator().manual_seed(77 + salt)  # the same table on every rank
@@ -86,7 +85,7 @@ def transport_contract(ctx):
     gathered[block_start[b] + j] = source(block_src[b])[block_row[b] + j] for j < block_rows[b]; out =
     the grouped product; matmul_push delivers a[block_start[b] + j] @ w[block_expert[b]] to that source row.
     Yields (block, first mismatch or None)."""
-    from qbench.layers.moe_blocks import A2ATransport
+    from qbench.layers.moe.transport import A2ATransport
 
     transport = A2ATransport(backend="reference")
     for salt, block in enumerate((1, 4, 7, 64)):

@@ -33,15 +33,6 @@ def test_layer_matches_dense_reference(world_size):
     assert any(r[3] > 0 for r in capped), "no case dropped tokens: the capacity path was not exercised"
 
 
-def test_expert_major_rows_match_dense_reference(monkeypatch):
-    """QBENCH_EXPERT_MAJOR=1 (inherited by the spawned ranks): the one-chunk cases run the expert FFN
-    on expert-major rows (kernels/moe_permute.py) and still equal the reference."""
-    monkeypatch.setenv("QBENCH_EXPERT_MAJOR", "1")
-    results = list(dist.launch(moe_workers.check_cases, world_size=2, backend="gloo", device="cpu"))
-    bad = [(case, text) for case, ok, text, _, _ in results if not ok]
-    assert not bad, f"{len(bad)} cases differ from the reference; first: {bad[0]}"
-
-
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_replication_gives_the_same_outputs_and_gradients(world_size):
     [(hot, errors)] = list(dist.launch(moe_workers.replication_equal, world_size=world_size,

@@ -1,5 +1,5 @@
 """The replication plan kernels (kernels/moe_hot.py) against the tensor ops they replace
-(moe_comm.hottest, hot_rows, send_rows and the count exchange), under the interpreter on CPU."""
+(qbench/layers/moe/plan.py: hottest, hot_rows, send_rows and the count exchange), under the interpreter on CPU."""
 
 import dataclasses
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from kernels.moe_hot import hot_plan
-from qbench.layers import moe_comm as comm
-from qbench.layers.moe_routing import route
+from qbench.layers.moe import plan as comm
+from qbench.layers.moe.routing import route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,12 +1,12 @@
 """Routing and plan kernels (kernels/moe_route.py) against the tensor-op versions they replace
-(qbench/layers/moe_routing.route, moe_comm.send_rows / segment_offsets), under the interpreter on CPU."""
+(qbench/layers/moe/routing.route, plan.send_rows / segment_offsets), under the interpreter on CPU."""
 
 import pytest
 import torch
 
 from kernels.moe_route import choose_and_position, plan_offsets
-from qbench.layers import moe_comm as comm
-from qbench.layers.moe_routing import capacity_limit, route
+from qbench.layers.moe import plan as comm
+from qbench.layers.moe.routing import capacity_limit, route
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

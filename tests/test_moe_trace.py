@@ -1,9 +1,9 @@
-"""The kernel table of a profiler trace (qbench/layers/moe_trace.py): GPU events tagged with the step whose
+"""The kernel table of a profiler trace (qbench/benches/moe/trace.py): GPU events tagged with the step whose
 CPU range launched them, times from that step's first GPU event, sorted."""
 
 import csv
 
-from qbench.layers.moe_trace import write_gpu_table
+from qbench.benches.moe.trace import write_gpu_table
 
 
 def _event(cat, name, ts, dur, tid=7, corr=None):

@@ -22,7 +22,7 @@ def _layer(ctx, dtype, cf, degree, hot, seed=1):
 
 
 def _inputs(ctx, layer, routing, dtype, salt):
-    from qbench.layers.moe_routing import forced_choices, make_input, parse_routing
+    from qbench.layers.moe.routing import forced_choices, make_input, parse_routing
 
     gen = torch.Generator().manual_seed(1000 * salt + ctx.rank)
     spec = parse_routing(routing)
@@ -33,7 +33,7 @@ def _inputs(ctx, layer, routing, dtype, salt):
 
 def check_cases(ctx):
     """Each case against the dense reference; yields (case, ok, description, dropped, rows)."""
-    from qbench.layers.moe_reference import check_layer
+    from qbench.layers.moe.reference import check_layer
 
     for salt, (dtype, cf, degree, hot, routing) in enumerate(CASES):
         layer = _layer(ctx, dtype, cf, degree, hot)

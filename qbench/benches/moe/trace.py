@@ -1,7 +1,7 @@
 """Kernel timelines of MoE steps: torch.profiler traces per rank and a compact CSV of the GPU work.
 
-`record_timeline(step, steps, out_dir, label, rank)` runs `steps` more steps under the profiler (after
-the timed ones, so the timing itself never runs profiled) and writes
+`record_timeline(step, steps, out_dir, label, rank)` (`trace_steps` for a layer) runs `steps` more
+steps under the profiler (after the timed ones, so the timing itself never runs profiled) and writes
     <label>-rank<r>.json.gz   Chrome trace (chrome://tracing, Perfetto): CPU ops, kernels, NCCL
     <label>-rank<r>.csv       one row per GPU kernel / copy / phase range:
                               step, stream, start_us (from the step's first GPU event), dur_us, kind, name
@@ -79,3 +79,15 @@ def write_gpu_table(trace: dict, path: Path) -> None:
         out.writerow(["step", "stream", "start_us", "dur_us", "kind", "name"])
         for label, stream, ts, dur, kind, name in sorted(rows, key=lambda r: r[2]):
             out.writerow([label, stream, f"{ts - first[label]:.1f}", f"{dur:.1f}", kind, name[:120]])
+
+
+def trace_steps(moe, make_step, out_dir: Path, label: str, rank: int, steps: int = 3) -> Path:
+    """After the timed steps: `steps` more under the profiler, with the layer's phases as profiler
+    ranges; make_step(phase) -> step(i) builds the step as the bench times it. Writes
+    <label>-rank<r>.json.gz and .csv into out_dir (record_timeline)."""
+    marks = PhaseMarks()
+    moe.timer = marks
+    try:
+        return record_timeline(make_step(marks.phase), steps, out_dir, label, rank)
+    finally:
+        moe.timer = None

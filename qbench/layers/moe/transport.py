@@ -1,19 +1,28 @@
-"""The symmetric-memory transport of `qbench moe --system blocks`: peer loads and stores, no all_to_all.
+"""How the MoE layers move rows between ranks: the all-to-all exchange, and the two transports of
+`qbench moe --system blocks` (all_to_all fallback, symmetric memory).
 
-Same interface as the all_to_all fallback (qbench/layers/moe_blocks.py), both calls collective:
-  pull_matmul(src [S, K], w [L, K, N], bias, plan) -> (out [R, N], gathered [R, K]), R = gathered rows
-      every rank copies its source rows into its symmetric "pull" buffer; barrier; every owner runs
-      gather_matmul, whose programs load each block straight from the source rank's buffer.
-  matmul_push(a [R, K], w, bias, plan) -> rows [S, N]
-      every owner runs matmul_scatter, whose programs store each block's product straight into the
-      source rank's symmetric "push" buffer; barrier; every rank clones its received rows out.
+`A2AExchange.start(out, inp, out_splits, in_splits)` moves rows between ranks with
+all_to_all_single and uneven splits (rows, dim 0) and returns a handle with wait() (the all-to-all
+layer's dispatch and combine; another exchange only needs the same method).
+
+The blocks transports move rows between a rank's source layout and the owners' packed layouts of a
+block plan (blocks.BlockPlan), fused with one expert product each; both calls are collectives:
+  pull_matmul(src [S, K], w [L, K, N], bias [L, N] | None, plan) -> (out [R, N], gathered [R, K])
+  matmul_push(a [R, K], w, bias, plan) -> rows [S, N] in this rank's source layout
+`A2ATransport` does both with all_to_all_single and the grouped GEMM (the path for CPU/gloo and for
+GPUs without symmetric memory). `SymmTransport` does them with peer loads and stores, no all_to_all:
+  pull_matmul: every rank copies its source rows into its symmetric "pull" buffer; barrier; every
+      owner runs gather_matmul, whose programs load each block straight from the source rank's buffer.
+  matmul_push: every owner runs matmul_scatter, whose programs store each block's product straight
+      into the source rank's symmetric "push" buffer; barrier; every rank clones its received rows out.
 
 Buffers: two per transport (one layer), allocated with torch.distributed._symmetric_memory (empty +
 rendezvous, a collective) and grown only when a step needs more; every rank sizes them from the same
 numbers (the largest S over ranks, from counts_all) so that the collective allocation stays in step.
 A device table holds the W peers' buffers as element offsets from the local one (typed pointers
 with known alignment, so the kernels' peer loads and stores are vectorised).
-NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1): plain peer loads and stores only.
+NVLink multicast stays off (qbench.dist sets TORCH_SYMM_MEM_DISABLE_MULTICAST=1 on every rank): plain
+peer loads and stores only.
 
 Barriers (handle.barrier, stream-ordered on the device, no host sync) sit at the hand-over points:
 "sources wrote -> owners read" in pull, "owners wrote -> sources read" in push. A buffer is written
@@ -23,16 +32,110 @@ so each call's own barrier is that barrier and each call costs one. Two pulls in
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernels import block_gemm
+from kernels import grouped_gemm as gg  # module attribute: tests wrap gg.grouped_matmul_forward
 
 
-def symm_available(group=None, device=None) -> tuple[bool, str]:
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class A2AExchange:
+    """all_to_all_single with uneven splits; asynchronous so that chunks can pipeline."""
+
+    def __init__(self, group=None):
+        self.group = group
+
+    def start(self, out, inp, out_splits: list[int], in_splits: list[int]):
+        import torch.distributed as dist
+
+        if dist.get_world_size(self.group) == 1:
+            out.copy_(inp)
+            return _Done()
+        return dist.all_to_all_single(
+            out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits,
+            group=self.group, async_op=True,
+        )
+
+
+def local_rows(plan):
+    """Packed local row of every row this rank receives, [R] int64, in all_to_all's order (source s,
+    then local expert l, then row j): row j of segment (l, s) sits at seg_start(l, s) + j."""
+    import torch
+
+    if "local_rows" in plan.cache:
+        return plan.cache["local_rows"]
+    W, L, r = plan.world_size, plan.num_local_experts, plan.rank
+    mine = plan.counts_all[:, r * L:(r + 1) * L]  # [W, L]
+    sizes = mine.t().reshape(-1)  # order (l, s)
+    first = (torch.cumsum(sizes, 0) - sizes).view(L, W)
+    lens = mine.reshape(-1)  # order (s, l)
+    R = plan.recv_rows
+    seg = torch.repeat_interleave(torch.arange(W * L, device=lens.device), lens, output_size=R)
+    j = torch.arange(R, device=lens.device) - (torch.cumsum(lens, 0) - lens)[seg]
+    plan.cache["local_rows"] = first[seg % L, seg // L] + j
+    return plan.cache["local_rows"]
+
+
+def local_pull(src, w, bias, plan, backend: str):
+    """pull_matmul when plan.all_local: the source rows are the gathered rows (no copy, no exchange)."""
+    return gg.grouped_matmul_forward(src, w, plan.offsets_local, bias, backend=backend), src
+
+
+class A2ATransport:
+    """The block plan over all_to_all_single: rows for owner r are contiguous in the source layout,
+    so the send buffer is the source layout itself (split sizes = rows per owner); the owner puts
+    what it receives in its packed local layout, runs the grouped GEMM over offsets_local, and the
+    push gathers the rows back into all_to_all order."""
+
+    name = "a2a"
+
+    def __init__(self, group=None, backend: str = "auto"):
+        self.exchange, self.backend = A2AExchange(group), backend
+
+    def pull_matmul(self, src, w, bias, plan):
+        if plan.all_local:
+            return local_pull(src, w, bias, plan, self.backend)
+        recv = src.new_empty((plan.recv_rows, src.shape[1]))
+        self.exchange.start(recv, src.contiguous(), plan.recv_splits, plan.send_splits).wait()
+        gathered = src.new_empty((plan.gathered_rows, src.shape[1])).index_copy_(0, local_rows(plan), recv)
+        return gg.grouped_matmul_forward(gathered, w, plan.offsets_local, bias, backend=self.backend), gathered
+
+    def matmul_push(self, a, w, bias, plan):
+        out = gg.grouped_matmul_forward(a, w, plan.offsets_local, bias, backend=self.backend)
+        if plan.all_local:
+            return out
+        rows = out.index_select(0, local_rows(plan))
+        back = out.new_empty((plan.src_rows, out.shape[1]))
+        self.exchange.start(back, rows, plan.send_splits, plan.recv_splits).wait()
+        return back
+
+
+def make_transport(kind: str, group=None, device: str = "cpu", backend: str = "auto",
+                   local_world_size: int | None = None):
+    """kind "auto": the symmetric-memory transport where it says it can run, else all_to_all;
+    "a2a" / "symm" force one (symm raises when it is unavailable); "symm-fused-ga" / "symm-fused":
+    symm with the push (and the pull) fused into the GEMM (MODES). local_world_size: ranks on this
+    node (None: every rank). Returns (transport, reason)."""
+    if kind == "a2a":
+        return A2ATransport(group, backend), "forced"
+    ok, reason = symm_available(group, device, local_world_size)
+    if not ok:
+        if kind.startswith("symm"):
+            raise RuntimeError(f"symmetric memory unavailable: {reason}")
+        return A2ATransport(group, backend), reason
+    mode = kind.removeprefix("symm-") if kind.startswith("symm-") else "split"
+    return SymmTransport(group=group, device=device, backend=backend, mode=mode), reason
+
+
+def symm_available(group=None, device=None, local_world_size: int | None = None) -> tuple[bool, str]:
     """(usable, reason) for the symmetric-memory transport on this group and device. Collective on a
-    CUDA NCCL group (ranks agree through one all_reduce), so every rank picks the same transport."""
+    CUDA NCCL group (ranks agree through one all_reduce), so every rank picks the same transport.
+    local_world_size: ranks on this node (qbench.dist's RankContext; None: every rank of the group)."""
     import torch
     import torch.distributed as dist
 
@@ -41,7 +144,7 @@ def symm_available(group=None, device=None) -> tuple[bool, str]:
         return False, "needs CUDA devices (this run is on the CPU)"
     if not dist.is_initialized() or dist.get_backend(group) != "nccl":
         return False, "needs an NCCL process group"
-    ok, reason = _local_check(dev, dist.get_world_size(group))
+    ok, reason = _local_check(dev, dist.get_world_size(group), local_world_size)
     flag = torch.tensor([1 if ok else 0], device=dev)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     if ok and int(flag.item()) == 0:
@@ -49,14 +152,14 @@ def symm_available(group=None, device=None) -> tuple[bool, str]:
     return ok, reason
 
 
-def _local_check(dev, world: int) -> tuple[bool, str]:
+def _local_check(dev, world: int, local_world_size: int | None) -> tuple[bool, str]:
     import torch
 
     try:
         import torch.distributed._symmetric_memory  # noqa: F401
     except ImportError as exc:
         return False, f"torch has no symmetric memory ({exc})"
-    if world > torch.cuda.device_count() or int(os.environ.get("LOCAL_WORLD_SIZE", world)) != world:
+    if world > torch.cuda.device_count() or (local_world_size is not None and local_world_size != world):
         return False, "ranks span several nodes (peer memory reaches only this node's GPUs)"
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     blocked = [j for j in range(torch.cuda.device_count())
@@ -104,13 +207,12 @@ class SymmTransport:
     the grouped GEMM on an H200). "fused": the pull's product also loads its A tiles from the peers
     (every N tile of a block re-reads the block over NVLink). On 4 x H200 at the seed config one
     pull + push took 0.80 ms with a split pull and a fused push, 2.71 ms fused, 0.86 ms over
-    all_to_all (locality 1/4); scripts/gpu_moe_blocks.sh measures them again."""
+    all_to_all (locality 1/4); `scripts/gpu_moe.sh transports` measures them again."""
 
     def __init__(self, group=None, device=None, backend: str = "auto", mode: str = "split",
                  max_rows: int | None = None):
         import torch
 
-        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.group, self.backend, self.mode, self.max_rows = group, backend, mode, max_rows
@@ -123,8 +225,6 @@ class SymmTransport:
 
     def pull_matmul(self, src, w, bias, plan):
         if plan.all_local:  # every rank's rows are its own: no peer access, no barrier on any rank
-            from qbench.layers.moe_blocks import local_pull
-
             return local_pull(src, w, bias, plan, self.backend)
         K = src.shape[1]
         buf = self._ready("pull", self._capacity(plan), K, src.dtype)
@@ -134,24 +234,18 @@ class SymmTransport:
         self._barrier(buf)  # sources wrote -> owners read
         table = buf.table(K, src.dtype)
         if self.mode != "fused":
-            from kernels.grouped_gemm import grouped_matmul_forward
-
             gathered = src.new_empty((plan.gathered_rows, K))
             block_gemm.gather_rows(table, plan, gathered)
-            return grouped_matmul_forward(gathered, w, plan.offsets_local, bias, backend=self.backend), gathered
+            return gg.grouped_matmul_forward(gathered, w, plan.offsets_local, bias, backend=self.backend), gathered
         return block_gemm.gather_matmul(table, plan, w, bias)
 
     def matmul_push(self, a, w, bias, plan):
         N = w.shape[2]
         if plan.all_local:
-            from kernels.grouped_gemm import grouped_matmul_forward
-
-            return grouped_matmul_forward(a, w, plan.offsets_local, bias, backend=self.backend)
+            return gg.grouped_matmul_forward(a, w, plan.offsets_local, bias, backend=self.backend)
         buf = self._ready("push", self._capacity(plan), N, a.dtype)
         if self.mode == "split":
-            from kernels.grouped_gemm import grouped_matmul_forward
-
-            out = grouped_matmul_forward(a, w, plan.offsets_local, bias, backend=self.backend)
+            out = gg.grouped_matmul_forward(a, w, plan.offsets_local, bias, backend=self.backend)
             block_gemm.scatter_rows(out, buf.table(N, a.dtype), plan)
         else:
             block_gemm.matmul_scatter(a, w, bias, buf.table(N, a.dtype), plan)

@@ -2,8 +2,8 @@
 
 Per rank: T tokens [T, d], E = L x W experts (L local, W ranks), top-k.
     logits = x Wg + bg  [T, E] (fp32 when fp32_gate)  ->  top-k (or a forced choice), softmax over the k
-    -> capacity / drops (moe_routing)  ->  dispatch all-to-all with uneven splits  ->  expert FFN
-    y = act(x W1 + b1) W2 + b2 of the L local experts, one grouped GEMM per product (moe_experts)
+    -> capacity / drops (routing.py)  ->  dispatch all-to-all with uneven splits  ->  expert FFN
+    y = act(x W1 + b1) W2 + b2 of the L local experts, one grouped GEMM per product (experts.py)
     -> combine all-to-all  ->  out[t] = sum_j weight[t, j] * y[t, j]   (dropped assignments add 0)
 Options: overlap degree D (chunked pipeline of dispatch / experts / combine), hot-expert replication
 (the N globally most-loaded experts computed locally on every rank with their owners' weights),
@@ -13,7 +13,6 @@ grouped GEMM backend. Expert parameters carry `expert = True` so data parallelis
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -21,24 +20,12 @@ from torch import nn
 from kernels._common import use_triton
 from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position
-from qbench.layers import moe_comm as comm
-from qbench.layers.moe_experts import ExpertConfig, expert_parallel
-from qbench.layers.moe_replicas import Replicas
-from qbench.layers.moe_routing import Routing, capacity_limit, route
-
-
-@dataclass(frozen=True)
-class MoEOptions:
-    model_dim: int
-    hidden_size: int
-    num_local_experts: int
-    top_k: int = 2
-    activation: str = "gelu"
-    capacity_factor: float = 0.0
-    fp32_gate: bool = False
-    overlap_degree: int = 1
-    replicate_hot: int = 0
-    gemm: str = "auto"
+from qbench.layers.moe import plan as plans
+from qbench.layers.moe.experts import ExpertConfig, expert_parallel
+from qbench.layers.moe.options import MoEOptions
+from qbench.layers.moe.replicas import Replicas
+from qbench.layers.moe.routing import Routing, capacity_limit, route
+from qbench.layers.moe.transport import A2AExchange
 
 
 class MoELayer(nn.Module):
@@ -87,9 +74,9 @@ class MoELayer(nn.Module):
             one_chunk = self.opts.overlap_degree == 1 and self.opts.replicate_hot == 0
             routing, rows, source = self._gate_route(x2, with_rows=one_chunk)
         with self._phase("plan"):
-            dplan = comm.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
+            dplan = plans.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
                                  self.group, rows, source, self.rank)
-            plan = comm.finish(dplan)  # the step's only host synchronisation
+            plan = plans.finish(dplan)  # the step's only host synchronisation
             self.last = {"routing": routing, "plan": plan, "kept": plan.kept}
         return self._experts(x2, routing, plan, dplan).reshape(shape)
 
@@ -127,7 +114,7 @@ class MoELayer(nn.Module):
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)
             hot_x = gather_tokens(x2, dplan.hot_rows, hot_total, False, dplan.hot_source)
-        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, comm.A2AExchange(self.group), self.timer)
+        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, A2AExchange(self.group), self.timer)
         back, hot_y = expert_parallel(send, hot_x, weights, plan, dplan.hot_offsets, cfg, replicas)
         with self._phase("combine"):
             source, where = back, rows  # rows < 0 (dropped or replicated) add nothing

@@ -28,11 +28,11 @@ def _counts(world, seed):
 
 
 def _inputs(rank, counts, dtype, device):
-    from kernels.block_gemm import blocks_reference
+    from qbench.layers.moe.blocks import reference_plan
 
     gen = torch.Generator().manual_seed(1000 + rank)
     S = int(counts[rank].sum())
-    plan = blocks_reference(counts.to(device), rank, L, B, device=device)
+    plan = reference_plan(counts.to(device), rank, L, B, device=device)
     draw = lambda *shape: torch.randn(*shape, generator=gen).to(dtype).to(device)  # noqa: E731
     return {"plan": plan, "src": draw(S, K), "dy": draw(S, N), "w1": draw(L, K, N), "b1": draw(L, N),
             "w2": draw(L, N, K), "b2": draw(L, K), "a": draw(plan.gathered_rows, N)}
@@ -82,7 +82,7 @@ def symm_cases(ctx):
     """Rank body: yields (dtype, mode, world, errors of every rank) and symm_available's answer."""
     import torch.distributed as tdist
 
-    from qbench.layers.moe_symm import SymmTransport, symm_available
+    from qbench.layers.moe.transport import SymmTransport, symm_available
 
     ok, reason = symm_available(None, ctx.device)
     yield ("available", ok, reason)

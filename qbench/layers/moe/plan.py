@@ -1,11 +1,8 @@
-"""Dispatch and combine of the MoE layer behind a small interface, and the per-step row plan.
+"""The per-step row plan of the all-to-all MoE layer (dispatch, expert segments, combine).
 
-`A2AExchange.start(out, inp, out_splits, in_splits)` moves rows between ranks with
-all_to_all_single and uneven splits (rows, dim 0) and returns a handle with wait(); another
-transport only needs the same method.
-
-The plan of one step, for W ranks, L local experts, D chunks, built on the device with tensor ops
-(no loops over experts or chunks) and read to the host once (the split sizes NCCL needs):
+The rows move with transport.A2AExchange. The plan of one step, for W ranks, L local experts, D
+chunks, is built on the device with tensor ops (no loops over experts or chunks) and read to the host
+once (the split sizes NCCL needs):
   seg[r, l]        rows this rank sends to rank r for its local expert l (0 for replicated experts);
                    one all_to_all of these [W * L] counts tells every rank what it receives
   parts(c, D)      a segment of c rows split into D nearly equal chunk parts
@@ -20,29 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-
-class _Done:
-    def wait(self) -> None:
-        return None
-
-
-class A2AExchange:
-    """all_to_all_single with uneven splits; asynchronous so that chunks can pipeline."""
-
-    def __init__(self, group=None):
-        self.group = group
-
-    def start(self, out, inp, out_splits: list[int], in_splits: list[int]):
-        import torch.distributed as dist
-
-        if dist.get_world_size(self.group) == 1:
-            out.copy_(inp)
-            return _Done()
-        return dist.all_to_all_single(
-            out, inp, output_split_sizes=out_splits, input_split_sizes=in_splits,
-            group=self.group, async_op=True,
-        )
 
 
 def parts(count: int, degree: int) -> list[int]:

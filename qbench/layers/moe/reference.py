@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from qbench.layers.moe_routing import capacity_limit
+from qbench.layers.moe.routing import capacity_limit
 
 # max |layer - reference| / max |reference| allowed per dtype. The layer keeps activations in its
 # dtype (one rounding per op, a handful of ops: ~1e-3 for fp16, ~1e-2 for bf16); fp32 only differs

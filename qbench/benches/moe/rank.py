@@ -1,4 +1,4 @@
-"""One rank's side of `qbench moe`: build, check against the reference, time, and count.
+"""One rank's side of `qbench moe`: build, check against the reference, time, count, and the record.
 
 Per configuration every rank builds the same layer (or attention + MoE model under DDP, expert
 parameters excluded from its all-reduce), checks it against the dense reference (all ranks agree on
@@ -9,24 +9,89 @@ for forward / backward and the layer's phases (gate, plan, dispatch, experts, co
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from qbench import units
+from qbench.benches.moe.cases import case_label, cases, params_of, resolve_gemm
+from qbench.benches.moe.config import BENCH, MoEBenchConfig
+from qbench.benches.moe.metrics import summarize
+from qbench.benches.moe.trace import trace_steps
 from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
-from qbench.layers.moe_reference import check_layer
-from qbench.layers.moe_routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
+from qbench.layers.moe.reference import check_layer
+from qbench.layers.moe.routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
+from qbench.store import make_record
 from qbench.timing import PhaseTimer, max_over_ranks, time_ranks
+from qbench.units import torch_dtype
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
 PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
 
 
+def rank_main(ctx, config: MoEBenchConfig) -> Iterator[dict]:
+    """Every rank runs every configuration; rank 0's records are the ones kept."""
+    for case in cases(config):
+        yield one_case(ctx, config, case)
+
+
+def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
+    """Build, check against the reference, then measure one configuration. A failure on any rank is
+    an error record on every rank (they agree before each collective step, so none is left waiting)."""
+    device = _device_kind(ctx)
+    case = dict(case, gemm=resolve_gemm(case["gemm"], device))
+    params = params_of(config, case, ctx.world_size)
+    error = None
+    try:
+        model, moe, x, dy = build(ctx, config, case)
+        params["transport"] = getattr(getattr(moe, "transport", None), "name", "a2a")
+    except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
+        error = f"{type(exc).__name__}: {exc}"
+    if not agree(error is None, ctx.device):  # every rank skips together (no stray collective)
+        return make_record(BENCH, params, status="error", error=error or "failed on another rank", device=device)
+    try:
+        ok, detail = check(ctx, moe, x)
+    except Exception as exc:  # noqa: BLE001 - e.g. a GEMM backend that rejects these shapes on every rank
+        ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not agree(ok, ctx.device) or not ok:
+        return make_record(BENCH, params, status="error", error=f"reference check failed: {detail}", device=device)
+    return measure(ctx, config, case, params, (model, moe, x, dy), detail)
+
+
+def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str, Any], built, detail: str) -> dict:
+    """Routing statistics, timed steps, the divergence check and (with trace_dir) profiled steps of
+    a checked configuration; `detail`: the reference check's description (its max error is a metric)."""
+    model, moe, x, dy = built
+    device = _device_kind(ctx)
+    stats = routing_stats(ctx, model, moe, x)
+    if case.get("system") == "blocks":
+        stats.update(block_stats(ctx, moe))
+    samples = time_steps(ctx, config, model, moe, x, dy)
+    if not weights_finite(ctx, model):
+        return make_record(BENCH, params, status="error", device=device,
+                           error="weights not finite after the timed steps: the timing measured a diverged layer")
+    memory = peak_memory_mb(ctx)
+    if config.trace_dir:
+        trace_steps(moe, lambda phase: make_step(config, model, x, dy, phase), Path(config.trace_dir),
+                    case_label(case), ctx.rank)
+    metrics, unit_of = summarize(config, case, ctx.world_size, samples, stats, memory, device)
+    metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
+    unit_of["check_max_rel_error"] = units.REL_ERROR
+    keep = ("step_time", "forward_time", "backward_time", "step_time_instrumented")
+    return make_record(BENCH, params, metrics, units=unit_of, device=device,
+                       samples={k: v for k, v in samples.items() if k in keep or "_time_rank" in k})
+
+
+def _device_kind(ctx) -> str:
+    return "cuda" if ctx.device.startswith("cuda") else "cpu"
+
+
 def build(ctx, config, case: dict[str, Any]):
     """(model, moe layer, x, dy) for one configuration on this rank."""
-    dtype = DTYPES[config.dtype]
+    dtype = torch_dtype(config.dtype)
     opts = MoEOptions(config.model_dim, config.hidden_size, case["num_local_experts"], config.top_k,
                       config.activation, config.capacity_factor, config.fp32_gate,
                       case["a2a_ffn_overlap_degree"], case["replicate_hot"], case["gemm"])
@@ -55,10 +120,11 @@ def build(ctx, config, case: dict[str, Any]):
 def _layer(ctx, config, case, opts, dtype):
     """The a2a layer, or (system "blocks") the block-dispatch layer over its transport."""
     if case.get("system", "a2a") == "blocks":
-        from qbench.layers.moe_blocks_layer import BlocksMoELayer
+        from qbench.layers.moe import BlocksMoELayer
 
         return BlocksMoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
-                              seed=config.seed, block_size=config.block_size, transport=config.transport)
+                              seed=config.seed, block_size=config.block_size, transport=config.transport,
+                              local_world_size=ctx.local_world_size)
     return MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
                     seed=config.seed)
 
@@ -141,7 +207,7 @@ def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
     with them. Every phase records two CUDA events and enters a Python context (about 15 a step),
     host time that lengthens the step wherever the GPU waits on the host; the second pass's step
     time is kept as step_time_instrumented so that this cost stays visible."""
-    device = "cuda" if ctx.device.startswith("cuda") else "cpu"
+    device = _device_kind(ctx)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     plain, outer = _timed_pass(config, model, moe, x, dy, device, phases=False)
@@ -176,21 +242,6 @@ def _timed_pass(config, model, moe, x, dy, device: str, phases: bool):
     finally:
         moe.timer = None
     return timing, timer
-
-
-def trace_steps(ctx, config, model, moe, x, dy, label: str, steps: int = 3) -> None:
-    """After the timed steps: `steps` more under the profiler, written to config.trace_dir as
-    <label>-rank<r>.json.gz (Chrome / Perfetto trace) and .csv (GPU kernels and phase ranges)."""
-    from pathlib import Path
-
-    from qbench.layers.moe_trace import PhaseMarks, record_timeline
-
-    marks = PhaseMarks()
-    moe.timer = marks
-    try:
-        record_timeline(make_step(config, model, x, dy, marks.phase), steps, Path(config.trace_dir), label, ctx.rank)
-    finally:
-        moe.timer = None
 
 
 def _every_rank(values: list[float], ctx) -> list[list[float]]:

@@ -14,7 +14,7 @@ received rows of every chunk live in one buffer), so a higher degree D adds no w
               last transfers) | add the replicas' gradients
 NCCL runs the all-to-alls on its own stream, so chunk i+1's transfer overlaps chunk i's GEMMs; with
 degree 1 nothing overlaps. Replicated ("hot") experts compute this rank's own rows locally with their
-owners' weights (qbench/layers/moe_replicas.py: one broadcast per owner on a second communicator,
+owners' weights (replicas.py: one broadcast per owner on a second communicator,
 started by the layer before the dispatch), after the local experts, while the combine is in flight;
 their gradients go home with one reduce per owner, started as soon as they exist, so that it overlaps
 the input-gradient path and the weight gradients.
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_forward, grouped_matmul_wgrad
-from kernels.moe_permute import from_expert_major, to_expert_major
 
 
 @dataclass
@@ -122,7 +121,7 @@ def _make_expert_parallel():
 
     class ExpertParallel(torch.autograd.Function):
         """(send [S, d], hot_x [H, d], expert weights) -> (back [S, d], hot_y [H, d]); `replicas` (a
-        moe_replicas.Replicas or None) brings the hot experts' weights and takes their gradients home."""
+        replicas.Replicas or None) brings the hot experts' weights and takes their gradients home."""
 
         @staticmethod
         def forward(ctx, send, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, replicas):
@@ -130,19 +129,13 @@ def _make_expert_parallel():
             R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
             x, x_c = _chunked(plan, R, send, d)
             waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
-            (pre, pre_c), (act, act_c), (y, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
+            (pre, pre_c), (act, act_c), (_, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
             back = torch.empty_like(send)
             backs, back_c = [], _sent(plan, back)
-            ctx.expert_offsets = None
             for i, c in enumerate(plan.chunks):
                 _wait(cfg, "dispatch", waits[i:i + 1])
                 with cfg.phase("experts"):
-                    if expert_major(plan, send, cfg):  # one chunk: i == 0, x_c[0] is x
-                        x, ctx.expert_offsets = to_expert_major(x, c.offsets, w1.shape[0])
-                        ye = ffn_forward(x, ctx.expert_offsets, w1, b1, w2, b2, cfg, out=(pre, act, None))[2]
-                        from_expert_major(ye, c.offsets, w1.shape[0], out=y)
-                    else:
-                        ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
+                    ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
                 backs += _start(cfg, "combine", back_c[i:i + 1], y_c[i:i + 1], [c], inbound=False)
             hot_y = hot_x.new_empty((0, d))
             if replicas is not None:  # while the combine is in flight
@@ -172,41 +165,21 @@ def _make_expert_parallel():
             pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
             d_send = torch.empty_like(d_back)
             backs, send_c = [], _sent(plan, d_send)
-            eoff, L = ctx.expert_offsets, w1.shape[0]
             for i, c in enumerate(plan.chunks):
                 _wait(cfg, "backward_a2a", waits[i:i + 1])
                 with cfg.phase("backward_experts"):
-                    if eoff is not None:  # expert-major forward: one chunk, dy_c[0] is dy
-                        dy = to_expert_major(dy, c.offsets, L)[0]
-                        dxe = ffn_input_grad(dy, pre, act, eoff, w1, w2, cfg, out=(dpre, None))[1]
-                        from_expert_major(dxe, c.offsets, L, out=dx_c[0])
-                    else:
-                        ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
+                    ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
                 backs += _start(cfg, "backward_a2a", send_c[i:i + 1], dx_c[i:i + 1], [c], inbound=False)
             with cfg.phase("backward_experts"):
-                grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all if eoff is None else eoff, L, cfg)
+                grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all, w1.shape[0], cfg)
             _wait(cfg, "backward_a2a", backs)
             if replicas is not None:
                 with cfg.phase("replicas"):
                     replicas.add_to(*grads)
-            ctx.hot_saved = ctx.replicas = ctx.expert_offsets = None
+            ctx.hot_saved = ctx.replicas = None
             return (d_send, d_hot_x, *grads, None, None, None, None)
 
     return ExpertParallel
-
-
-def expert_major(plan, x, cfg: ExpertConfig) -> bool:
-    """Whether the expert FFN runs on expert-major rows (kernels/moe_permute.py): only when
-    QBENCH_EXPERT_MAJOR=1 (read at every call, so that one process can A/B both orders), with one
-    chunk and a grouped GEMM kernel. Off by default: its GEMMs are 15-20% faster alone, but on 4 x H200
-    the step was not (seed config, 100 steps: 4.454 vs 4.363 ms source-major; the four permutation
-    copies and their launches cost what the GEMMs gain; results/moe-h200x4-round4)."""
-    import os
-
-    from kernels._common import use_triton
-
-    return (os.environ.get("QBENCH_EXPERT_MAJOR", "0") == "1" and len(plan.chunks) == 1
-            and cfg.backend != "reference" and use_triton(x))
 
 
 def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):

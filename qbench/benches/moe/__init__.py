@@ -1,0 +1,80 @@
+"""`qbench moe`: distributed mixture-of-experts step time, TFLOP/s and per-phase breakdown.
+
+resolve(config) fills the device-dependent defaults; run(config) validates it at once
+(usage errors before any process starts or record is written) and returns the records as they come:
+it launches the ranks (qbench.dist: self-spawned, or one rank of a torchrun job), and every rank runs
+every configuration of the sweep (local experts x overlap degree x replication x routing x GEMM
+backend x locality x system); rank 0's records are kept. With `kernels="grouped"` the records are
+kernel timings instead (grouped.py). Each configuration is checked against the dense reference
+first; a mismatch is an error record, not timed. System "blocks" (MixMoE's block dispatch fused
+with the expert GEMMs) runs one chunk, so its cases take overlap degree 1 only; its transport
+("symm" or the "a2a" fallback) is a param.
+
+Modules: config (MoEBenchConfig, resolve), validate, cases (the grid, each case's params), rank (one
+rank's work: build, check, time, the record), metrics, output (table, seed-format lines), trace
+(profiled steps), grouped (the grouped GEMM kernel bench).
+
+Metrics (times in ms: median over steps of the max over ranks):
+  step_time, forward_time, backward_time (steps without the layer's phase events), <phase>_time (gate,
+  plan, dispatch, experts, combine, backward_a2a, backward_experts; from a second pass of as many steps
+  with them), step_time_instrumented (that pass's step time: what the phase events cost),
+  tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
+  per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
+  tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert
+  and per-rank load (max / mean), dropped_tokens, roofline_fraction (the busiest rank's floor from
+  qbench/model/floors.py: gate and expert GEMMs plus the token exchange, as `qbench model --against`).
+System blocks adds: ag_time, ga_time, backward_ag_time, backward_ga_time (max over ranks per step),
+  blocks_total / blocks_remote (max over owner ranks), blocks_rank<r> / remote_blocks_rank<r> /
+  remote_fraction_rank<r> (per rank, the importer's names), remote_fraction (all ranks' remote blocks
+  over all blocks), block_imbalance (busiest rank / mean), remote_rows (most rows a rank pulls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from qbench.benches.moe.cases import case_label, cases, params_of, resolve_gemm
+from qbench.benches.moe.config import (
+    BENCH,
+    CPU_SIZES,
+    GEMMS,
+    KERNEL_BENCHES,
+    SYSTEMS,
+    TRANSPORTS,
+    MoEBenchConfig,
+    resolve,
+)
+from qbench.benches.moe.metrics import floor_ms, full_flops, seed_flops, summarize
+from qbench.benches.moe.output import block_lines, seed_lines, table
+from qbench.benches.moe.validate import validate
+
+__all__ = [
+    "BENCH", "CPU_SIZES", "GEMMS", "KERNEL_BENCHES", "SYSTEMS", "TRANSPORTS", "MoEBenchConfig", "block_lines",
+    "case_label", "cases", "floor_ms", "full_flops", "params_of", "plan", "resolve", "resolve_gemm", "run",
+    "seed_flops", "seed_lines", "summarize", "table", "validate",
+]
+
+
+def plan(config: MoEBenchConfig) -> list:
+    """What run(config) will measure, one item per record (for the progress bar)."""
+    if config.kernels is not None:
+        from qbench.benches.moe import grouped
+
+        return grouped.plan(config)
+    return cases(config)
+
+
+def run(config: MoEBenchConfig) -> Iterator[dict]:
+    """Validate the resolved config now, then return the records' iterator (nothing runs until it is read)."""
+    from qbench import dist
+
+    gpus = dist.visible_gpus() if config.device == "cuda" and dist.torchrun_env() is None else None
+    validate(config, gpus)
+    if config.kernels is not None:
+        from qbench.benches.moe import grouped
+
+        return grouped.run(config)
+    from qbench.benches.moe.rank import rank_main
+
+    return dist.launch(rank_main, (config,), world_size=config.world_size, backend=config.backend,
+                       device=config.device, timeout_s=config.timeout_s)

@@ -1,0 +1,77 @@
+"""Metrics of one `qbench moe` record from its per-step samples and routing statistics.
+
+Times in ms (median over steps of the max over ranks); tflops by the seeds' formula, tflops_full
+over the rows actually computed; floor_ms and roofline_fraction from the performance model.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from qbench import units
+from qbench.benches.moe.cases import params_of
+from qbench.benches.moe.config import MoEBenchConfig
+
+
+def seed_flops(config: MoEBenchConfig) -> float:
+    """The seeds' count per GPU and step: samples * d * h * 4 * k * 3 (1 instead of 3 in eval)."""
+    passes = 1 if config.eval else 3
+    return config.samples * config.model_dim * config.hidden_size * 4 * config.top_k * passes
+
+
+def full_flops(config: MoEBenchConfig, stats: dict, world_size: int, num_experts: int) -> float:
+    """Rows actually computed (padding included, drops excluded) per GPU, plus the gate."""
+    passes = 1 if config.eval else 3
+    rows = stats["computed_rows"] / world_size
+    experts = rows * config.model_dim * config.hidden_size * 4
+    gate = config.samples * config.model_dim * num_experts * 2
+    return (experts + gate) * passes
+
+
+def summarize(config, case, world_size, samples, stats, memory, device):
+    metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v and "_rank" not in k}
+    unit_of = {k: units.MS for k in metrics}
+    step = metrics["step_time"]
+    E = case["num_local_experts"] * world_size
+    metrics["tflops"] = seed_flops(config) / (step * 1e-3) / 1e12
+    metrics["tflops_full"] = full_flops(config, stats, world_size, E) / (step * 1e-3) / 1e12
+    unit_of.update(tflops=units.TFLOPS, tflops_full=units.TFLOPS)
+    metrics.update(stats)
+    unit_of.update(expert_load_max_over_mean=units.RATIO, rank_load_max_over_mean=units.RATIO,
+                   dropped_tokens=units.COUNT, computed_rows=units.COUNT, sent_rows=units.COUNT)
+    _block_metrics(samples, stats, metrics, unit_of)
+    if memory is not None:
+        metrics["peak_memory_mb"], unit_of["peak_memory_mb"] = memory, units.MB
+    floor = floor_ms(params_of(config, case, world_size), stats, device)
+    if floor is not None:
+        metrics["floor_ms"], unit_of["floor_ms"] = floor, units.MS
+        metrics["roofline_fraction"] = floor / step
+        unit_of["roofline_fraction"] = units.FRACTION_OF_ROOFLINE
+    return metrics, unit_of
+
+
+def _block_metrics(samples, stats, metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
+    """System blocks: per-rank AG/GA medians under the seed importer's names (ag_fwd_ms_rank<r> ...),
+    and units of the block statistics (counts informative; fractions and imbalance lower-is-better)."""
+    for key, values in samples.items():
+        if "_time_rank" in key and values:
+            phase, rank = key.split("_time_rank")
+            name = f"{phase.removeprefix('backward_')}_{'bwd' if phase.startswith('backward_') else 'fwd'}_ms"
+            metrics[f"{name}_rank{rank}"], unit_of[f"{name}_rank{rank}"] = statistics.median(values), units.MS
+    for name in stats:
+        if name not in unit_of:
+            unit_of[name] = units.RATIO if "fraction" in name or "imbalance" in name else units.COUNT
+
+
+def floor_ms(params: dict, stats: dict, device: str) -> float | None:
+    """Floor of one step (forward only in eval) for the busiest rank, by the performance model's
+    MoE floor (qbench/model/floors.py: gate and expert GEMMs at peak compute or memory, plus the token
+    exchange over NVLink); None off CUDA or on a GPU without a hardware preset."""
+    from qbench.model.floors import moe as moe_floors
+    from qbench.model.hardware import current_gpu_preset
+
+    hardware = current_gpu_preset(device)
+    if hardware is None:
+        return None
+    return moe_floors(params, stats, hardware)["step_time"].floor_ms

@@ -1,0 +1,40 @@
+"""`qbench moe --kernels grouped` (qbench/benches/moe/grouped.py): the grouped GEMM kernel bench on tiny
+shapes through the Triton interpreter (on a GPU it runs at the seed config's sizes from the command)."""
+
+from dataclasses import replace
+
+import pytest
+
+from kernels._common import interpreting
+from qbench.benches import moe as bench
+from qbench.benches.moe import grouped
+from qbench.errors import QbenchUsageError
+
+# d and h multiples of the interpreter's 16-wide K tile (plain w needs K % BK == 0); 40 routed rows
+# over 2 groups x 2 sources leave partial row tiles and maybe empty segments
+CONFIG = bench.MoEBenchConfig(world_size=1, backend="gloo", device="cpu", dtype="bf16", model_dim=32, hidden_size=48,
+                              samples=20, num_local_experts=(2,), kernels="grouped")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not interpreting(), reason="tiny shapes for the interpreter; a GPU runs the command's sizes")
+def test_every_case_is_checked_then_timed():
+    records = list(bench.run(CONFIG))
+    assert [r["params"]["shape"] for r in records] == [c.name for c in grouped.plan(CONFIG)]
+    assert len(records) == 4  # a-d; the group-count and expert-major cases run in fp16 only
+    assert all(r["status"] == "ok" for r in records), [r["error"] for r in records]
+    for r in records:
+        m = r["metrics"]
+        assert r["bench"] == "grouped_gemm" and r["params"]["dtype"] == "bf16" and r["params"]["rows"] == 40
+        assert m["tma_ms"] > 0 and m["pointer_ms"] > 0 and m["dense_ms"] > 0 and len(r["samples"]["tma_ms"]) == 2
+        assert max(m["tma_rel_err"], m["pointer_rel_err"]) <= grouped.TOLERANCE["bf16"], m
+
+
+def test_fp16_adds_the_group_count_and_expert_major_cases():
+    names = [c.name for c in grouped.plan(replace(CONFIG, dtype="fp16"))]
+    assert names[4:] == ["e fwd x@w1 G=4", "f a, expert-major", "f d, expert-major"]
+
+
+def test_usage_errors():
+    with pytest.raises(QbenchUsageError, match="fp16 or bf16"):
+        bench.validate(replace(CONFIG, dtype="fp32"))

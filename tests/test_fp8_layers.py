@@ -1,0 +1,73 @@
+"""Fp8Linear (recipes "switchback" and "all") against the 16-bit layer: outputs and gradients within
+the error of fp8 rounding, the weight gradient exact in 16-bit for the switchback recipe, and the
+compiled layer equal to eager. On the CPU the quantizers run through the Triton interpreter and the
+matmuls through their reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.switchback_quantize import quantize_rowwise
+from qbench.layers.fp8 import RECIPES, Fp8Linear, scaled_mm, scaled_mm_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# e4m3 keeps 3 mantissa bits (relative rounding <= 2^-4 per element), e5m2 2 bits (<= 2^-3); over a
+# K-long dot product the errors average out to ~1/sqrt(3) of that: 2-4 % for Y, up to ~7 % for dX
+BOUND = {"y": 0.05, "dx": 0.08, "dw_fp8": 0.08}
+
+
+def rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def grads(layer, x, g):
+    x = x.detach().clone().requires_grad_(True)
+    layer.zero_grad(set_to_none=True)
+    y = layer(x)
+    y.backward(g)
+    return y.detach(), x.grad, layer.weight.grad, layer.bias.grad
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", [((48, 64), 32), ((2, 24, 32), 48)])
+def test_fp8_layer_matches_16bit_within_fp8_rounding(recipe, shape):
+    x_shape, n_out = shape
+    torch.manual_seed(n_out)
+    x = torch.randn(x_shape, device=DEVICE).to(torch.bfloat16)
+    g = torch.randn(*x_shape[:-1], n_out, device=DEVICE).to(torch.bfloat16)
+    fp8 = Fp8Linear(x_shape[-1], n_out, device=DEVICE, dtype=torch.bfloat16, recipe=recipe)
+    ref = torch.nn.Linear(x_shape[-1], n_out, device=DEVICE, dtype=torch.bfloat16)
+    ref.load_state_dict(fp8.state_dict())
+    (y, dx, dw, db), (y0, dx0, dw0, db0) = grads(fp8, x, g), grads(ref, x, g)
+    assert rel(y, y0) < BOUND["y"], f"output rel err {rel(y, y0):.3f}"
+    assert rel(dx, dx0) < BOUND["dx"], f"dX rel err {rel(dx, dx0):.3f}"
+    assert rel(db, db0) < 1e-2  # bias grad: G summed in 16-bit in both
+    if recipe == "switchback":
+        assert rel(dw, dw0) < 1e-2, "16-bit grad-weight"
+    else:
+        assert 1e-4 < rel(dw, dw0) < BOUND["dw_fp8"], f"fp8 dW rel err {rel(dw, dw0):.3f}"
+
+
+def test_scaled_mm_matches_its_reference():
+    a, b = torch.randn(32, 48, device=DEVICE).to(torch.bfloat16), torch.randn(16, 48, device=DEVICE).to(torch.bfloat16)
+    (aq, sa), (bq, sb) = quantize_rowwise(a, "e4m3"), quantize_rowwise(b, "e4m3")
+    got, want = scaled_mm(aq, sa, bq, sb, torch.bfloat16), scaled_mm_reference(aq, sa, bq, sb, torch.bfloat16)
+    assert rel(got, want) < 1e-2
+    assert rel(want, a.float() @ b.float().t()) < BOUND["y"]
+
+
+def test_compiled_fp8_layer_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    layer = Fp8Linear(64, 32, device=DEVICE, dtype=torch.bfloat16, recipe="all")
+    x = torch.randn(16, 64, device=DEVICE).to(torch.bfloat16)
+    g = torch.randn(16, 32, device=DEVICE).to(torch.bfloat16)
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor" if DEVICE == "cuda" else "aot_eager")
+    for a, b in zip(grads(compiled, x, g), grads(layer, x, g)):
+        assert rel(a, b) < 1e-2
+
+
+def test_unknown_recipe_is_rejected():
+    with pytest.raises(ValueError, match="unknown fp8 recipe"):
+        Fp8Linear(16, 16, recipe="tensorwise")

@@ -16,7 +16,7 @@ from qbench.options import (
     repeat_option,
 )
 
-VARIANTS = ("global", "rowwise", "fp8", "int8_cublas", "module")
+VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "int8_cublas", "module")  # benches.switchback.sweep
 EPILOG = """\b
 Examples:
   qbench switchback                                # the original's 18 pairs, M = 1024 ... 131072

@@ -186,11 +186,27 @@ def relative_errors(ops: Operands, variants) -> dict:
     out = {}
     outputs = {n: fn for n, fn in int8_matmuls(ops).items() if n.split("_")[0] in variants}
     outputs.update(peers.peer_outputs(ops, variants))
+    if any(name.endswith("_gw") for name in outputs):
+        ref["gw"] = _sample_rows(ops.g.t() @ ops.x)  # dW [N, K] sums over all M tokens
     for name, fn in outputs.items():
         want = ref[name.rsplit("_", 1)[1]].float()
         got = _sample_rows(fn()).float()
         out[f"relerr_{name}"] = (torch.linalg.vector_norm(got - want) / torch.linalg.vector_norm(want)).item()
     return out
+
+
+# largest relative error a low-precision matmul may show against 16-bit before the run is an error:
+# int8 with absmax scales ~1e-2 on N(0, 1) data; fp8 e4m3 (3 mantissa bits) ~3e-2, e5m2 grads ~6e-2
+ERROR_BOUND = {"fp8": 0.1, "int8": 0.05}
+
+
+def error_gate(relerrs: dict) -> str | None:
+    """The first matmul whose relative error exceeds its format's bound (or is not finite), or None."""
+    for name, err in relerrs.items():
+        bound = ERROR_BOUND["fp8" if "fp8" in name else "int8"]
+        if not err <= bound:
+            return f"{name.removeprefix('relerr_')}: relative error {err:.3g} against 16-bit exceeds {bound}"
+    return None
 
 
 def time_all(ops: Operands, variants, *, repeat, budget_ms) -> dict:

@@ -1,15 +1,16 @@
 """Module-level training steps of `qbench switchback`, in the three ways training runs.
 
-SwitchBackLinear (global) against nn.Linear, each doing forward + backward (dX, dW, db) on the same X
+SwitchBackLinear (global), and with the fp8 variants Fp8Linear (recipes switchback and all), against
+nn.Linear, each doing forward + backward (dX, dW, db) on the same X
 [M, K] and output gradient G [M, N], run
   eager    layer(x).backward(g) as written;
   compile  torch.compile(layer, fullgraph=True) (inductor, static shapes: one compilation per shape,
            so the recompile limit never sends a shape back to eager);
   graph    the whole eager step captured into one CUDA graph and replayed (GPU only).
 Metrics (ms; eager keeps the historic names):
-  module_switchback_ms, module_linear_ms, speedup_module                 eager
-  module_switchback_<m>_ms, module_linear_<m>_ms, speedup_module_<m>     m = compile, graph
-  host_switchback_<m>_ms, host_linear_<m>_ms   CPU time spent issuing one step (every mode)
+  module_<layer>_ms, speedup_module[_fp8|_fp8_all]                       eager
+  module_<layer>_<m>_ms, speedup_module[_fp8|_fp8_all]_<m>                m = compile, graph
+  host_<layer>_<m>_ms   CPU time spent issuing one step (every mode)
   module_kernel_ratio_<m>   speedup_module_<m> / speedup_global: how much of the kernel-sum speed-up
                             the module keeps (1.0: all of it)
 Before a mode is timed its step is checked: eager SwitchBack against nn.Linear (relative error of the
@@ -19,7 +20,9 @@ output and of dX within the int8 bound), compiled and graphed against eager (sam
 from __future__ import annotations
 
 EXECS = ("eager", "compile", "graph")
-INT8_REL_ERROR = 0.05  # int8 forward / grad-input against 16-bit: ~1e-2 on N(0, 1) data
+# forward / grad-input against 16-bit on N(0, 1) data: int8 ~1e-2; fp8 e4m3 (3 mantissa bits) ~3e-2,
+# e5m2 gradients (2 bits) ~6e-2
+LOW_PRECISION_REL_ERROR = {"switchback": 0.05, "fp8": 0.1, "fp8_all": 0.1}
 SAME_KERNELS_REL_ERROR = 1e-2  # compile/graph vs eager: same kernels, the 16-bit dW may reorder sums
 
 
@@ -27,19 +30,26 @@ def supported_execs(device: str) -> tuple[str, ...]:
     return EXECS if device == "cuda" else ("eager", "compile")
 
 
-def _layers(ops):
+def _layers(ops, variants):
+    """name -> layer with the operands' W and one bias: SwitchBack (global), nn.Linear, and the fp8
+    layers when asked for and the GPU runs fp8 matmuls (peers.fp8_supported)."""
     import torch
 
+    from qbench.benches.switchback.peers import fp8_supported
+    from qbench.layers.fp8 import Fp8Linear
     from qbench.layers.switchback import SwitchBackLinear
 
     K, N = ops.x.shape[1], ops.w.shape[0]
-    sb = SwitchBackLinear(K, N, device=ops.device, dtype=ops.dtype)
-    ref = torch.nn.Linear(K, N, device=ops.device, dtype=ops.dtype)
+    kw = {"device": ops.device, "dtype": ops.dtype}
+    layers = {"switchback": SwitchBackLinear(K, N, **kw), "linear": torch.nn.Linear(K, N, **kw)}
+    if fp8_supported(ops):
+        layers.update({name: Fp8Linear(K, N, **kw, recipe=recipe) for name, recipe in
+                       (("fp8", "switchback"), ("fp8_all", "all")) if name in variants})
     with torch.no_grad():
-        for layer in (sb, ref):
+        for layer in layers.values():
             layer.weight.copy_(ops.w)
             layer.bias.copy_(torch.linspace(-1, 1, N, device=ops.device, dtype=ops.dtype))
-    return {"switchback": sb, "linear": ref}
+    return layers
 
 
 def _step(layer, x, g, out: dict, reset: bool = True):
@@ -99,18 +109,19 @@ def _prepare(mode: str, layer, x, g):
     return step, [t.detach().clone() for t in (out["y"], x.grad, layer.weight.grad, layer.bias.grad)]
 
 
-def measure(ops, execs, *, repeat, budget_ms) -> tuple[dict, dict, str | None]:
+def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str | None]:
     """(metrics, samples, first failure or None) of the module steps in each execution mode. Eager
     results are taken first: SwitchBack against nn.Linear, then every mode against eager."""
     from qbench.timing import host_time, time_fn
 
     x = ops.x.detach().requires_grad_(True)
-    layers = _layers(ops)
+    layers = _layers(ops, variants)
     eager = {name: _prepare("eager", layer, x, ops.g)[1] for name, layer in layers.items()}
-    # SwitchBack's int8 output and dX against the 16-bit layer (dW and db are 16-bit in both)
-    failure = _mismatch(eager["switchback"][:2], eager["linear"][:2], INT8_REL_ERROR)
-    if failure:
-        return {}, {}, f"SwitchBackLinear vs nn.Linear: {failure}"
+    # the low-precision outputs and dX against the 16-bit layer (dW and db are 16-bit in SwitchBack)
+    for name in (n for n in layers if n != "linear"):
+        failure = _mismatch(eager[name][:2], eager["linear"][:2], LOW_PRECISION_REL_ERROR[name])
+        if failure:
+            return {}, {}, f"{name} layer vs nn.Linear: {failure}"
     metrics, samples = {}, {}
     for mode in execs:
         for name, layer in layers.items():
@@ -126,14 +137,21 @@ def measure(ops, execs, *, repeat, budget_ms) -> tuple[dict, dict, str | None]:
     return metrics, samples, None
 
 
+def _speedup_key(name: str, mode: str) -> str:
+    return "speedup_module" + ("" if name == "switchback" else f"_{name}") + ("" if mode == "eager" else f"_{mode}")
+
+
 def derive(metrics: dict) -> dict:
-    """Speed-ups of the module over nn.Linear per mode, and their ratio to the kernel-sum speed-up."""
+    """Speed-ups of each module over nn.Linear per mode, and SwitchBack's ratio to the kernel-sum
+    speed-up (module_kernel_ratio_<mode>)."""
     out = {}
     for mode in EXECS:
         suffix = "" if mode == "eager" else f"_{mode}"
-        sb, ref = metrics.get(f"module_switchback{suffix}_ms"), metrics.get(f"module_linear{suffix}_ms")
-        if sb and ref:
-            out[f"speedup_module{suffix}"] = ref / sb
-            if metrics.get("speedup_global"):
-                out[f"module_kernel_ratio_{mode}"] = out[f"speedup_module{suffix}"] / metrics["speedup_global"]
+        ref = metrics.get(f"module_linear{suffix}_ms")
+        for name in ("switchback", "fp8", "fp8_all"):
+            ms = metrics.get(f"module_{name}{suffix}_ms")
+            if ms and ref:
+                out[_speedup_key(name, mode)] = ref / ms
+        if _speedup_key("switchback", mode) in out and metrics.get("speedup_global"):
+            out[f"module_kernel_ratio_{mode}"] = out[_speedup_key("switchback", mode)] / metrics["speedup_global"]
     return out

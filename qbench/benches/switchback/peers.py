@@ -1,8 +1,11 @@
-"""Peers of SwitchBack in the same run, and the module-level step.
+"""Peers of SwitchBack in the same run.
 
-- fp8 SwitchBack: forward and grad-input through torch._scaled_mm (float8_e4m3fn operands, rowwise
-  scales: one per row of A and one per output column; that mode writes bf16 only), grad-weight in
-  16-bit. Quantization is plain torch (absmax, divide, cast), as a user without a fused kernel has.
+- fp8 ("fp8", SwitchBack's layout): forward and grad-input through torch._scaled_mm with rowwise
+  scales (one per row of A and one per output column; that mode writes bf16), grad-weight in 16-bit.
+  Quantized by the same fused kernels as int8 (kernels/switchback_quantize.py): X and W rowwise in
+  e4m3, G rowwise in e5m2, W columnwise-and-transposed in e4m3 for the grad-input.
+- fp8 everywhere ("fp8_all", the rowwise recipe of current fp8 training): the same plus grad-weight
+  in fp8, dW = (G^T)q (X^T)q with G^T and X^T quantized per output / input feature over the tokens.
 - cuBLAS int8: torch._int_mm (int8 x int8 -> int32) on SwitchBack's vectorwise operands, then the
   dequantizing epilogue as separate torch ops (cuBLAS has no fused rowwise-scale epilogue here).
 Each peer is skipped (absent from the record) where the GPU or the shape does not support it.
@@ -10,20 +13,26 @@ Each peer is skipped (absent from the record) where the GPU or the shape does no
 
 from __future__ import annotations
 
-FP8_MAX = 448.0  # largest float8_e4m3fn value
 TOTALS = {
     "time_fp8": ("fp8_quantize_x", "fp8_quantize_g", "fp8_quantize_w", "fp8_quantize_w_t", "standard_gw",
                  "fp8_fwd", "fp8_bwd"),
+    "time_fp8_all": ("fp8_quantize_x", "fp8_quantize_g", "fp8_quantize_w", "fp8_quantize_w_t", "fp8_quantize_g_t",
+                     "fp8_quantize_x_t", "fp8_fwd", "fp8_bwd", "fp8_gw"),
     "time_int8_cublas": ("x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_rowwise",
                          "w_quantize_colwise_transpose", "standard_gw", "int8_cublas_fwd", "int8_cublas_bwd"),
 }
-MATMUL_RATE = {"fp8_fwd": "tflops", "fp8_bwd": "tflops", "int8_cublas_fwd": "tops", "int8_cublas_bwd": "tops"}
+MATMUL_RATE = {"fp8_fwd": "tflops", "fp8_bwd": "tflops", "fp8_gw": "tflops", "int8_cublas_fwd": "tops",
+               "int8_cublas_bwd": "tops"}
+# each fp8 quantizer next to the int8 quantizer of the same shape and layout (the fairness check)
+INT8_TWIN = {"fp8_quantize_x": "x_quantize_rowwise", "fp8_quantize_g": "g_quantize_rowwise",
+             "fp8_quantize_w": "w_quantize_rowwise", "fp8_quantize_w_t": "w_quantize_colwise_transpose"}
 
 
 def quantize_bytes(shape) -> dict:
     M, K, N = shape.batch_size, shape.dim_in, shape.dim_out
-    return {"fp8_quantize_x": 3 * M * K, "fp8_quantize_g": 3 * M * N, "fp8_quantize_w": 3 * N * K,
-            "fp8_quantize_w_t": 3 * N * K}
+    return {"fp8_quantize_x": 3 * M * K + 4 * M, "fp8_quantize_g": 3 * M * N + 4 * M,
+            "fp8_quantize_w": 3 * N * K + 4 * N, "fp8_quantize_w_t": 3 * N * K + 4 * K,
+            "fp8_quantize_g_t": 3 * M * N + 4 * N, "fp8_quantize_x_t": 3 * M * K + 4 * K}
 
 
 def fp8_supported(ops) -> bool:
@@ -46,27 +55,26 @@ def int8_cublas_supported(ops) -> bool:
     return ops.device == "cuda" and hasattr(torch, "_int_mm") and M > 16 and K % 8 == 0 and N % 8 == 0
 
 
-def fp8_rowwise(t):
-    """t [R, C] 16-bit -> (float8_e4m3fn [R, C], fp32 scales [R, 1]) with t ~ q * scale."""
-    import torch
+def _fp8_quantized(ops) -> dict:
+    """name -> (fp8 tensor, scales) of every fp8 operand, made once by the fused kernels."""
+    from kernels import switchback_quantize as sq
 
-    scale = t.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    return (t / scale.to(t.dtype)).to(torch.float8_e4m3fn), scale
+    return {"x": sq.quantize_rowwise(ops.x, "e4m3"), "g": sq.quantize_rowwise(ops.g, "e5m2"),
+            "w": sq.quantize_rowwise(ops.w, "e4m3"), "w_t": sq.quantize_columnwise_transpose(ops.w, "e4m3"),
+            "g_t": sq.quantize_columnwise_transpose(ops.g, "e5m2"),
+            "x_t": sq.quantize_columnwise_transpose(ops.x, "e4m3")}
 
 
-def _fp8_ops(ops) -> dict:
-    """Quantized fp8 operands (made once, outside the timed region) and the two matmuls."""
-    import torch
+def _fp8_ops(ops, variants) -> dict:
+    """The fp8 matmuls on operands quantized once, outside the timed region."""
+    from qbench.layers.fp8 import scaled_mm
 
-    xq, sx = fp8_rowwise(ops.x)
-    gq, sg = fp8_rowwise(ops.g)
-    wq, sw = fp8_rowwise(ops.w)  # [N, K], one scale per output feature (forward)
-    wtq, swt = fp8_rowwise(ops.w.t().contiguous())  # [K, N], one scale per input feature (grad-input)
-    mm = torch._scaled_mm
-    return {
-        "fp8_fwd": lambda: mm(xq, wq.t(), scale_a=sx, scale_b=sw.t(), out_dtype=torch.bfloat16),
-        "fp8_bwd": lambda: mm(gq, wtq.t(), scale_a=sg, scale_b=swt.t(), out_dtype=torch.bfloat16),
-    }
+    q, dt = _fp8_quantized(ops), ops.dtype
+    fns = {"fp8_fwd": lambda: scaled_mm(*q["x"], *q["w"], dt),  # Y = X W^T  [M, N]
+           "fp8_bwd": lambda: scaled_mm(*q["g"], *q["w_t"], dt)}  # dX = G W  [M, K]
+    if "fp8_all" in variants:
+        fns["fp8_gw"] = lambda: scaled_mm(*q["g_t"], *q["x_t"], dt)  # dW = G^T X  [N, K]
+    return fns
 
 
 def _int8_cublas_ops(ops) -> dict:
@@ -88,8 +96,8 @@ def _int8_cublas_ops(ops) -> dict:
 def peer_outputs(ops, variants) -> dict:
     """name -> callable of the peers' matmuls (for errors as well as timing)."""
     out = {}
-    if "fp8" in variants and fp8_supported(ops):
-        out.update(_fp8_ops(ops))
+    if ("fp8" in variants or "fp8_all" in variants) and fp8_supported(ops):
+        out.update(_fp8_ops(ops, variants))
     if "int8_cublas" in variants and int8_cublas_supported(ops):
         out.update(_int8_cublas_ops(ops))
     return out
@@ -98,8 +106,14 @@ def peer_outputs(ops, variants) -> dict:
 def peer_components(ops, variants) -> dict:
     fns = peer_outputs(ops, variants)
     if "fp8_fwd" in fns:
-        w = ops.w
-        fns.update({"fp8_quantize_x": lambda: fp8_rowwise(ops.x), "fp8_quantize_g": lambda: fp8_rowwise(ops.g),
-                    "fp8_quantize_w": lambda: fp8_rowwise(w),
-                    "fp8_quantize_w_t": lambda: fp8_rowwise(w.t().contiguous())})
+        from kernels import switchback_quantize as sq
+
+        x, g, w = ops.x, ops.g, ops.w
+        fns.update({"fp8_quantize_x": lambda: sq.quantize_rowwise(x, "e4m3"),
+                    "fp8_quantize_g": lambda: sq.quantize_rowwise(g, "e5m2"),
+                    "fp8_quantize_w": lambda: sq.quantize_rowwise(w, "e4m3"),
+                    "fp8_quantize_w_t": lambda: sq.quantize_columnwise_transpose(w, "e4m3")})
+        if "fp8_gw" in fns:
+            fns.update({"fp8_quantize_g_t": lambda: sq.quantize_columnwise_transpose(g, "e5m2"),
+                        "fp8_quantize_x_t": lambda: sq.quantize_columnwise_transpose(x, "e4m3")})
     return fns

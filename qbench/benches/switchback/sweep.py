@@ -5,7 +5,7 @@ original bitsandbytes benchmark (keys and totals named exactly as in its info.js
 ../shared reference switchback.md), adds speed-ups, % time saved, throughput of every component, the
 relative error of each int8 matmul against the 16-bit result, the module-level forward+backward of
 SwitchBackLinear against nn.Linear, and two peers: fp8 SwitchBack (torch._scaled_mm, rowwise scales)
-and cuBLAS int8 (torch._int_mm + a scale epilogue). Peers live in benches/switchback_peers.py.
+and cuBLAS int8 (torch._int_mm + a scale epilogue). Peers live in benches/switchback/peers.py.
 
 Correctness comes first: quantizers are compared with their references and every int8 matmul with
 the worst-case quantization bound on a sample of rows; a failure gives an "error" record, untimed.
@@ -28,7 +28,7 @@ SEED_PAIRS = ((1024, 4096, 4), (1280, 5120, 4), (1408, 5632, 4), (1408, 6144, 4.
 GPU_BATCHES = tuple(2**i for i in range(10, 18))  # 1024 ... 131072 tokens, as the original
 CPU_DIMS = (64, 96)
 CPU_BATCHES = (64, 256)
-VARIANTS = ("global", "rowwise", "fp8", "int8_cublas", "module")
+VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "int8_cublas", "module")
 TIME_BUDGET_MS = {"cuda": 100.0, "cpu": 5.0}  # per component: enough repeats for stable medians
 MAX_SAMPLES = 50  # raw samples kept per total (keeps a committed run small)
 
@@ -109,18 +109,19 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
         return store.make_record(BENCH, params, status="skipped", error=note, device=config.device)
     try:
         ops = comp.Operands.make(shape, config)
-        failure = comp.check(ops, config.variants)
+        relerrs = comp.relative_errors(ops, config.variants)
+        failure = comp.check(ops, config.variants) or comp.error_gate(relerrs)
         if failure:
             return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
         budget = config.repeat is None and TIME_BUDGET_MS[config.device] or None
         timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget)
         module_metrics, module_samples, failure = ({}, {}, None)
         if "module" in config.variants:
-            module_metrics, module_samples, failure = modules.measure(ops, config.execs, repeat=config.repeat,
-                                                                      budget_ms=budget)
+            module_metrics, module_samples, failure = modules.measure(
+                ops, config.execs, config.variants, repeat=config.repeat, budget_ms=budget)
         if failure:
             return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
-        metrics = derive(shape, timings, comp.relative_errors(ops, config.variants), config)
+        metrics = derive(shape, timings, relerrs, config)
         metrics.update(module_metrics)
         metrics.update(modules.derive(metrics))
     except comp.OutOfMemory as exc:
@@ -149,7 +150,7 @@ def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig)
         if all(k in m for k in keys):
             m[total] = sum(m[k] for k in keys)
     base = m["time_standard"]
-    for name in ("global", "rowwise", "fp8", "int8_cublas"):
+    for name in ("global", "rowwise", "fp8", "fp8_all", "int8_cublas"):
         if f"time_{name}" in m:
             m[f"speedup_{name}"] = base / m[f"time_{name}"]
             if name in ("global", "rowwise"):

@@ -73,3 +73,24 @@ def test_time_fn_cuda_events_flush_and_graph_replay():
     # 2*2048^3 flop at <= 1000 TFLOP/s is >= 17 us: the events measured GPU work, not launch time
     assert eager.median > 0.017 and graphed.median > 0.017
     assert len(timing._CAPTURE_STREAMS) == 1 and again.median > 0  # one capture stream, reused
+
+
+@pytest.mark.gpu
+def test_gpu_only_timing_leaves_out_the_hosts_issue_time():
+    """A call whose host work (0.3 ms asleep) outlasts its GPU work: timed as the loop sees it, it takes
+    the host's time; with gpu_only the GPU spins first, so only the kernel is timed."""
+    import time as _time
+
+    import torch
+
+    from qbench.timing import time_fn
+
+    x = torch.randn(1024, device="cuda")
+
+    def slow_to_issue():
+        _time.sleep(3e-4)
+        x.add_(1.0)
+
+    wall = time_fn(slow_to_issue, device="cuda", repeat=20, flush_l2=False).median
+    gpu = time_fn(slow_to_issue, device="cuda", repeat=20, flush_l2=False, gpu_only=True).median
+    assert wall >= 0.25 and gpu < 0.1, (wall, gpu)

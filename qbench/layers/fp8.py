@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels._common import is_compiling, register_op
 from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise
 
 RECIPES = ("switchback", "all")
@@ -49,34 +50,25 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-class Fp8LinearFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, bias, recipe: str):
-        x2 = _flat(x)
-        xq, sx = quantize_rowwise(x2, ACT)
-        wq, sw = quantize_rowwise(w, ACT)
-        y = scaled_mm(xq, sx, wq, sw, x.dtype)
-        if bias is not None:
-            y = y + bias
-        ctx.save_for_backward(x2, w)
-        ctx.lead, ctx.has_bias, ctx.recipe = x.shape[:-1], bias is not None, recipe
-        return y.reshape(*x.shape[:-1], w.shape[0])
+def _fp8_forward(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """Y [M, N] = Xq Wq^T (+ bias), X and W rowwise in e4m3."""
+    xq, sx = quantize_rowwise(x2, ACT)
+    wq, sw = quantize_rowwise(w, ACT)
+    y = scaled_mm(xq, sx, wq, sw, x2.dtype)
+    return y if bias is None else y + bias
 
-    @staticmethod
-    def backward(ctx, g):
-        x2, w = ctx.saved_tensors
-        g2 = _flat(g)
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = dw = db = None
-        if need_x:
-            gq, sg = quantize_rowwise(g2, GRAD)
-            wtq, swt = quantize_columnwise_transpose(w, ACT)  # [K, N], one scale per input feature
-            dx = scaled_mm(gq, sg, wtq, swt, g.dtype).reshape(*ctx.lead, w.shape[1])
-        if need_w:
-            dw = _weight_grad(g2, x2, ctx.recipe).to(w.dtype)
-        if need_b and ctx.has_bias:
-            db = g2.sum(dim=0).to(w.dtype)
-        return dx, dw, db, None
+
+def _fp8_backward(g2: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, recipe: str, need_x: bool, need_w: bool,
+                  need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX [M, K], dW [N, K], db [N]); an input that needs none gets an empty tensor."""
+    empty = g2.new_empty(0)
+    dx = empty
+    if need_x:
+        gq, sg = quantize_rowwise(g2, GRAD)
+        wtq, swt = quantize_columnwise_transpose(w, ACT)  # [K, N], one scale per input feature
+        dx = scaled_mm(gq, sg, wtq, swt, g2.dtype)
+    dw = _weight_grad(g2, x2, recipe) if need_w else empty
+    return dx, dw, g2.sum(dim=0) if need_b else empty
 
 
 def _weight_grad(g2, x2, recipe: str):
@@ -87,6 +79,35 @@ def _weight_grad(g2, x2, recipe: str):
     gtq, sgt = quantize_columnwise_transpose(g2, GRAD)  # [N, M]
     xtq, sxt = quantize_columnwise_transpose(x2, ACT)  # [K, M]
     return scaled_mm(gtq, sgt, xtq, sxt, g2.dtype)
+
+
+# One torch custom op per direction: a compiled graph dispatches two ops per step (see layers/switchback.py)
+_FORWARD_OP = register_op("fp8_linear_forward", _fp8_forward,
+                          lambda x2, w, bias: x2.new_empty((x2.shape[0], w.shape[0])))
+_BACKWARD_OP = register_op(
+    "fp8_linear_backward", _fp8_backward,
+    lambda g2, x2, w, recipe, nx, nw, nb: (x2.new_empty(x2.shape if nx else 0), w.new_empty(w.shape if nw else 0),
+                                           g2.new_empty(g2.shape[1] if nb else 0)))
+
+
+class Fp8LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, recipe: str):
+        x2 = _flat(x)
+        y = (_FORWARD_OP if is_compiling() else _fp8_forward)(x2, w, bias)
+        ctx.save_for_backward(x2, w)
+        ctx.lead, ctx.has_bias, ctx.recipe = x.shape[:-1], bias is not None, recipe
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, w = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        need_b = need_b and ctx.has_bias
+        dx, dw, db = (_BACKWARD_OP if is_compiling() else _fp8_backward)(_flat(g), x2, w, ctx.recipe, need_x,
+                                                                          need_w, need_b)
+        return (dx.reshape(*ctx.lead, w.shape[1]) if need_x else None, dw.to(w.dtype) if need_w else None,
+                db.to(w.dtype) if need_b else None, None)
 
 
 class Fp8Linear(nn.Linear):

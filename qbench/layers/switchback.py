@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kernels._common import is_compiling, register_op
 from kernels.switchback_matmul import int8_matmul_rowwise_columnwise, int8_matmul_rowwise_global
 from kernels.switchback_quantize import (
     dequantize_rowwise,
@@ -51,6 +52,40 @@ def _remember(ctx, x, w, bias):
     ctx.lead, ctx.has_bias, ctx.w_dtype = x.shape[:-1], bias is not None, w.dtype
 
 
+def _global_forward(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(Y [M, N], Wq^T [K, N] int8, s_w [1]) of the global variant: X rowwise, W once into both layouts."""
+    xq, sx = quantize_rowwise(x2)
+    wq, wtq, sw = quantize_global_both(w)
+    return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x2.dtype), wtq, sw
+
+
+def _global_backward(g2: torch.Tensor, x2: torch.Tensor, wtq: torch.Tensor, sw: torch.Tensor, need_x: bool,
+                     need_w: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX [M, K], dW [N, K], db [N]) of the global variant; an input that needs none gets an empty tensor."""
+    empty = g2.new_empty(0)
+    dx = empty
+    if need_x:
+        gq, sg = quantize_rowwise(g2)
+        dx = int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g2.dtype)  # Wq^T [K, N]: K-major for G W
+    dw = g2.t() @ x2 if need_w else empty  # 16-bit grad-weight: the "switch back"
+    return dx, dw, g2.sum(dim=0) if need_b else empty
+
+
+# One torch custom op per direction: a compiled graph dispatches two ops per step instead of eight
+# kernel ops (each dispatch costs ~11-20 us of host time on an H200 host); eager calls the functions.
+_FORWARD_OP = register_op(
+    "switchback_global_forward", _global_forward,
+    lambda x2, w, bias: (x2.new_empty((x2.shape[0], w.shape[0])), w.new_empty((w.shape[1], w.shape[0]),
+                                                                               dtype=torch.int8),
+                         w.new_empty(1, dtype=torch.float32)))
+_BACKWARD_OP = register_op(
+    "switchback_global_backward", _global_backward,
+    lambda g2, x2, wtq, sw, nx, nw, nb: (x2.new_empty(x2.shape if nx else 0),
+                                         g2.new_empty((g2.shape[1], x2.shape[1]) if nw else 0),
+                                         g2.new_empty(g2.shape[1] if nb else 0)))
+
+
 class SwitchBackGlobalFn(torch.autograd.Function):
     """Forward quantizes W once into both layouts (one read of W): Wq for Y = X W^T now, Wq^T (int8,
     N*K bytes kept for backward) for dX = G W, so backward quantizes only G."""
@@ -58,21 +93,19 @@ class SwitchBackGlobalFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, bias):
         x2 = _flat(x)
-        xq, sx = quantize_rowwise(x2)
-        wq, wtq, sw = quantize_global_both(w)
+        y, wtq, sw = (_FORWARD_OP if is_compiling() else _global_forward)(x2, w, bias)
         ctx.save_for_backward(x2, wtq, sw)
         _remember(ctx, x, w, bias)
-        return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x.dtype).reshape(*x.shape[:-1], w.shape[0])
+        return y.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, g):
         x2, wtq, sw = ctx.saved_tensors
-
-        def dx_fn(g2):
-            gq, sg = quantize_rowwise(g2)
-            return int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g.dtype)  # Wq^T [K, N]: K-major for G W
-
-        return _grads(ctx, _flat(g), x2, dx_fn)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx, dw, db = (_BACKWARD_OP if is_compiling() else _global_backward)(
+            _flat(g), x2, wtq, sw, need_x, need_w, need_b and ctx.has_bias)
+        return (dx.reshape(*ctx.lead, x2.shape[1]) if need_x else None, dw.to(ctx.w_dtype) if need_w else None,
+                db.to(ctx.w_dtype) if need_b and ctx.has_bias else None)
 
 
 class SwitchBackVectorwiseFn(torch.autograd.Function):

@@ -212,7 +212,8 @@ def error_gate(relerrs: dict) -> str | None:
 def time_all(ops: Operands, variants, *, repeat, budget_ms) -> dict:
     from qbench.timing import time_fn
 
-    return {name: time_fn(fn, device=ops.device, repeat=repeat, budget_ms=budget_ms, flush_l2=True)
+    return {name: time_fn(fn, device=ops.device, repeat=repeat, budget_ms=budget_ms, flush_l2=True,
+                          gpu_only=True)
             for name, fn in components(ops, variants).items()}
 
 

@@ -184,7 +184,7 @@ def comparison_tables(comparison) -> list[Table]:
     """One rich table per candidate, with geometric-mean rows and marker counts in the caption."""
     tables = []
     for candidate in dict.fromkeys(r.candidate for r in comparison.rows):
-        table = Table(title=f"{candidate} vs reference", header_style="bold")
+        table = Table(title=f"{candidate} vs {comparison.reference}", header_style="bold")
         for name in COMPARE_COLUMNS:
             table.add_column(name, justify="left" if name in ("case", "metric", "note") else "right")
         for row in (r for r in comparison.rows if r.candidate == candidate):
@@ -243,6 +243,7 @@ def comparison_csv(comparison) -> str:
 
 def comparison_json(comparison) -> str:
     payload = {
+        "reference": comparison.reference,
         "rows": [r.as_dict() for r in comparison.rows],
         "geometric_means": [{"candidate": c, "metric": m, "ratio": v} for (c, m), v in comparison.geomeans.items()],
         "counts": comparison.counts,

@@ -266,3 +266,24 @@ def print_comparison(comparison, fmt: str | None) -> None:
         console = stdout_console()
         for table in comparison_tables(comparison):
             console.print(table)
+
+
+# ---- numbers a note quotes (qbench summary) ----------------------------------------------------
+
+
+def format_sig(value: Any, digits: int = 4) -> str:
+    """A number to `digits` significant digits, with more digits whenever rounding would end on a zero
+    (1.39996 is '1.39996', never '1.400'): a target of fewer than `digits` significant digits is then met
+    or missed by the printed value exactly as by the stored one."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    if isinstance(value, int) or not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    for sig in range(digits, 18):
+        exponent = math.floor(math.log10(abs(value)))
+        text = f"{value:.{sig - 1}e}" if exponent < -4 else f"{value:.{max(sig - 1 - exponent, 0)}f}"
+        if not text.split("e")[0].endswith("0") or float(text) == value:
+            return text
+    return repr(value)

@@ -29,6 +29,7 @@ from qbench.errors import QbenchUsageError
 from qbench.timing import percentile
 
 ACROSS_RUNS = ("median",)
+TIMES = (units.MS, units.S)  # the default metrics of records that keep no samples
 RUN_PARAM, BENCH_PARAM = "run", "bench"  # pseudo-parameters when the records come from several runs / benches
 
 
@@ -116,7 +117,7 @@ def _select(runs: Sequence[Run], options: SummaryOptions) -> tuple[list[tuple[in
 
 def pick_metrics(records: Sequence[dict], wanted: Sequence[str]) -> list[str]:
     """--metric names (each must exist), else every metric some record keeps samples of (the bench's
-    main metrics), in record order."""
+    main metrics), else every time (a run rebuilt without its samples), in record order."""
     known = list(dict.fromkeys(m for rec in records for m in rec.get("metrics", {})))
     shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
     for name in wanted:
@@ -125,8 +126,9 @@ def pick_metrics(records: Sequence[dict], wanted: Sequence[str]) -> list[str]:
     if wanted:
         return list(dict.fromkeys(wanted))
     sampled = [m for m in known if any(rec.get("samples", {}).get(m) for rec in records)]
+    sampled = sampled or [m for m in known if any(rec.get("units", {}).get(m) in TIMES for rec in records)]
     if not sampled:
-        raise QbenchUsageError(f"these records keep no samples; name the metrics with --metric (they have: {shown})")
+        raise QbenchUsageError(f"these records keep no samples or times; name metrics with --metric ({shown})")
     return sampled
 
 

@@ -161,8 +161,10 @@ def test_usage_errors(tmp_path):
     ]:
         with pytest.raises(QbenchUsageError, match=fragment):
             _summary(tmp_path / str(len(fragment)), *run, **options)
-    with pytest.raises(QbenchUsageError, match="keep no samples"):
+    with pytest.raises(QbenchUsageError, match="keep no samples or times"):
         _summary(tmp_path / "nosamples", [_record({"m": 1}, speedup=1.2)])
+    times = _summary(tmp_path / "times", [_record({"m": 1}, time=1.5, speedup=1.2)])  # samples lost, say
+    assert times.metrics == ["time"] and summary.cell_text(_cells(times, "time")[()], 4) == "1.500\u2020"
 
 
 def _cli(*args):

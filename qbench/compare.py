@@ -298,8 +298,13 @@ def across_param(runs: Sequence[Run], spec: str, cross_env: bool = False) -> lis
         raise QbenchUsageError(f"--across {spec}: no record has {param}={ref} (values: {', '.join(groups)})")
     if len(groups) < 2:
         raise QbenchUsageError(f"--across {param}: every record has {param}={ref}; nothing to put beside it")
-    order = [ref, *(value for value in groups if value != ref)]
-    return [Run(f"{param}={value}", runs[0].env, groups[value]) for value in order]
+    tied = join.tied_params(groups)  # they label the groups instead of splitting the join
+    runs_out = []
+    for value in [ref, *(v for v in groups if v != ref)]:
+        records = [join.without(rec, tied) for rec in groups[value]]
+        label = ", ".join(f"{k}={join.join_params(groups[value][0]['params']).get(k)}" for k in tied)
+        runs_out.append(Run(f"{param}={value}" + (f" ({label})" if label else ""), runs[0].env, records))
+    return runs_out
 
 
 def _mark_cross_env(rows: list[Row], allowed: bool) -> None:

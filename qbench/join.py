@@ -8,7 +8,7 @@ are normalized before any join (`qbench compare`, `qbench summary --across-runs`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from qbench import units
@@ -68,6 +68,26 @@ def split_by(records: list[dict[str, Any]], param: str) -> dict[str, list[dict[s
         joined = join_params(rec.get("params", {}))
         if param not in joined:
             continue
-        params = {k: v for k, v in rec.get("params", {}).items() if k != param}
-        groups.setdefault(value_key(joined[param]), []).append({**rec, "params": params, "case": case_id(params)})
+        groups.setdefault(value_key(joined[param]), []).append(without(rec, [param]))
     return groups
+
+
+def without(record: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """A copy of the record without these parameters (in params and in its case id)."""
+    params = {k: v for k, v in record.get("params", {}).items() if k not in names}
+    return {**record, "params": params, "case": case_id(params)}
+
+
+def tied_params(groups: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Parameters that go with the split one: one value within each group, and not the same value in
+    all of them (moe's `transport` and `block_size` under `system`). A join on them would match nothing.
+    Groups of one record say nothing about what varies with what, so then no parameter is tied."""
+    if len(groups) < 2 or any(len(records) < 2 for records in groups.values()):
+        return []
+    names = {k for records in groups.values() for rec in records for k in join_params(rec.get("params", {}))}
+    tied = []
+    for name in sorted(names):
+        per_group = [{value_key(join_params(r.get("params", {})).get(name)) for r in recs} for recs in groups.values()]
+        if all(len(values) == 1 for values in per_group) and len(set.union(*per_group)) > 1:
+            tied.append(name)
+    return tied

@@ -290,3 +290,20 @@ def test_cli_across_names_the_reference(tmp_path):
     payload = json.loads(_cli(run, "--across", "exec", "--json").stdout)
     assert payload["reference"] == "exec=eager" and [r["case"] for r in payload["rows"]] == ["m=1"]
     _one_line_exit_2(_cli(run, "--across", "dtype"), "--across dtype")
+
+
+def test_across_a_parameter_others_go_with(tmp_path):
+    """moe's transport and block_size go with system: they label the groups instead of splitting the join."""
+    recs = [timed_record({"experts": e, "system": s, "transport": t, "block_size": b}, times)
+            for e in (8, 16) for s, t, b, times in (("a2a", "a2a", None, SLOW), ("blocks", "symm", 64, FAST))]
+    run = compare.load_any(write_run(tmp_path / "r", recs))
+    split = compare.across_param([run], "system=a2a")
+    assert [r.label for r in split] == ["system=a2a (block_size=None, transport=a2a)",
+                                        "system=blocks (block_size=64, transport=symm)"]
+    result = compare.compare_runs(split, compare.CompareOptions())
+    assert sorted(r.case for r in result.rows) == ["experts=16", "experts=8"]
+    assert {r.marker for r in result.rows} == {"-"}
+    single = [timed_record({"m": m, "exec": e}, FAST) for m, e in ((1, "eager"), (2, "graph"))]
+    one_each = compare.across_param([compare.load_any(write_run(tmp_path / "s", single))], "exec")
+    with pytest.raises(QbenchUsageError, match="no case in common"):  # m=1 is never joined with m=2
+        compare.compare_runs(one_each, compare.CompareOptions())

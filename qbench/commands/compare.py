@@ -15,7 +15,7 @@ Examples:
   qbench compare seed_info.jsonl results/switchback-h200 --cross-env --markdown
   qbench compare results/fragmented-run --across exec            # compile and graph vs eager, one run
   qbench compare run-eager run-compile --across exec --metric forward_ms
-  qbench compare results/moe-sweep --across system=a2a --metric step_time
+  qbench compare results/moe-h200x4-round3/moe-blocks-sweep100 --across system=a2a --metric step_time
 """
 
 

@@ -22,6 +22,7 @@ COMMANDS = {
     "moe": "moe",
     "model": "model",
     "compare": "compare",
+    "summary": "summary",
     "import": "import_run",
     "plot": "plot",
 }
@@ -33,6 +34,7 @@ Examples:
   qbench moe --world-size 4
   qbench model lstm --config deepflow.yaml
   qbench compare results/a results/b --fail-on time_global:5
+  qbench summary results/a --metric speedup_global --by batch_size --markdown
 """
 
 

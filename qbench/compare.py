@@ -1,8 +1,10 @@
 """Compare runs: join records, ratios, significance, geometric mean, regression gate.
 
-The first run is the reference. Records are joined on (bench, params): on the exact case id when
-both runs use the same parameters, otherwise on the parameters the runs have in common (so an
-imported seed, which knows fewer parameters, still joins with a qbench run). For every metric in
+The first run is the reference. Records are joined on (bench, params): on the parameters the runs
+have in common (so an imported seed, which knows fewer parameters, still joins with a qbench run),
+normalized by qbench.join (a missing `exec` is eager, `float16` is fp16). `--across PARAM` compares
+within runs instead: the records with one value of PARAM are the reference, each other value a
+candidate, joined on the remaining parameters (across_param). For every metric in
 both records: ratio = candidate / reference, signed % change, and whether that is better or worse
 by the unit's declared direction (qbench.units). With >= 2 samples on both sides a two-sided
 Mann-Whitney U test decides whether a change beyond the noise threshold is significant.
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench import store, units
+from qbench import join, store, units
 from qbench.env import COMPARABILITY_KEYS
 from qbench.errors import QbenchUsageError
 
@@ -74,6 +76,7 @@ class Comparison:
     geomeans: dict[tuple[str, str], float] = field(default_factory=dict)  # (candidate, metric) -> ratio
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # candidate -> marker -> n
     unfiltered: list[Row] = field(default_factory=list)  # every row before -k / --only-changed
+    reference: str = "reference"  # how tables name the reference (--across names its value)
 
 
 def load_any(path: str | Path) -> Run:
@@ -102,36 +105,6 @@ def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
 
 
-def _value_key(value: Any) -> str:
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return str(value).lower()
-
-
-def _join_keys(runs: Sequence[Run], bench: str) -> list[str]:
-    """Parameter names every run knows for this bench (the join key)."""
-    key_sets = []
-    for run in runs:
-        keys = set()
-        for rec in run.records:
-            if rec["bench"] == bench:
-                keys |= set(rec.get("params", {}))
-        key_sets.append(keys)
-    return sorted(set.intersection(*key_sets)) if key_sets else []
-
-
-def _index(run: Run, bench: str, keys: list[str]) -> dict[str, dict[str, Any]]:
-    """Records of one bench keyed by the join parameters (a later duplicate replaces an earlier one)."""
-    index = {}
-    for rec in run.records:
-        if rec["bench"] != bench:
-            continue
-        params = rec.get("params", {})
-        key = "/".join(f"{k}={_value_key(params.get(k))}" for k in keys)
-        index[key] = rec
-    return index
-
-
 def env_differences(reference: Run, candidate: Run) -> list[str]:
     """Environment keys that differ (GPU, driver, torch, triton, CUDA, dtype), as readable lines."""
     lines = []
@@ -145,7 +118,8 @@ def env_differences(reference: Run, candidate: Run) -> list[str]:
 def _env_value(run: Run, key: str) -> Any:
     if key != "dtype":
         return run.env.get(key)
-    dtypes = sorted({str(r.get("params", {}).get("dtype")) for r in run.records if "dtype" in r.get("params", {})})
+    params = (join.join_params(r.get("params", {})) for r in run.records)
+    dtypes = sorted({str(p["dtype"]) for p in params if "dtype" in p})  # float16 and fp16 are one dtype
     return ",".join(dtypes) or None
 
 
@@ -226,8 +200,8 @@ def _pair_rows(reference: Run, candidate: Run, options: CompareOptions) -> list[
     rows = [_missing_row(r, label, MISSING_IN_CANDIDATE) for r in reference.records if r["bench"] in one_sided]
     rows += [_missing_row(r, label, MISSING_IN_REFERENCE) for r in candidate.records if r["bench"] in one_sided]
     for bench in sorted(ref_benches & cand_benches):
-        keys = _join_keys([reference, candidate], bench)
-        ref_index, cand_index = _index(reference, bench, keys), _index(candidate, bench, keys)
+        keys = join.join_keys([reference.records, candidate.records], bench)
+        ref_index, cand_index = join.index(reference.records, bench, keys), join.index(candidate.records, bench, keys)
         for key, ref_rec in ref_index.items():
             cand_rec = cand_index.get(key)
             if cand_rec is None:
@@ -301,6 +275,36 @@ def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
     comparison = Comparison(rows, warnings, _geomeans(rows), _counts(rows), unfiltered=rows)
     comparison.rows = _filter_and_sort(rows, options)
     return comparison
+
+
+def across_param(runs: Sequence[Run], spec: str, cross_env: bool = False) -> list[Run]:
+    """`--across PARAM[=REF]`: the records of these runs, pooled, as one Run per value of PARAM, the
+    reference first: REF, else the value runs made before PARAM existed had (exec: eager), else the
+    first value seen. compare_runs then joins them on the remaining parameters. A later run's record
+    of a configuration replaces an earlier one's, as in any join."""
+    param, _, ref = (part.strip() for part in spec.partition("="))
+    gpus = {run.env.get("gpu_name") or None for run in runs}
+    if len(gpus) > 1 and not cross_env:  # pooled records would hide which GPU measured which value
+        raise QbenchUsageError(f"--across pools runs from different GPUs ({gpus}); pass --cross-env to pool them")
+    groups = join.split_by([rec for run in runs for rec in run.records], param)
+    if not groups:
+        raise QbenchUsageError(f"--across {param}: no record of these runs has a parameter {param!r}")
+    if ref:
+        ref = join.value_key(join.join_params({param: ref})[param])  # as split_by spells it: fp16, 8192
+    else:
+        default = join.PARAM_DEFAULTS.get(param)
+        ref = default if default in groups else next(iter(groups))
+    if ref not in groups:
+        raise QbenchUsageError(f"--across {spec}: no record has {param}={ref} (values: {', '.join(groups)})")
+    if len(groups) < 2:
+        raise QbenchUsageError(f"--across {param}: every record has {param}={ref}; nothing to put beside it")
+    tied = join.tied_params(groups)  # they label the groups instead of splitting the join
+    runs_out = []
+    for value in [ref, *(v for v in groups if v != ref)]:
+        records = [join.without(rec, tied) for rec in groups[value]]
+        label = ", ".join(f"{k}={join.join_params(groups[value][0]['params']).get(k)}" for k in tied)
+        runs_out.append(Run(f"{param}={value}" + (f" ({label})" if label else ""), runs[0].env, records))
+    return runs_out
 
 
 def _mark_cross_env(rows: list[Row], allowed: bool) -> None:

@@ -184,7 +184,7 @@ def comparison_tables(comparison) -> list[Table]:
     """One rich table per candidate, with geometric-mean rows and marker counts in the caption."""
     tables = []
     for candidate in dict.fromkeys(r.candidate for r in comparison.rows):
-        table = Table(title=f"{candidate} vs reference", header_style="bold")
+        table = Table(title=f"{candidate} vs {comparison.reference}", header_style="bold")
         for name in COMPARE_COLUMNS:
             table.add_column(name, justify="left" if name in ("case", "metric", "note") else "right")
         for row in (r for r in comparison.rows if r.candidate == candidate):
@@ -243,6 +243,7 @@ def comparison_csv(comparison) -> str:
 
 def comparison_json(comparison) -> str:
     payload = {
+        "reference": comparison.reference,
         "rows": [r.as_dict() for r in comparison.rows],
         "geometric_means": [{"candidate": c, "metric": m, "ratio": v} for (c, m), v in comparison.geomeans.items()],
         "counts": comparison.counts,
@@ -265,3 +266,24 @@ def print_comparison(comparison, fmt: str | None) -> None:
         console = stdout_console()
         for table in comparison_tables(comparison):
             console.print(table)
+
+
+# ---- numbers a note quotes (qbench summary) ----------------------------------------------------
+
+
+def format_sig(value: Any, digits: int = 4) -> str:
+    """A number to `digits` significant digits, with more digits whenever rounding would end on a zero
+    (1.39996 is '1.39996', never '1.400'): a target of fewer than `digits` significant digits is then met
+    or missed by the printed value exactly as by the stored one."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    if isinstance(value, int) or not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    for sig in range(digits, 18):
+        exponent = math.floor(math.log10(abs(value)))
+        text = f"{value:.{sig - 1}e}" if exponent < -4 else f"{value:.{max(sig - 1 - exponent, 0)}f}"
+        if not text.split("e")[0].endswith("0") or float(text) == value:
+            return text
+    return repr(value)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qbench import compare, report
+from qbench import compare, join, report
 from qbench.errors import QbenchUsageError
 from tests.helpers import timed_record, write_run
 
@@ -221,3 +221,89 @@ def test_an_empty_run_is_named_empty(tmp_path, slower_runs):
     _one_line_exit_2(_cli(a, empty), "empty run")
     (empty / "results.jsonl").unlink()  # stopped before its first record
     _one_line_exit_2(_cli(empty, a), "empty run")
+
+
+def test_a_run_made_before_exec_joins_as_eager(tmp_path):
+    old = [timed_record({"m": 1, "dtype": "float16"}, FAST)]  # no exec param, dtype spelt the old moe way
+    new = [timed_record({"m": 1, "dtype": "fp16", "exec": e}, SLOW) for e in ("eager", "compile")]
+    result = compare.compare_runs(_runs(tmp_path, old, new), compare.CompareOptions())
+    joined = _row(result, "time")
+    assert "exec" not in joined.case and joined.ratio == pytest.approx(12.05 / 10.05)
+    missing = [r for r in result.rows if r.marker == "n/a"]
+    assert [r.note for r in missing] == [compare.MISSING_IN_REFERENCE] and "exec=compile" in missing[0].case
+    assert not [w for w in result.env_warnings if "dtype" in w]  # float16 and fp16 are one dtype
+
+
+def test_param_normalization():
+    assert join.join_params({"m": 1}) == {"m": 1, "exec": "eager"}
+    assert join.join_params({"dtype": "bfloat16", "exec": "graph"}) == {"dtype": "bf16", "exec": "graph"}
+    assert join.join_params({"dtype": "e9m9"})["dtype"] == "e9m9"  # unknown names join as they are spelt
+
+
+def _exec_records(times: dict[str, list[float]], **params) -> list[dict]:
+    return [timed_record({"m": 1, **params, "exec": e}, t) for e, t in times.items()]
+
+
+def test_across_exec_puts_each_mode_beside_eager(tmp_path):
+    graph = [5.0, 5.1, 4.9, 5.05, 5.02]
+    run = compare.load_any(write_run(tmp_path / "r", _exec_records({"graph": graph, "eager": FAST, "compile": SLOW})))
+    split = compare.across_param([run], "exec")
+    assert [r.label for r in split] == ["exec=eager", "exec=graph", "exec=compile"]  # reference first
+    result = compare.compare_runs(split, compare.CompareOptions())
+    assert {r.case for r in result.rows} == {"m=1"}  # joined on the remaining params
+    assert _row(result, "time").candidate in ("exec=graph", "exec=compile")
+    ratios = {r.candidate: r.ratio for r in result.rows}
+    assert ratios == pytest.approx({"exec=graph": 5.02 / 10.05, "exec=compile": 12.05 / 10.05})
+    other_ref = compare.across_param([run], "exec=compile")
+    assert other_ref[0].label == "exec=compile"
+
+
+def test_across_pools_runs_and_reads_old_runs_as_eager(tmp_path):
+    old = compare.load_any(write_run(tmp_path / "old", [timed_record({"m": 1, "dtype": "float16"}, FAST)]))
+    new = compare.load_any(write_run(tmp_path / "new", _exec_records({"compile": SLOW}, dtype="fp16")))
+    result = compare.compare_runs(compare.across_param([old, new], "exec"), compare.CompareOptions())
+    assert [(r.candidate, r.marker) for r in result.rows] == [("exec=compile", "+")]
+    with pytest.raises(QbenchUsageError, match="every record has dtype=fp16"):  # float16 is fp16
+        compare.across_param([old, new], "dtype=float16")
+
+
+def test_across_usage_errors(tmp_path):
+    one = compare.load_any(write_run(tmp_path / "one", [timed_record({"m": 1}, FAST)]))
+    two = compare.load_any(write_run(tmp_path / "two", _exec_records({"eager": FAST, "graph": SLOW})))
+    a100 = compare.load_any(write_run(tmp_path / "a100", _exec_records({"graph": SLOW}), gpu="NVIDIA A100"))
+    for runs, spec, fragment in [
+        ([one], "exec", "every record has exec=eager"),
+        ([two], "nosuch", "no record of these runs has a parameter 'nosuch'"),
+        ([two], "exec=compile", "no record has exec=compile"),
+        ([one, a100], "exec", "different GPUs"),
+    ]:
+        with pytest.raises(QbenchUsageError, match=fragment):
+            compare.across_param(runs, spec)
+    assert len(compare.across_param([one, a100], "exec", cross_env=True)) == 2
+
+
+def test_cli_across_names_the_reference(tmp_path):
+    run = write_run(tmp_path / "r", _exec_records({"eager": FAST, "compile": SLOW}))
+    result = _cli(run, "--across", "exec")
+    assert result.returncode == 0, result.stderr
+    assert "exec=compile vs exec=eager" in result.stdout and "1 worse (+)" in result.stdout
+    payload = json.loads(_cli(run, "--across", "exec", "--json").stdout)
+    assert payload["reference"] == "exec=eager" and [r["case"] for r in payload["rows"]] == ["m=1"]
+    _one_line_exit_2(_cli(run, "--across", "dtype"), "--across dtype")
+
+
+def test_across_a_parameter_others_go_with(tmp_path):
+    """moe's transport and block_size go with system: they label the groups instead of splitting the join."""
+    recs = [timed_record({"experts": e, "system": s, "transport": t, "block_size": b}, times)
+            for e in (8, 16) for s, t, b, times in (("a2a", "a2a", None, SLOW), ("blocks", "symm", 64, FAST))]
+    run = compare.load_any(write_run(tmp_path / "r", recs))
+    split = compare.across_param([run], "system=a2a")
+    assert [r.label for r in split] == ["system=a2a (block_size=None, transport=a2a)",
+                                        "system=blocks (block_size=64, transport=symm)"]
+    result = compare.compare_runs(split, compare.CompareOptions())
+    assert sorted(r.case for r in result.rows) == ["experts=16", "experts=8"]
+    assert {r.marker for r in result.rows} == {"-"}
+    single = [timed_record({"m": m, "exec": e}, FAST) for m, e in ((1, "eager"), (2, "graph"))]
+    one_each = compare.across_param([compare.load_any(write_run(tmp_path / "s", single))], "exec")
+    with pytest.raises(QbenchUsageError, match="no case in common"):  # m=1 is never joined with m=2
+        compare.compare_runs(one_each, compare.CompareOptions())

@@ -13,6 +13,9 @@ Examples:
   qbench compare old new --fail-on time_global:5 --fail-on step_time:10   # exit 1 on a regression
   qbench compare full-sweep partial-rerun --fail-on time_global:5 --allow-missing
   qbench compare seed_info.jsonl results/switchback-h200 --cross-env --markdown
+  qbench compare results/fragmented-run --across exec            # compile and graph vs eager, one run
+  qbench compare run-eager run-compile --across exec --metric forward_ms
+  qbench compare results/moe-h200x4-round3/moe-blocks-sweep100 --across system=a2a --metric step_time
 """
 
 
@@ -26,16 +29,21 @@ Examples:
 @click.option("--cross-env", is_flag=True, help="Compare runs from different GPUs anyway (and say so).")
 @click.option("--fail-on", multiple=True, help="METRIC:PCT, exit 1 if METRIC gets worse by more than PCT.")
 @click.option("--allow-missing", is_flag=True, help="Cases the reference has and a candidate lacks do not fail a gate.")
+@click.option("--across", default=None, metavar="PARAM[=REF]",
+              help="Compare within the runs: records with PARAM=REF (exec: eager by default) against each other "
+                   "value of PARAM, joined on the remaining parameters.")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a markdown table.")
 @click.option("--csv", "fmt", flag_value="csv", help="Print CSV.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
-def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, allow_missing, fmt) -> None:
+def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, allow_missing, across,
+            fmt) -> None:
     """Compare runs against the first (the reference): per case and metric the values, the ratio,
     the change, a Mann-Whitney U test on the samples, and a marker: + worse, - better, ~ beyond
     the threshold but not significant, = same, x not comparable, ! newly failing, * fixed,
     n/a missing. Lower is better for times, higher for throughputs (declared by each metric's
     unit). With --fail-on, a case the reference has and a candidate lacks also fails (unless
-    --allow-missing). RUNS are run directories or seed files (imported on the fly)."""
+    --allow-missing). RUNS are run directories or seed files (imported on the fly). Joins read a
+    missing `exec` parameter as eager and `float16` as fp16, so runs from older versions still join."""
     from qbench import compare, report
 
     options = compare.CompareOptions(
@@ -43,8 +51,11 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     )
     gates = compare.parse_fail_on(fail_on)
     loaded = [compare.load_any(r) for r in runs]
+    if across:
+        loaded = compare.across_param(loaded, across, cross_env)
     compare.require_metrics(loaded, options.metrics, gates)
     result = compare.compare_runs(loaded, options)
+    result.reference = loaded[0].label if across else result.reference
     compare.require_gates_evaluable(result, gates)
     report.print_comparison(result, fmt)
     failures = compare.gate_failures(result, gates, allow_missing)

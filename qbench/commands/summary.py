@@ -1,0 +1,42 @@
+"""`qbench summary RUN [RUN ...]`: the tables a README or a note quotes, straight from results.jsonl."""
+
+from __future__ import annotations
+
+import click
+
+EPILOG = """\b
+Examples:
+  qbench summary results/switchback-h200-20261121T1004Z --metric speedup_global --by batch_size
+  qbench summary results/switchback-h200-20261121T1004Z --metric time_global -k "dim_in=4096/" --markdown
+  qbench summary results/moe-h200x4-round3/moe-blocks-sweep100 --metric step_time --by system
+  qbench summary run-a run-b --metric step_time --by run                 # runs side by side
+  qbench summary run-a run-b run-c --metric step_time --across-runs median   # median of 3 runs
+  qbench summary results/fragmented-h200-targets-fp32 --metric forward_ms --json
+"""
+
+
+@click.command(epilog=EPILOG)
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.option("--metric", "metrics", multiple=True,
+              help="A metric to show (repeatable). [default: every metric with stored samples]")
+@click.option("-k", "pattern", default=None, help="Keep cases whose 'bench/case' matches this regex.")
+@click.option("--by", "--columns", "by", default=None, metavar="PARAM",
+              help="Pivot this parameter into columns (e.g. batch_size, system, run).")
+@click.option("--across-runs", type=click.Choice(("median",)), default=None,
+              help="Combine repeats of one command: the median over the runs of each run's value, "
+                   "with the runs' values and their spread.")
+@click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True,
+              help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
+@click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
+@click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
+def command(runs, metrics, pattern, by, across_runs, digits, fmt) -> None:
+    """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
+    as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)
+    where the record keeps no samples. Speed-ups are the ratios of medians the records store.
+    Several RUNS appear side by side (a `run` column), or combined with --across-runs. Runs are
+    matched on their parameters, a missing `exec` read as eager and `float16` as fp16. RUNS are
+    run directories or seed files (imported on the fly)."""
+    from qbench import summary
+
+    options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs)
+    summary.show(summary.summarize(runs, options), fmt, digits)

@@ -1,0 +1,186 @@
+"""qbench summary: cells from hand-made records, pivots, repeats combined, printing, the command line."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from qbench import report, store, summary, units
+from qbench.errors import QbenchUsageError
+from qbench.timing import percentile
+from tests.helpers import write_run
+
+SAMPLES = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]  # median 1.3, p20 1.12, p80 1.48 (linear interpolation)
+
+
+def _record(params, time=None, speedup=None, samples=None, bench="toy", **kw):
+    """A record with a time (ms, with samples unless told otherwise) and a stored speed-up (x, no samples)."""
+    metrics, unit = {}, {}
+    if time is not None:
+        metrics["time"], unit["time"] = time, units.MS
+    if speedup is not None:
+        metrics["speedup"], unit["speedup"] = speedup, units.SPEEDUP
+    return store.make_record(bench, params, metrics, units=unit, samples={"time": samples} if samples else {}, **kw)
+
+
+def _summary(tmp_path, *record_lists, **options):
+    runs = [write_run(tmp_path / f"run{i}", recs) for i, recs in enumerate(record_lists)]
+    return summary.summarize([str(r) for r in runs], summary.SummaryOptions(**options))
+
+
+def _cells(result, metric, column=""):
+    return {values: cells.get((metric, column)) for values, cells in result.rows}
+
+
+@pytest.mark.parametrize(
+    "value, digits, text",
+    [(1.398, 4, "1.398"), (1.3984, 4, "1.398"), (1.39996, 4, "1.39996"), (1.4, 4, "1.400"), (1.398, 3, "1.398"),
+     (0.96643, 4, "0.9664"), (1272.3, 4, "1272"), (1269.6, 4, "1269.6"), (71311360.0, 4, "71311360"), (0.0, 4, "0"),
+     (-3.4731, 4, "-3.473"), (1.23456e-6, 4, "1.235e-06"), (8192, 4, "8192"), (None, 4, "-")],
+)
+def test_significant_digits_never_round_onto_a_zero(value, digits, text):
+    assert report.format_sig(value, digits) == text
+
+
+def test_a_target_is_met_or_missed_by_the_printed_value():
+    """Targets of fewer significant digits than printed: the printed value falls on the same side."""
+    for target in (1.4, 1.35, 3.3, 1250.0, 0.95, 15.0, 0.25):
+        for rel in (1e-2, 3e-3, 1e-3, 4e-4, 1e-4, 3e-5, 1e-5, 1e-6, 1e-9, 0.0):
+            for value in (target * (1 - rel), target * (1 + rel)):
+                printed = float(report.format_sig(value, 4))
+                assert (printed >= target) == (value >= target), (target, value, printed)
+                assert (printed <= target) == (value <= target), (target, value, printed)
+
+
+def test_cells_from_samples_or_stored_alone():
+    rec = _record({"m": 1}, time=1.3, speedup=1.398, samples=SAMPLES)
+    cell = summary.record_cell(rec, "time")
+    assert (cell.value, cell.samples, cell.off_samples) == (1.3, 7, False)
+    assert cell.p20 == pytest.approx(percentile(SAMPLES, 20)) == pytest.approx(1.12)
+    assert cell.p80 == pytest.approx(1.48)
+    stored = summary.record_cell(rec, "speedup")
+    assert (stored.value, stored.samples, stored.p20) == (1.398, 0, None)
+    total = summary.record_cell(_record({"m": 1}, time=1.25, samples=SAMPLES), "time")  # a sum of medians, say
+    assert total.value == 1.25 and total.off_samples
+    assert summary.record_cell(rec, "nosuch") is None
+    assert summary.cell_text(cell, 4) == "1.300 [1.120, 1.480]"
+    assert summary.cell_text(stored, 4) == "1.398" + summary.STORED_ONLY
+    assert summary.cell_text(total, 4).startswith("1.250" + summary.OFF_SAMPLES)
+
+
+def _sweep(factor=1.0):
+    """switchback-shaped records: (dim_in, dim_out) x batch_size, speed-ups stored, times sampled."""
+    out = []
+    for (din, dout), batch in itertools.product([(1024, 4096), (4096, 1024)], [8192, 32768]):
+        speedup = factor * din / dout * batch / 8192
+        samples = [x * factor * batch / 1000 for x in SAMPLES]
+        out.append(_record({"batch_size": batch, "dim_in": din, "dim_out": dout, "dtype": "fp16"},
+                           time=percentile(samples, 50), speedup=speedup, samples=samples, bench="switchback"))
+    return out
+
+
+def test_pivot_rows_by_shape_columns_by_batch(tmp_path):
+    result = _summary(tmp_path, _sweep(), metrics=("speedup",), by="batch_size")
+    assert result.row_params == ["dim_in", "dim_out"] and result.fixed == {"dtype": "fp16"}
+    assert result.columns == [8192, 32768]
+    assert _cells(result, "speedup", "32768")[(4096, 1024)].value == pytest.approx(16.0)
+    headers, rows = summary.text_rows(result, 4)
+    assert headers == ["dim_in", "dim_out", "batch_size=8192", "batch_size=32768"]
+    assert rows[0] == ["1024", "4096", "0.2500" + summary.STORED_ONLY, "1.000" + summary.STORED_ONLY]
+    text = summary.markdown(result, 4)
+    assert text.splitlines()[0] == "| dim_in | dim_out | batch_size=8192 | batch_size=32768 |"
+    assert "fixed: dtype=fp16" in text and "ratios of medians" in text and "stored median alone" in text
+
+
+def test_default_metrics_are_the_sampled_ones_and_k_filters(tmp_path):
+    result = _summary(tmp_path, _sweep(), pattern="dim_in=4096/")
+    assert result.metrics == ["time"] and result.row_params == ["batch_size"]
+    assert result.fixed == {"dim_in": 4096, "dim_out": 1024, "dtype": "fp16"}
+    assert [values for values, _ in result.rows] == [(8192,), (32768,)]
+
+
+def test_repeats_combined_median_of_run_medians(tmp_path):
+    runs = [_sweep(1.0), _sweep(1.1), _sweep(0.95)]
+    runs[2] = runs[2][:3]  # the third run lacks (4096, 1024) at 32768
+    result = _summary(tmp_path, *runs, metrics=("speedup", "time"), across_runs="median")
+    assert "run" not in result.row_params
+    cell = _cells(result, "speedup")[(8192, 1024, 4096)]
+    assert cell.runs == pytest.approx((0.25, 0.275, 0.2375)) and cell.value == pytest.approx(0.25)
+    assert cell.spread_pct == pytest.approx(100 * (0.275 - 0.2375) / 0.25)
+    partial = _cells(result, "speedup")[(32768, 4096, 1024)]
+    assert partial.runs[2] is None and partial.value == pytest.approx((16.0 + 17.6) / 2)
+    text = summary.markdown(result, 4)
+    assert "(runs: 0.2500, 0.2750, 0.2375; spread 15%)" in text and "median over 3 runs" in text
+
+
+def test_several_runs_side_by_side_and_pivoted_by_run(tmp_path):
+    result = _summary(tmp_path, _sweep(1.0), _sweep(2.0), metrics=("time",), by="run")
+    assert len(result.columns) == 2 and result.row_params == ["batch_size", "dim_in", "dim_out"]
+    first, second = (str(tmp_path / f"run{i}") for i in (0, 1))
+    row = dict(result.rows)[(8192, 1024, 4096)]
+    assert row[("time", first.lower())].value * 2 == pytest.approx(row[("time", second.lower())].value)
+    flat = _summary(tmp_path / "flat", _sweep(1.0), _sweep(2.0), metrics=("time",))
+    assert flat.row_params[0] == "run" and len(flat.rows) == 8
+
+
+def test_parameters_tied_to_the_pivot_label_its_columns(tmp_path):
+    recs = [_record({"experts": e, "system": s, "transport": t, "block_size": b}, time=float(e), samples=[float(e)] * 3)
+            for e in (8, 16) for s, t, b in (("a2a", "a2a", None), ("blocks", "symm", 64))]
+    result = _summary(tmp_path, recs, by="system")
+    assert result.row_params == ["experts"] and len(result.rows) == 2
+    headers, _ = summary.text_rows(result, 4)
+    assert headers[1:] == ["system=a2a (transport=a2a, block_size=-)", "system=blocks (transport=symm, block_size=64)"]
+
+
+def test_old_and_new_spellings_join_across_runs(tmp_path):
+    old = [_record({"m": 1, "dtype": "float16"}, time=2.0, samples=[2.0] * 3)]  # before `exec`, old dtype name
+    new = [_record({"m": 1, "dtype": "fp16", "exec": "eager"}, time=4.0, samples=[4.0] * 3),
+           _record({"m": 1, "dtype": "fp16", "exec": "graph"}, time=1.0, samples=[1.0] * 3)]
+    result = _summary(tmp_path, old, new, across_runs="median")
+    assert result.row_params == ["exec"] and result.fixed == {"m": 1, "dtype": "fp16"}
+    cells = _cells(result, "time")
+    assert cells[("eager",)].runs == (2.0, 4.0) and cells[("graph",)].runs == (None, 1.0)
+
+
+def test_failed_records_are_left_out_and_named(tmp_path):
+    recs = [_record({"m": 1}, time=1.0, samples=[1.0] * 3),
+            _record({"m": 2}, time=None, status="error", error="mismatch 0.3")]
+    result = _summary(tmp_path, recs)
+    assert [v for v, _ in result.rows] == [()] and result.left_out == ["toy/m=2: error mismatch 0.3"]
+    assert any("left out, not ok: 1 records" in line for line in summary.legend(result))
+
+
+def test_usage_errors(tmp_path):
+    run = [_sweep()]
+    for options, fragment in [
+        ({"metrics": ("nosuch",)}, "--metric nosuch"), ({"by": "nosuch"}, "--by nosuch"),
+        ({"pattern": "("}, "not a valid regular expression"), ({"pattern": "zzz"}, "no ok record"),
+        ({"across_runs": "median"}, "at least two runs"), ({"across_runs": "mean"}, "--across-runs mean"),
+    ]:
+        with pytest.raises(QbenchUsageError, match=fragment):
+            _summary(tmp_path / str(len(fragment)), *run, **options)
+    with pytest.raises(QbenchUsageError, match="keep no samples or times"):
+        _summary(tmp_path / "nosamples", [_record({"m": 1}, speedup=1.2)])
+    times = _summary(tmp_path / "times", [_record({"m": 1}, time=1.5, speedup=1.2)])  # samples lost, say
+    assert times.metrics == ["time"] and summary.cell_text(_cells(times, "time")[()], 4) == "1.500\u2020"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "qbench", "summary", *map(str, args)], capture_output=True, text=True)
+
+
+def test_cli_outputs_and_exit_codes(tmp_path):
+    run = write_run(tmp_path / "run", _sweep())
+    table = _cli(run, "--metric", "speedup", "--by", "batch_size")
+    assert table.returncode == 0 and "batch_size=32768" in table.stdout and "[" not in table.stderr
+    assert "median [p20, p80]" in _cli(run).stdout  # legend text survives rich markup
+    payload = json.loads(_cli(run, "--json", "--metric", "time").stdout)
+    assert len(payload["rows"]) == 4 and payload["rows"][0]["samples"] == 7
+    lines = [line for line in _cli(run, "--markdown", "--by", "dim_in").stdout.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in lines}) == 1 and len(lines) == 2 + 2  # dim_out is tied to dim_in
+    for args in ([run, "--metric", "nosuch"], [tmp_path / "missing"], [run, "--digits", "0"], [run, "--by", "x"]):
+        result = _cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

@@ -84,9 +84,9 @@ def run_model(flags: dict) -> str:
     from qbench.commands.common import run_and_store
 
     models = _one_of(flags["models"], tuple(bench.PRESETS), "--model")
-    config = bench.resolve(bench.ModelConfig(
-        models, flags["batch_sizes"], flags["layers"], flags["dtype"] or "bf16",
-        variants_of(flags["variants"], BLOCK_VARIANTS), flags["execs"], flags["repeat"], flags["device"]))
+    variants = variants_of(flags["variants"], BLOCK_VARIANTS)
+    config = bench.resolve(bench.ModelConfig(models, flags["batch_sizes"], flags["layers"], flags["dtype"] or "bf16",
+                                             variants, flags["execs"], flags["repeat"], flags["device"]))
     if config.device == "cpu":
         report.notice(report.CPU_NOTICE)
     out = flags["out"] or str(store.default_run_dir(bench.BENCH))
@@ -103,12 +103,12 @@ def run_train(flags: dict) -> str:
     from qbench.commands.common import run_and_store
 
     models = _one_of(flags["models"], TRAIN_SIZES, "--model")
-    batches = flags["batch_sizes"]
+    variants, batches = variants_of(flags["variants"], BLOCK_VARIANTS), flags["batch_sizes"]
     if len(models or ()) > 1 or len(batches or ()) > 1:
         raise click.UsageError("--train-check trains one size: give one --model and at most one --batch-sizes")
     config, preset = bench.resolve(bench.TrainConfig(
-        models[0] if models else None, variants_of(flags["variants"], BLOCK_VARIANTS), flags["layers"],
-        batches[0] if batches else None, flags["steps"], None, flags["dtype"] or "bf16", flags["device"]))
+        models[0] if models else None, variants, flags["layers"], batches[0] if batches else None, flags["steps"],
+        None, flags["dtype"] or "bf16", flags["device"]))
     report.notice(f"{config.model} on {config.device}: {preset}", style="dim")
     out = flags["out"] or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, bench.run(config, preset), total=len(config.variants), out=out,

@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from qbench import store, units
-from qbench.benches.switchback import model_run
 
 BENCH = "switchback_model"
 # the linear layers of qbench.layers.transformer.LINEARS (named here too: the CLI parses them without torch)
@@ -116,6 +115,8 @@ def count(config: ModelConfig) -> int:
 
 def run(config: ModelConfig) -> Iterator[dict]:
     """Records in the order: case, execution mode, variant (16bit first)."""
+    from qbench.benches.switchback import model_run
+
     for case in plan(config):
         yield from model_run.run_case(case, config)
 

@@ -18,18 +18,21 @@ is the share of the step those layers' work would take on its own, not a profile
 
 from __future__ import annotations
 
+from torch import nn
+
 from qbench.timing import graph_replay
 
 WARMUP_STEPS = 3  # compilation, Triton autotuning, AdamW state and allocator warm-up; never timed
 
 
-class Objective:
+class Objective(nn.Module):
     """(loss, y) of the stack on x against target: the region torch.compile sees in compile mode."""
 
     def __init__(self, model):
+        super().__init__()
         self.model = model
 
-    def __call__(self, x, target):
+    def forward(self, x, target):
         y = self.model(x)
         loss = (y.float() - target.float()).square().mean(dim=-1).sum()
         return loss, y
@@ -129,13 +132,14 @@ def linear_operands(linears, tokens: int, device, dtype, seed: int):
              drawn[(m.in_features, m.out_features)][1]) for m in linears]
 
 
-class LinearsAlone:
+class LinearsAlone(nn.Module):
     """Forward of every linear layer on its own input: the region compiled in compile mode."""
 
     def __init__(self, linears):
-        self.linears = linears
+        super().__init__()
+        self.linears = nn.ModuleList(linears)
 
-    def __call__(self, xs):
+    def forward(self, xs):
         return tuple(layer(x) for layer, x in zip(self.linears, xs))
 
 

@@ -11,8 +11,9 @@ exec, dtype. Metrics (ms are medians, their samples kept):
   linear_share     linear_ms / step_ms (see model_steps.py for what it does and does not say)
   speedup_linears  linear_ms of 16bit / linear_ms
   host_ms          CPU time spent issuing one step (the device synchronized outside each sample)
-  peak_memory_mb   torch.cuda.max_memory_allocated over one step after warm-up (graph mode: over its
-                   capture), less what was allocated before the model existed (input and target)
+  peak_memory_mb   torch.cuda.max_memory_allocated over one step after warm-up (graph mode: over the
+                   eager step before its capture and the capture), less what was allocated before the
+                   model existed (input and target)
   memory_estimate_mb  the estimate the bench checks against free memory before building anything
   model_tflops     matmul flop of the step (6 x tokens x linear weights + 12 x B T^2 C x layers for
                    attention, counted dense even when causal) / step time

@@ -70,8 +70,9 @@ def train_step(fn, optimizer, x, target, out: dict, reset: bool = True):
     return run
 
 
-def prepared_step(model, x, target, mode: str):
-    """(the step to time, out, optimizer) after warm-up (and capture, in graph mode)."""
+def prepared_step(model, x, target, mode: str, after_warmup=lambda: None):
+    """(the step to time, out, optimizer) after warm-up and, in graph mode, capture. after_warmup()
+    runs in between: a peak-memory reset there covers the capture, where a graph allocates."""
     import torch
 
     optimizer, out = optimizer_of(model, x.device.type), {}
@@ -79,6 +80,7 @@ def prepared_step(model, x, target, mode: str):
     step = train_step(fn, optimizer, x, target, out)
     for _ in range(WARMUP_STEPS):
         step()
+    after_warmup()
     if mode == "graph":
         torch.cuda.synchronize()
 

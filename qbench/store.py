@@ -345,6 +345,16 @@ def export_csv(path: str | Path) -> Path:
     return target
 
 
+def write_export(path: str | Path, name: str, lines: Iterable[str]) -> Path:
+    """A file derived from a run's records (the seed format, say), written into the run directory
+    atomically: one line per item, nothing half-written if the process dies."""
+    target = Path(path) / name
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    tmp.replace(target)
+    return target
+
+
 def load_frame(paths: str | Path | Iterable[str | Path]):
     """Records of one run, several runs, or a parent folder of runs as one pandas DataFrame."""
     import pandas as pd

@@ -20,9 +20,12 @@ REL_ERROR = "rel. error"  # ||out - ref|| / ||ref||
 COUNT = "count"  # tokens, blocks, parameters: informative, no better/worse
 RATIO = "ratio"  # informative ratio (load imbalance max/mean): lower is better
 FLAG = "flag"
+TOKENS_PER_S = "tokens/s"  # training throughput
+NATS = "nats"  # cross-entropy per token
+SHARE = "share"  # informative fraction of a whole (a step's time in its linear layers): no verdict
 
-LOWER_IS_BETTER = {MS, S, MB, GB, REL_ERROR, RATIO}
-HIGHER_IS_BETTER = {TFLOPS, TOPS, GBPS, SPEEDUP, PERCENT_SAVED, FRACTION_OF_ROOFLINE}
+LOWER_IS_BETTER = {MS, S, MB, GB, REL_ERROR, RATIO, NATS}
+HIGHER_IS_BETTER = {TFLOPS, TOPS, GBPS, SPEEDUP, PERCENT_SAVED, FRACTION_OF_ROOFLINE, TOKENS_PER_S}
 
 
 def direction(unit: str | None) -> int:

@@ -107,5 +107,5 @@ def test_seed_keys_and_totals_agree_with_the_original(fixtures_dir, tmp_path):
                  "--json", "--out", str(tmp_path / "r"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     rec = json.loads(res.stdout)[0]
-    missing = set(seed[0]) - set(rec["params"]) - set(rec["metrics"]) - {"repeat"}
+    missing = set(seed[0]) - set(rec["params"]) - set(rec["metrics"])
     assert not missing, missing

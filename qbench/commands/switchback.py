@@ -1,22 +1,22 @@
-"""`qbench switchback`: int8 SwitchBack layers against the 16-bit linear layer (seed-compatible)."""
+"""`qbench switchback`: int8 SwitchBack layers against the 16-bit linear layer (seed-compatible), and
+with --model / --train-check the same layers inside a transformer block stack (switchback_block.py)."""
 
 from __future__ import annotations
 
 import click
 
+from qbench.commands.switchback_block import KERNEL_VARIANTS, block_options, check_flags, variants_of
 from qbench.options import (
     callback,
     device_option,
     dtype_option,
     exec_option,
     out_options,
-    parse_names,
     parse_pairs,
     parse_positive_ints,
     repeat_option,
 )
 
-VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "int8_cublas", "module")  # benches.switchback.sweep
 EPILOG = """\b
 Examples:
   qbench switchback                                # the original's 18 pairs, M = 1024 ... 131072
@@ -24,6 +24,10 @@ Examples:
   qbench switchback --pairs 1408x6144,6144x1408 --batch-sizes 8192,32768 --dtype bf16
   qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out results/sb --plot
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # module: eager vs CUDA graph
+  qbench switchback --format seed --out results/sb-seed    # also <run>/info.jsonl for the original plots
+  qbench switchback --model vit-h --batch-sizes 256 --exec compile   # 4-block CLIP ViT-H training step
+  qbench switchback --model vit-l,gpt2-xl --variants 16bit,switchback,fp8 --layers 2
+  qbench switchback --train-check --plot                  # loss curves per variant on a Markov chain
 """
 
 
@@ -34,33 +38,59 @@ Examples:
 @click.option("--wm", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
               help="MLP ratio used with --dims.")
 @click.option("--batch-sizes", callback=callback(parse_positive_ints),
-              help="Tokens M. [default: 1024 ... 131072 on a GPU, 64,256 on the CPU]")
-@dtype_option("fp16", ("fp16", "bf16"))
-@click.option("--variants", default=",".join(VARIANTS), show_default=True,
-              callback=callback(parse_names(VARIANTS)), help="What to time besides the 16-bit baseline.")
-@click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/switchback.png) afterwards.")
+              help="Tokens M. [default: 1024 ... 131072 on a GPU, 64,256 on the CPU] With --model: images or "
+                   "sequences [default: 256 (vit), 32 (gpt2-xl); CPU 1]; with --train-check: sequences per step.")
+@dtype_option(None, ("fp16", "bf16"), help="Data type of activations [default: fp16; bf16 with --model or "
+                                          "--train-check].")
+@click.option("--variants", help=f"What to time besides the 16-bit baseline [default: all of "
+                                 f"{','.join(KERNEL_VARIANTS)}]; with --model/--train-check: "
+                                 "16bit,switchback,fp8,fp8_all,torchao (torchao only when importable).")
+@click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/<bench>.png) afterwards.")
+@block_options
 @exec_option
 @repeat_option
 @device_option
 @out_options
-def command(dims, pairs, wm, batch_sizes, dtype, variants, plot, execs, repeat, device, out, append, force,
-            as_json) -> None:
+def command(plot, **flags) -> None:
     """Time every component of a SwitchBack training step (int8 forward and grad-input, 16-bit
     grad-weight, quantizers) against the 16-bit layer, with the original benchmark's keys and totals,
-    speed-ups, throughput, int8 errors, module-level times, and fp8 / cuBLAS int8 peers."""
-    from qbench import report, store
-    from qbench.benches import switchback as bench
-    from qbench.commands.common import run_and_store
+    speed-ups, throughput, int8 errors, module-level times, and fp8 / cuBLAS int8 peers; or, with
+    --model, a training step of a transformer block stack per variant; or, with --train-check,
+    whether that stack still trains."""
+    from qbench.commands import switchback_block as block
 
-    if dims and pairs:
-        raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
-    config = bench.resolve(bench.SwitchbackConfig(dims, pairs, wm, batch_sizes, dtype, variants, repeat, device, execs))
-    if config.device == "cpu":
-        report.notice(report.CPU_NOTICE)
-    out = out or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
-                  append=append, force=force, as_json=as_json, table=bench.table)
+    check_flags(flags)
+    if flags["train_check"]:
+        out = block.run_train(flags)
+    elif flags["models"]:
+        out = block.run_model(flags)
+    else:
+        out = _layer_bench(flags)
     if plot:
+        from qbench import report
         from qbench.plots import plot_run
 
         report.notice(f"figure: {plot_run([out])}", style="dim")
+
+
+def _layer_bench(f: dict) -> str:
+    from qbench import report, store
+    from qbench.benches import switchback as bench
+    from qbench.commands.common import run_and_store
+    from qbench.commands.switchback_block import write_seed
+
+    if f["dims"] and f["pairs"]:
+        raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
+    config = bench.resolve(bench.SwitchbackConfig(
+        f["dims"], f["pairs"], f["wm"], f["batch_sizes"], f["dtype"] or "fp16",
+        variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"]))
+    if config.device == "cpu":
+        report.notice(report.CPU_NOTICE)
+    out = f["out"] or str(store.default_run_dir(bench.BENCH))
+    try:
+        run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
+                      append=f["append"], force=f["force"], as_json=f["as_json"], table=bench.table)
+    finally:  # a failed configuration exits 1: the ok ones still get their seed lines
+        if f["fmt"] == "seed":
+            write_seed(out)
+    return out

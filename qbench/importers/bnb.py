@@ -5,6 +5,8 @@ layer: batch_size (M tokens), dim_in, dim_out, wm, switch, repeat, and times in 
 keys such as standard_fwd, global_fwd, x_quantize_rowwise, time_standard, time_global). Each line
 becomes one "switchback" record with the seed's keys as metrics, plus the TFLOP/s, TOP/s, GB/s,
 speed-up and % saved derived from them.
+The writer (format_bnb_jsonl, `qbench switchback --format seed`) is the inverse: one JSON line per ok
+switchback record, with exactly the seed's keys, in its order and of its types (SEED_KEYS).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ BNB_TIME_KEYS = (
     "time_standard", "time_rowwise", "time_global",
 )  # fmt: skip
 BNB_PARAM_KEYS = ("batch_size", "dim_in", "dim_out", "wm", "switch")
+# One info.jsonl line: these keys in this order; repeat, batch_size, dims int, wm int when whole
+# (4) else float (4.3637), switch bool, every time a float (ms per call).
+SEED_KEYS = ("repeat", "batch_size", "dim_out", "dim_in", "wm", "switch", *BNB_TIME_KEYS)
 # Every matmul of the layer does 2*M*K*N flop (M tokens, K in, N out); 16-bit ones in TFLOP/s, int8 in TOP/s.
 BNB_MATMULS_16 = ("standard_fwd", "standard_gw", "standard_gx")
 BNB_MATMULS_INT8 = ("rowwise_fwd", "rowwise_bwd", "global_fwd", "global_bwd")
@@ -114,3 +119,25 @@ def json_object(line: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def seed_line(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The info.jsonl line of one record (SEED_KEYS exactly), or None when the record is not an ok
+    switchback record or lacks one of the keys (a run of a subset of --variants)."""
+    if record.get("bench") != "switchback" or record.get("status", "ok") != "ok":
+        return None
+    values = {**record.get("metrics", {}), **record.get("params", {})}
+    if any(values.get(k) is None for k in SEED_KEYS):
+        return None
+    wm = values["wm"]
+    line: dict[str, Any] = {k: int(values[k]) for k in ("repeat", "batch_size", "dim_out", "dim_in")}
+    line["wm"] = int(wm) if float(wm).is_integer() else float(wm)
+    line["switch"] = bool(values["switch"])
+    line.update({k: float(values[k]) for k in BNB_TIME_KEYS})
+    return line
+
+
+def format_bnb_jsonl(records: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """(info.jsonl lines, how many records were left out: not ok, or missing seed keys)."""
+    lines = [seed_line(r) for r in records]
+    return [json.dumps(line) for line in lines if line is not None], sum(line is None for line in lines)

@@ -19,7 +19,7 @@ from typing import Any
 from qbench.errors import QbenchUsageError
 
 FORMATS = (".png", ".svg", ".pdf")
-BENCHES = ("switchback", "moe", "fragmented", "model")
+BENCHES = ("switchback", "switchback_model", "switchback_train", "moe", "fragmented", "model")
 PANEL_SIZE = (5.2, 3.9)  # inches per panel: room for a legend inside each axis
 DTYPE_ORDER = ("fp16", "bf16", "fp32", "float16", "bfloat16", "float32")
 
@@ -27,9 +27,11 @@ DTYPE_ORDER = ("fp16", "bf16", "fp32", "float16", "bfloat16", "float32")
 def registry() -> dict[str, tuple]:
     """bench -> PANELS. Imported on first use, not at the top: the panel modules import the helpers
     below from this package, which must be complete by then."""
-    from qbench.plots import fragmented, model, moe, switchback
+    from qbench.plots import fragmented, model, moe, switchback, switchback_model, switchback_train
 
-    return {"switchback": switchback.PANELS, "moe": moe.PANELS, "fragmented": fragmented.PANELS, "model": model.PANELS}
+    return {"switchback": switchback.PANELS, "switchback_model": switchback_model.PANELS,
+            "switchback_train": switchback_train.PANELS, "moe": moe.PANELS, "fragmented": fragmented.PANELS,
+            "model": model.PANELS}
 
 
 def panels_of(bench: str) -> tuple:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from qbench.options import (
+    FiniteFloat,
     callback,
     device_option,
     dtype_option,
@@ -31,7 +32,7 @@ Examples:
 @click.option("--dims", callback=callback(parse_positive_ints),
               help="Layer widths: each runs dim -> wm*dim and wm*dim -> dim. [default: the seed's pairs]")
 @click.option("--pairs", callback=callback(parse_pairs), help="Explicit IN x OUT pairs, e.g. 1408x6144,6144x1408.")
-@click.option("--wm", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+@click.option("--wm", type=FiniteFloat(min=0, min_open=True), default=4.0, show_default=True,
               help="MLP ratio used with --dims.")
 @click.option("--batch-sizes", callback=callback(parse_positive_ints),
               help="Tokens M. [default: 1024 ... 131072 on a GPU, 64,256 on the CPU]")
@@ -55,11 +56,9 @@ def command(dims, pairs, wm, batch_sizes, dtype, variants, plot, execs, repeat, 
     if dims and pairs:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
     config = bench.resolve(bench.SwitchbackConfig(dims, pairs, wm, batch_sizes, dtype, variants, repeat, device, execs))
-    if config.device == "cpu":
-        report.notice(report.CPU_NOTICE)
     out = out or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
-                  append=append, force=force, as_json=as_json, table=bench.table)
+    run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out, append=append,
+                  force=force, as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device))
     if plot:
         from qbench.plots import plot_run
 

@@ -27,10 +27,8 @@ def calibrate(device, file, out, append, force, as_json) -> None:
 
     with usage_errors():
         cfg, base, default_file = bench.setup(device)
-    if cfg.device != "cuda":
-        report.notice(report.CPU_NOTICE)
     records = run_and_store("model", cfg, bench.measure(cfg), total=None, out=out, append=append, force=force,
-                            as_json=as_json, table=_table)
+                            as_json=as_json, table=_table, notice=report.cpu_notice(cfg.device))
     path = bench.save(bench.calibrated_hardware(records, base), records, file or default_file)
     report.notice(f"calibrated device saved to {path} (use --calibrated {path})", style="green")
 

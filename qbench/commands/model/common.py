@@ -8,6 +8,7 @@ import contextlib
 import click
 
 from qbench.errors import QbenchUsageError
+from qbench.options import FiniteFloat
 
 EPILOG = """\b
 Examples:
@@ -29,13 +30,17 @@ GPUS = ("h100", "h200", "a100-40gb", "a100-80gb")
 
 @contextlib.contextmanager
 def usage_errors():
-    """Model errors (bad config keys, unknown GPUs) become one-line usage errors, exit 2."""
+    """Model errors (bad config keys, unknown GPUs) become one-line usage errors, exit 2; so does an
+    overflow of the model's arithmetic, which only out-of-range config or option values cause."""
     try:
         yield
     except ValueError as exc:
         if isinstance(exc, QbenchUsageError):
             raise
         raise QbenchUsageError(str(exc)) from None
+    except ArithmeticError as exc:
+        raise QbenchUsageError(f"the model's arithmetic failed ({type(exc).__name__}: {exc}); a config or "
+                               "option value is out of range") from None
 
 
 def gpu_options(fn):
@@ -60,10 +65,10 @@ def deepflow_option(default: str):
 
 def budget_options(fn):
     """--time-budget, or --tokens with --hours: seconds allowed per step."""
-    fn = click.option("--hours", type=click.FloatRange(min=0, min_open=True),
+    fn = click.option("--hours", type=FiniteFloat(min=0, min_open=True),
                       help="Wall-clock target (with --tokens).")(fn)
-    fn = click.option("--tokens", type=click.FloatRange(min=1), help="Training tokens: budget = hours / steps.")(fn)
-    return click.option("--time-budget", type=click.FloatRange(min=0, min_open=True),
+    fn = click.option("--tokens", type=FiniteFloat(min=1), help="Training tokens: budget = hours / steps.")(fn)
+    return click.option("--time-budget", type=FiniteFloat(min=0, min_open=True),
                         help="Seconds allowed per step.")(fn)
 
 

@@ -286,7 +286,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Records of one run's results.jsonl. A partial trailing line (a crash mid-write) is skipped
     with a warning; a corrupt line elsewhere is an error naming the line."""
     file = Path(path) / RECORDS_FILE
-    lines = file.read_text(encoding="utf-8").splitlines()
+    lines = _run_text(file).splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -319,10 +319,22 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise QbenchUsageError(f"{run} is not a qbench run (no {RECORDS_FILE} inside)")
     env_file = run / ENV_FILE
     try:
-        env = json.loads(env_file.read_text(encoding="utf-8")) if env_file.exists() else {}
+        env = json.loads(_run_text(env_file)) if env_file.exists() else {}
     except json.JSONDecodeError:
         raise QbenchUsageError(f"{env_file} is not valid JSON; the run is corrupt") from None
+    if not isinstance(env, dict):
+        raise QbenchUsageError(f"{env_file} is not a JSON object; the run is corrupt")
     return env, read_records(run)
+
+
+def _run_text(file: Path) -> str:
+    """The text of a run's file; a binary or unreadable file is named as corrupt, not a traceback."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise QbenchUsageError(f"{file} is not UTF-8 text; the run is corrupt") from None
+    except OSError as exc:
+        raise QbenchUsageError(f"cannot read {file} ({exc.strerror})") from None
 
 
 def find_runs(path: str | Path) -> list[Path]:

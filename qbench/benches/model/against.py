@@ -118,13 +118,16 @@ NUMERIC = {
 
 
 def _check_numbers(workload: str, params: dict) -> None:
-    """Each size a finite number (`batch_size=abc` or `=1e400` named here, not deep in the arithmetic)."""
+    """Each size a finite number > 0 (`batch_size=abc`, `=1e400` or `=0` named here, not deep in the
+    arithmetic); the capacity factor may be 0 or negative (dropless, capped)."""
     for key in NUMERIC.get(workload, ()):
         value = params.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise QbenchUsageError(f"{workload}: {key}={value!r} is not a finite number; give e.g. {key}=1024")
+        if value <= 0 and key != "capacity_factor":
+            raise QbenchUsageError(f"{workload}: {key}={value!r} must be > 0")
 
 
 def floors_of(workload: str, params: dict, hw: Hardware) -> dict[str, floors.Floor]:
@@ -135,7 +138,11 @@ def floors_of(workload: str, params: dict, hw: Hardware) -> dict[str, floors.Flo
             return {"gemm": floors.gemm(params["m"], params["k"], params["n"], params["dtype"], hw)}
         return floors.for_record({"bench": workload, "params": params, "metrics": {}}, hw)
     except KeyError as exc:
-        raise QbenchUsageError(f"{workload}: missing parameter {exc.args[0]}=VALUE") from None
+        name = exc.args[0]
+        given = [k for k, v in params.items() if v == name]  # a lookup by value, e.g. layer=bogus
+        if given:
+            raise QbenchUsageError(f"{workload}: {given[0]}={name!r} is not a value the model knows") from None
+        raise QbenchUsageError(f"{workload}: missing parameter {name}=VALUE") from None
 
 
 def floors_table(workload: str, result: dict[str, floors.Floor], hw: Hardware):

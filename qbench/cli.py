@@ -31,8 +31,8 @@ Examples:
   qbench switchback --dims 1024,4096
   qbench fragmented --sizes 2048,4096
   qbench moe --world-size 4
-  qbench model lstm --config deepflow.yaml
-  qbench compare results/a results/b --fail-on time_global:5
+  qbench model lstm --config deepflow
+  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --fail-on step_time:5
 """
 
 

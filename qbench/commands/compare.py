@@ -8,11 +8,12 @@ import click
 
 EPILOG = """\b
 Examples:
-  qbench compare results/switchback-old results/switchback-new
-  qbench compare old new --metric time_global --threshold 3% --only-changed
-  qbench compare old new --fail-on time_global:5 --fail-on step_time:10   # exit 1 on a regression
-  qbench compare full-sweep partial-rerun --fail-on time_global:5 --allow-missing
-  qbench compare seed_info.jsonl results/switchback-h200 --cross-env --markdown
+  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100   # the shell expands it to the two runs
+  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --metric step_time --threshold 3% --only-changed
+  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --fail-on step_time:5   # exit 1 on a regression
+  qbench compare results/moe-h200x4-replicate results/moe-h200x4-final/moe-replicate --fail-on step_time:5 \\
+      --allow-missing   # exit 1: a case got slower
+  qbench compare tests/fixtures/seed_bnb_info.jsonl results/switchback-h200-20261121T1004Z --cross-env --markdown
 """
 
 

@@ -14,7 +14,7 @@ EPILOG = """\b
 Examples:
   qbench model lstm --config deepflow --debug      # the shipped seed config, by name
   qbench model lstm --config deepflow --set model_param.batch_size=64 --tokens 7.7e10 --hours 24
-  qbench model lstm --config my.yaml --sweep scheduling_param.dp=1,2,4,8 --set scheduling_param.topology=mesh
+  qbench model lstm --config deepflow --sweep scheduling_param.dp=1,2,4,8 --set scheduling_param.topology=mesh
   qbench model lstm --config deepflow --deepflow corrected
   qbench model quirks --config deepflow
   qbench model search --config deepflow --devices 8 --topologies ring,mesh --time-budget 0.5
@@ -22,8 +22,9 @@ Examples:
   qbench model search-hw --config deepflow --workload transformer --shape layers=24 --shape batch=32
   qbench model gemm --m 8192 --k 4096 --n 4096 --dtype bf16 --gpu h200
   qbench model floors switchback batch_size=32768 dim_in=1024 dim_out=4096 dtype=bf16
-  qbench model --against results/switchback-20250101T000000Z --gpu h200
-  qbench model calibrate --file results/model-calibration-h200.yaml
+  qbench model --against results/switchback-h200-20261121T1004Z --gpu h200
+  qbench model gemm --m 8192 --k 4096 --n 4096 --calibrated results/model-calibration-h200.yaml
+  qbench model calibrate --file calibration.yaml   # on a GPU: this device's ceilings, for --calibrated
 """
 GPUS = ("h100", "h200", "a100-40gb", "a100-80gb")
 

@@ -147,6 +147,8 @@ USAGE = [
     (["model", "floors", "fragmented", "batch_size=1", "in_features=64", "out_features=64", "layer=bogus",
       "dtype=fp32"], "layer='bogus' is not a value"),
     pytest.param(["model", "calibrate", "--device", "cuda"], "no CUDA device", marks=NEEDS_NO_CUDA),
+    (["model", "calibrate", "--device", "cpu", "--file", UNWRITABLE + ".yaml"], "cannot write calibration file"),
+    (["model", "calibrate", "--device", "cpu", "--file", "{afile}/c.yaml"], "is a file"),
     (["model", "search", "--config", "deepflow", "--devices", "1e12"], "give 1 to 4096"),
     (["model", "search", "--config", "deepflow", "--devices", "nan"], "not a whole number"),
     (["model", "search-hw", "--config", "deepflow", "--starts", "1", "--iterations", "1", "--set",

@@ -63,22 +63,12 @@ def default_out(runs: Sequence[str | Path], bench: str) -> Path:
 def check_figure_path(path: str | Path) -> Path:
     """The figure file `path`, checked before anything is measured or drawn: a known format, and a file
     that can be written (its folder is made; a file created by the check is removed again)."""
+    from qbench.paths import check_writable_file
+
     target = Path(path)
     if target.suffix.lower() not in FORMATS:
         raise QbenchUsageError(f"{target}: unknown figure format; end the file name with {', '.join(FORMATS)}")
-    blocker = next((p for p in target.parents if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise QbenchUsageError(f"cannot write figure {target} ({blocker} is a file); choose another path")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        existed = target.exists()
-        with open(target, "ab"):
-            pass
-        if not existed:
-            target.unlink()
-    except OSError as exc:
-        raise QbenchUsageError(f"cannot write figure {target} ({exc.strerror}); choose another path") from None
-    return target
+    return check_writable_file(target, "figure")
 
 
 def plot_run(run_dirs: Sequence[str | Path], out_path: str | Path | None = None) -> Path:

@@ -183,6 +183,15 @@ def test_usage_error_is_one_line_exit_2_and_leaves_no_run(args, fragment, files,
     assert not out.exists() and not (tmp_path / "results").exists(), "a refused run left a directory behind"
 
 
+def test_moe_triton_gemm_without_a_gpu_or_the_interpreter_is_a_usage_error(capsys, tmp_path, monkeypatch):
+    import kernels._common
+
+    monkeypatch.setattr(kernels._common, "interpreting", lambda: False)  # as on a CPU outside the tests
+    code, _, err = run_cli(capsys, MOE + ["--gemm", "triton,torch", "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert_one_line(err, "--gemm triton needs a CUDA GPU")
+
+
 def test_enough_inputs_are_covered():
     assert len(USAGE) + len(RUNTIME) >= 40
 

@@ -22,9 +22,9 @@ Examples:
   qbench moe --world-size 4                              # 4 GPUs (NCCL), or 4 CPU ranks (gloo)
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4 --trace results/moe-traces
-  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --seed-format
-  qbench moe --kernels grouped --dtype bf16              # the grouped GEMM kernels alone: TMA vs pointer
-  torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe
+  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --seed-format
+  qbench moe --kernels grouped --dtype bf16              # a GPU: the grouped GEMM kernels alone, TMA vs pointer
+  torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe   # 2 GPU nodes
 """
 _counts = parse_number_list(int, lambda n: n >= 0, "integers", "0,4", "counts must be >= 0")
 _floats = parse_number_list(float, lambda p: True, "probabilities", "0.25,1.0", "")  # the bench checks [0, 1]

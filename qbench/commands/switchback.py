@@ -24,7 +24,7 @@ Examples:
   qbench switchback --dims 1024,4096               # dim -> 4*dim and back, for dim 1024 and 4096
   qbench switchback --pairs 1408x6144,6144x1408 --batch-sizes 8192,32768 --dtype bf16
   qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out results/sb --plot
-  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # module: eager vs CUDA graph
+  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # a GPU: module eager vs CUDA graph
 """
 
 

@@ -23,6 +23,7 @@ def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
         raise QbenchUsageError(f"--model attn-moe needs --model-dim divisible by 64, not {config.model_dim}")
     _validate_routings(config)
     _validate_blocks(config)
+    _validate_gemms(config)
     _make_trace_dir(config.trace_dir)
     if config.kernels is not None:
         _validate_kernels(config)
@@ -43,6 +44,14 @@ def _validate_routings(config: MoEBenchConfig) -> None:
                                    "expert ids per token)") from None
         except ValueError as exc:
             raise QbenchUsageError(f"--routing: {exc}") from None
+
+
+def _validate_gemms(config: MoEBenchConfig) -> None:
+    """--gemm triton runs Triton kernels: a GPU, or the interpreter (else every case fails at run time)."""
+    from kernels._common import interpreting
+
+    if "triton" in config.gemms and config.device != "cuda" and not interpreting():
+        raise QbenchUsageError("--gemm triton needs a CUDA GPU; on the CPU use --gemm auto, torch or reference")
 
 
 def _make_trace_dir(trace_dir: str | None) -> None:

@@ -32,9 +32,9 @@ Examples:
   qbench switchback --dims 1024,4096
   qbench fragmented --sizes 2048,4096
   qbench moe --world-size 4
-  qbench model lstm --config deepflow.yaml
-  qbench compare results/a results/b --fail-on time_global:5
-  qbench summary results/a --metric speedup_global --by batch_size --markdown
+  qbench model lstm --config deepflow
+  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --fail-on step_time:5
+  qbench summary results/switchback-h200-modes/run{1,2,3} --metric speedup_global --by batch_size --across-runs median
 """
 
 
@@ -84,4 +84,22 @@ def main(argv: list[str] | None = None) -> None:
         _fail(prog, "interrupted", 130)
     except KeyboardInterrupt:
         _fail(prog, "interrupted; records measured so far are kept", 130)
+    except Exception as exc:  # noqa: BLE001 - a bug still ends in one line; its traceback goes to a file
+        _fail(prog, f"internal error: {type(exc).__name__}: {_first_line(exc)} (a bug; traceback in "
+                    f"{_save_traceback(exc)})", 1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else ""
+
+
+def _save_traceback(exc: BaseException) -> str:
+    """Write the traceback of an unexpected error to a temporary file, for a bug report."""
+    import tempfile
+    import traceback
+
+    with tempfile.NamedTemporaryFile("w", prefix="qbench-traceback-", suffix=".txt", delete=False) as fh:
+        traceback.print_exception(exc, file=fh)
+    return fh.name

@@ -7,8 +7,10 @@ fn(ctx, *args) on every rank and yields what rank 0 yields, as it comes:
 - otherwise it spawns `world_size` processes on this machine (one per GPU with NCCL, CPU processes
   with gloo) over a free loopback port, and relays rank 0's items through a queue.
 Failures never hang: a rank that raises sends its error and exits; the launcher then terminates the
-others and raises RankFailure naming that rank and its error. Collectives carry a timeout, so a rank
-stuck on a dead peer also ends. torch is imported only inside functions.
+others and raises RankFailure naming the rank that failed first (a rank that died without a word, say
+killed by a signal, before the peers that lost it) and its error. Collectives carry a timeout
+(`timeout_s`, `qbench moe --timeout`), so a rank stuck on a frozen or dead peer also ends.
+torch is imported only inside functions.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 POLL_S = 0.2  # how often the launcher looks at its ranks while waiting for items
 GRACE_S = 5.0  # time a terminated rank gets before it is killed
+SETTLE_S = 1.0  # after a failure, time the other ranks get to report theirs (so the first one is named)
 
 
 class RankFailure(RuntimeError):
@@ -110,7 +113,7 @@ def _worker(rank, world_size, port, backend, device, timeout_s, fn, args, channe
                 channel.put(("item", rank, item))
         channel.put(("done", rank, None))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the launcher
-        channel.put(("error", rank, _describe(exc)))
+        channel.put(("error", rank, (time.time(), _describe(exc))))  # the time says which rank failed first
         channel.close()
         channel.join_thread()
         os._exit(1)  # skip interpreter teardown: a peer may be stuck in a collective with us
@@ -177,28 +180,53 @@ def _relay(procs, channel) -> Iterator[Any]:
         try:
             kind, rank, payload = channel.get(timeout=POLL_S)
         except queue_mod.Empty:
-            dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if dead:
-                time.sleep(POLL_S)  # its error message may still be in flight
-                _raise_first_error(channel, dead)
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise RankFailure(_blame(procs, channel, {}, done)) from None
             continue
         if kind == "item":
             yield payload
         elif kind == "done":
             done.add(rank)
         else:
-            raise RankFailure(f"rank {rank} failed: {payload}")
+            raise RankFailure(_blame(procs, channel, {rank: payload}, done))
 
 
-def _raise_first_error(channel, dead) -> None:
-    try:
-        kind, rank, payload = channel.get(timeout=1.0)
+def _blame(procs, channel, errors: dict[int, tuple[float, str]], done: set[int]) -> str:
+    """Name the rank that failed first. When one rank dies, its peers fail too (a reset connection, a
+    timed-out collective), and their errors may arrive first: so wait SETTLE_S for the other reports,
+    then blame a rank that died without reporting (a signal, a crash in native code), else the earliest
+    error. Ranks still running then are named too: a frozen rank leaves its peers to time out."""
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:
+        try:
+            kind, rank, payload = channel.get(timeout=POLL_S)
+        except queue_mod.Empty:
+            continue
         if kind == "error":
-            raise RankFailure(f"rank {rank} failed: {payload}")
-    except queue_mod.Empty:
-        pass
-    rank, code = dead[0]
-    raise RankFailure(f"rank {rank} exited with code {code} without reporting an error")
+            errors[rank] = payload
+    silent = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in errors]
+    first = min(errors, key=lambda r: errors[r][0]) if errors else None
+    if silent:
+        rank, code = silent[0]
+        text = f"rank {rank} died ({_exit_text(code)}) without reporting an error"
+        text += f"; then rank {first} failed: {errors[first][1]}" if first is not None else ""
+    else:
+        text = f"rank {first} failed: {errors[first][1]}"
+    running = [r for r, p in enumerate(procs) if p.exitcode is None and r not in errors and r not in done]
+    if running:
+        text += f"; still running, maybe frozen: rank {', '.join(map(str, running))}"
+    return text
+
+
+def _exit_text(code: int) -> str:
+    import signal
+
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _stop(procs) -> None:

@@ -6,10 +6,16 @@ it into one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from qbench.units import ACTIVATION_DTYPES as DTYPES
 from qbench.units import canonical_dtype
+
+# Largest size a list option takes: kernels index a dimension with 32-bit integers, and anything larger
+# would overflow a seed or a tensor shape long before it could fit in memory.
+MAX_SIZE = 2**31 - 1
 
 
 def _split(value: str) -> list[str]:
@@ -31,6 +37,8 @@ def parse_positive_ints(value: str | tuple | None) -> tuple[int, ...] | None:
             raise click.BadParameter(f"{item!r} is not an integer; give a list like 1024,4096") from None
         if number <= 0:
             raise click.BadParameter(f"{number} is not a positive size; sizes must be > 0")
+        if number > MAX_SIZE:
+            raise click.BadParameter(f"{number} is too large; sizes must be at most {MAX_SIZE}")
         out.append(number)
     return tuple(out)
 
@@ -46,6 +54,17 @@ def parse_pairs(value: str | tuple | None) -> tuple[tuple[int, int], ...] | None
             raise click.BadParameter(f"{item!r} is not an IN x OUT pair; write pairs like 1408x6144")
         pairs.append(tuple(parse_positive_ints(",".join(parts))))
     return tuple(pairs)
+
+
+class FiniteFloat(click.FloatRange):
+    """A float in a range that is also finite: click's FloatRange lets nan (every comparison with it is
+    false) and inf through, and neither is a size, a ratio or a timeout."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def parse_names(choices: tuple[str, ...]):

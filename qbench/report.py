@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -22,6 +23,11 @@ from qbench import units
 CPU_NOTICE = (
     "Running on the CPU: these timings check that everything works end to end; they say nothing about GPU performance."
 )
+
+
+def cpu_notice(device: str) -> str | None:
+    """CPU_NOTICE for a run on the CPU, None on a GPU."""
+    return None if device == "cuda" else CPU_NOTICE
 
 
 PIPE_WIDTH = 220  # tables written to a file or pipe are not squeezed into 80 columns
@@ -90,7 +96,7 @@ def records_table(
         table.add_column(f"{label}\n[dim]{unit}[/dim]" if unit else label, justify="right")
     table.add_column("status")
     for rec in records:
-        cells = [format_value(rec["params"].get(p)) for p in params]
+        cells = [escape(format_value(rec["params"].get(p))) for p in params]
         for name in metrics:
             value = rec["metrics"].get(name)
             text = format_value(value, unit_of.get(name))
@@ -112,7 +118,7 @@ def _status_cell(rec: Mapping[str, Any]) -> str:
     status = rec.get("status", "ok")
     if status == "ok":
         return "[green]ok[/green]"
-    reason = (rec.get("error") or "")[:60]
+    reason = escape((rec.get("error") or "")[:60])  # error text is data, not markup
     colour = "red" if status == "error" else "yellow"
     return f"[{colour}]{status}[/{colour}] {reason}"
 
@@ -143,7 +149,9 @@ def progress(total: int | None, description: str) -> Iterator[Any]:
 
 
 def notice(message: str, style: str = "yellow") -> None:
-    stderr_console().print(f"[{style}]{message}[/{style}]")
+    """One message on stderr, printed literally: paths and errors may hold '[...]', which rich would
+    otherwise read as markup (and drop, or fail on)."""
+    stderr_console().print(f"[{style}]{escape(message)}[/{style}]")
 
 
 # ---- comparisons (qbench.compare) -------------------------------------------------------------
@@ -184,11 +192,11 @@ def comparison_tables(comparison) -> list[Table]:
     """One rich table per candidate, with geometric-mean rows and marker counts in the caption."""
     tables = []
     for candidate in dict.fromkeys(r.candidate for r in comparison.rows):
-        table = Table(title=f"{candidate} vs {comparison.reference}", header_style="bold")
+        table = Table(title=f"{escape(str(candidate))} vs {escape(str(comparison.reference))}", header_style="bold")
         for name in COMPARE_COLUMNS:
             table.add_column(name, justify="left" if name in ("case", "metric", "note") else "right")
         for row in (r for r in comparison.rows if r.candidate == candidate):
-            cells = _compare_cells(row)
+            cells = [escape(c) for c in _compare_cells(row)]  # cases, notes and paths are data, not markup
             style = MARKER_STYLE.get(row.marker, "")
             table.add_row(*cells, style=style or None)
         for (cand, metric), value in comparison.geomeans.items():

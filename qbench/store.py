@@ -127,8 +127,22 @@ class RunWriter:
         self._benches, self._prior = _existing(self.path) if append else (set(), set())
         if bench is not None:
             self._check_bench(bench)
+        self._made = False  # --append / --force made the directory (removed again if nothing is written)
         if not (append or force):
             self._claim()
+        else:
+            self._reach()
+
+    def _reach(self) -> None:
+        """--append / --force: the directory must exist or be creatable now, not at the first record."""
+        if self.path.is_dir():
+            return
+        try:
+            self.path.mkdir(parents=True)
+            self._made = True
+        except OSError as exc:
+            blocked = any(p.exists() and not p.is_dir() for p in self.path.parents)
+            raise _cannot_create(self.path, "a parent is a file" if blocked else exc.strerror) from None
 
     def _claim(self) -> None:
         try:
@@ -173,6 +187,7 @@ class RunWriter:
 
     def write(self, record: Mapping[str, Any]) -> None:
         self._check_bench(record["bench"])
+        line = json.dumps(record, allow_nan=False, default=str)  # a record JSON cannot hold fails before any file
         if self._fh is None:
             self._open()
         ident = (record["bench"], record["case"])
@@ -181,7 +196,6 @@ class RunWriter:
             _rewrite_records(self.path, drop={ident})
             self._prior.discard(ident)
             self._fh = open(self.path / RECORDS_FILE, "a", encoding="utf-8")
-        line = json.dumps(record, allow_nan=False, default=str)
         self._fh.write(line + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -197,6 +211,8 @@ class RunWriter:
             if self._claimed == "dir":
                 _remove_if_empty(self.path)
             self._claimed = None
+        elif self._fh is None and self._made:
+            _remove_if_empty(self.path)
 
     def __enter__(self) -> RunWriter:
         return self
@@ -270,7 +286,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Records of one run's results.jsonl. A partial trailing line (a crash mid-write) is skipped
     with a warning; a corrupt line elsewhere is an error naming the line."""
     file = Path(path) / RECORDS_FILE
-    lines = file.read_text(encoding="utf-8").splitlines()
+    lines = _run_text(file).splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -303,10 +319,22 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise QbenchUsageError(f"{run} is not a qbench run (no {RECORDS_FILE} inside)")
     env_file = run / ENV_FILE
     try:
-        env = json.loads(env_file.read_text(encoding="utf-8")) if env_file.exists() else {}
+        env = json.loads(_run_text(env_file)) if env_file.exists() else {}
     except json.JSONDecodeError:
         raise QbenchUsageError(f"{env_file} is not valid JSON; the run is corrupt") from None
+    if not isinstance(env, dict):
+        raise QbenchUsageError(f"{env_file} is not a JSON object; the run is corrupt")
     return env, read_records(run)
+
+
+def _run_text(file: Path) -> str:
+    """The text of a run's file; a binary or unreadable file is named as corrupt, not a traceback."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise QbenchUsageError(f"{file} is not UTF-8 text; the run is corrupt") from None
+    except OSError as exc:
+        raise QbenchUsageError(f"cannot read {file} ({exc.strerror})") from None
 
 
 def find_runs(path: str | Path) -> list[Path]:

@@ -23,13 +23,18 @@ def run_and_store(
     as_json: bool,
     table: Callable[[Sequence[dict]], Any],
     root: str | Path = "results",
+    notice: str | None = None,
 ) -> list[dict]:
     """Write each record the moment it is measured (a crash keeps what was measured), then print
-    the table (or JSON). Exits 1 when any configuration failed its correctness check or errored."""
+    the table (or JSON). Exits 1 when any configuration failed its correctness check or errored.
+    `notice` (e.g. the CPU notice) is printed once the run directory is claimed, so a refused --out
+    is the only line a usage error prints."""
     path = Path(out) if out else store.default_run_dir(bench, root)
     kept: list[dict] = []
     env = capture_env(config=config)
     with store.RunWriter(path, env, append=append, force=force, bench=bench) as writer:
+        if notice:
+            report.notice(notice)
         with report.progress(total, bench) as advance:
             for record in records:
                 writer.write(record)

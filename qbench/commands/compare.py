@@ -8,13 +8,11 @@ import click
 
 EPILOG = """\b
 Examples:
-  qbench compare results/switchback-old results/switchback-new
-  qbench compare old new --metric time_global --threshold 3% --only-changed
-  qbench compare old new --fail-on time_global:5 --fail-on step_time:10   # exit 1 on a regression
-  qbench compare full-sweep partial-rerun --fail-on time_global:5 --allow-missing
-  qbench compare seed_info.jsonl results/switchback-h200 --cross-env --markdown
-  qbench compare results/fragmented-run --across exec            # compile and graph vs eager, one run
-  qbench compare run-eager run-compile --across exec --metric forward_ms
+  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100   # the shell expands it to the two runs
+  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --metric step_time --threshold 3% --only-changed
+  qbench compare results/switchback-h200-modes/{before,run1} --fail-on time_global:5   # exit 1 on a regression
+  qbench compare tests/fixtures/seed_bnb_info.jsonl results/switchback-h200-20261121T1004Z --cross-env --markdown
+  qbench compare results/fragmented-h200-modes/run1 --across exec   # compile and graph vs eager, one run
   qbench compare results/moe-h200x4-round3/moe-blocks-sweep100 --across system=a2a --metric step_time
 """
 

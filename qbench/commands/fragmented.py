@@ -52,20 +52,18 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
     """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
     selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
-    from qbench import report, store
+    from qbench import plots, report, store
     from qbench.benches import fragmented as bench
     from qbench.commands.common import run_and_store
 
     config = bench.resolve(bench.FragmentedConfig(
         sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
         steps, warmup, not no_graph, device, execs=execs))
-    if config.device == "cpu":
-        report.notice(report.CPU_NOTICE)
-    out = out or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
-                  append=append, force=force, as_json=as_json, table=bench.table(fmt))
     if plot_path:
-        from qbench.plots import plot_run
-
-        report.notice(f"figure: {plot_run([out], plot_path)}", style="dim")
+        plots.check_figure_path(plot_path)  # a bad figure name is found before the sweep, not after it
+    out = out or str(store.default_run_dir(bench.BENCH))
+    run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out, append=append,
+                  force=force, as_json=as_json, table=bench.table(fmt), notice=report.cpu_notice(config.device))
+    if plot_path:
+        report.notice(f"figure: {plots.plot_run([out], plot_path)}", style="dim")
 

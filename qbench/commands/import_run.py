@@ -8,10 +8,10 @@ from qbench.importers import FORMATS
 
 EPILOG = """\b
 Examples:
-  qbench import info.jsonl                          # bitsandbytes SwitchBack results (A100)
-  qbench import moe_run.log --out results/moe-mixmoe
-  qbench import fragmented_report.txt --format fragmented-report
-  qbench import deepflow_summary.txt --json
+  qbench import tests/fixtures/seed_bnb_info.jsonl            # bitsandbytes SwitchBack results (A100)
+  qbench import tests/fixtures/seed_moe_mixmoe_trimmed.log --out moe-mixmoe
+  qbench import tests/fixtures/seed_fragmented_report.txt --format fragmented-report
+  qbench import tests/fixtures/seed_deepflow.txt --json
 """
 
 # The columns shown after an import, per bench: (params, metrics).
@@ -28,10 +28,12 @@ FORMAT_CHOICES = ("auto", *FORMATS)
 
 
 def _table(records: list[dict], source: str):
+    from rich.markup import escape
+
     from qbench import report
 
     params, metrics = COLUMNS.get(records[0]["bench"], ((), ()))
-    return report.records_table(records, params, metrics, title=f"imported from {source}")
+    return report.records_table(records, params, metrics, title=f"imported from {escape(source)}")
 
 
 @click.command(epilog=EPILOG)

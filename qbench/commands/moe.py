@@ -5,7 +5,16 @@ from __future__ import annotations
 import click
 
 from qbench.benches.moe.config import GEMMS, KERNEL_BENCHES, SYSTEMS, TRANSPORTS
-from qbench.options import callback, device_option, dtype_option, out_options, parse_names, parse_number_list
+from qbench.options import (
+    MAX_SIZE,
+    FiniteFloat,
+    callback,
+    device_option,
+    dtype_option,
+    out_options,
+    parse_names,
+    parse_number_list,
+)
 from qbench.options import parse_positive_ints as _sizes
 
 EPILOG = """\b
@@ -13,14 +22,14 @@ Examples:
   qbench moe --world-size 4                              # 4 GPUs (NCCL), or 4 CPU ranks (gloo)
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4 --trace results/moe-traces
-  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --seed-format
-  qbench moe --kernels grouped --dtype bf16              # the grouped GEMM kernels alone: TMA vs pointer
-  torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe
+  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --seed-format
+  qbench moe --kernels grouped --dtype bf16              # a GPU: the grouped GEMM kernels alone, TMA vs pointer
+  torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe   # 2 GPU nodes
 """
 _counts = parse_number_list(int, lambda n: n >= 0, "integers", "0,4", "counts must be >= 0")
 _floats = parse_number_list(float, lambda p: True, "probabilities", "0.25,1.0", "")  # the bench checks [0, 1]
 _words = lambda v: v if v is None else tuple(w.strip() for w in v.split(","))  # noqa: E731 - the bench checks them
-_INT = click.IntRange(min=1)
+_INT = click.IntRange(min=1, max=MAX_SIZE)
 
 
 def _opt(name: str, dest: str | None = None, parser=None, **kw):
@@ -40,7 +49,7 @@ OPTIONS = [
     _opt("--num-local-experts", parser=_sizes, default="8", help="Experts per rank (a list sweeps)."),
     _opt("--top-k", type=_INT, default=2), dtype_option(None, help="Default fp16; CPU: fp32."),
     _opt("--activation", type=click.Choice(("gelu", "relu")), default="gelu"),
-    _opt("--capacity-factor", type=float, default=0.0,
+    _opt("--capacity-factor", type=FiniteFloat(), default=0.0,
          help="x > 0: capacity x*k*T/E, padded; 0: dropless; x < 0: capped at -x, no padding."),
     _opt("--fp32-gate", is_flag=True, help="Gate weights and logits in fp32."),
     _opt("--a2a-ffn-overlap-degree", "overlap_degrees", _sizes, default="1", help="Chunks pipelined across streams."),
@@ -58,6 +67,8 @@ OPTIONS = [
     _opt("--num-steps", type=_INT, help="Timed steps (100; CPU: 10)."),
     _opt("--warmup", type=click.IntRange(min=0), help="Untimed steps (10; CPU: 2)."), device_option,
     _opt("--backend", type=click.Choice(("auto", "nccl", "gloo")), default="auto"),
+    _opt("--timeout", "timeout_s", type=FiniteFloat(min=0, min_open=True), default=600.0, metavar="S",
+         help="Seconds a rank waits in a collective before the run fails (a frozen or lost rank)."),
     _opt("--eval", "eval", is_flag=True, help="Forward only, under no_grad."),
     _opt("--seed-format", is_flag=True, help="Also print the seeds' [Benchmark]/STEP/[Summary] lines."),
     _opt("--plot", type=click.Path(dir_okay=False), help="Draw the run's figure here."),
@@ -83,16 +94,18 @@ def command(seed_format, plot, out, append, force, as_json, **fields) -> None:
     from qbench.commands.common import run_and_store
 
     config = bench.resolve(bench.MoEBenchConfig(**fields))
+    if plot and dist.is_primary():
+        from qbench.plots import check_figure_path
+
+        check_figure_path(plot)  # a bad figure name is found before the sweep, not after it
     records = bench.run(config)  # validates now: usage errors before any notice or record
     if not dist.is_primary():  # ranks > 0 of a torchrun job measure but never write results
         list(records)
         return
-    if config.device == "cpu":
-        report.notice(report.CPU_NOTICE)
     out = out or str(store.default_run_dir(bench.BENCH))
     try:
         kept = run_and_store(bench.BENCH, config, records, total=len(bench.plan(config)), out=out, append=append,
-                             force=force, as_json=as_json, table=bench.table)
+                             force=force, as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device))
     except dist.RankFailure as exc:
         raise click.ClickException(str(exc)) from None
     for record in [r for r in kept if r["status"] == "ok" and seed_format]:

@@ -7,6 +7,7 @@ import click
 
 from qbench.commands.switchback_block import KERNEL_VARIANTS, block_options, check_flags, variants_of
 from qbench.options import (
+    FiniteFloat,
     callback,
     device_option,
     dtype_option,
@@ -23,7 +24,7 @@ Examples:
   qbench switchback --dims 1024,4096               # dim -> 4*dim and back, for dim 1024 and 4096
   qbench switchback --pairs 1408x6144,6144x1408 --batch-sizes 8192,32768 --dtype bf16
   qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out results/sb --plot
-  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # module: eager vs CUDA graph
+  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # a GPU: module eager vs CUDA graph
   qbench switchback --format seed --out results/sb-seed    # also <run>/info.jsonl for the original plots
   qbench switchback --model vit-h --batch-sizes 256 --exec compile   # 4-block CLIP ViT-H training step
   qbench switchback --model vit-l,gpt2-xl --variants 16bit,switchback,fp8 --layers 2
@@ -35,7 +36,7 @@ Examples:
 @click.option("--dims", callback=callback(parse_positive_ints),
               help="Layer widths: each runs dim -> wm*dim and wm*dim -> dim. [default: the seed's pairs]")
 @click.option("--pairs", callback=callback(parse_pairs), help="Explicit IN x OUT pairs, e.g. 1408x6144,6144x1408.")
-@click.option("--wm", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+@click.option("--wm", type=FiniteFloat(min=0, min_open=True), default=4.0, show_default=True,
               help="MLP ratio used with --dims.")
 @click.option("--batch-sizes", callback=callback(parse_positive_ints),
               help="Tokens M. [default: 1024 ... 131072 on a GPU, 64,256 on the CPU] With --model: images or "
@@ -84,12 +85,11 @@ def _layer_bench(f: dict) -> str:
     config = bench.resolve(bench.SwitchbackConfig(
         f["dims"], f["pairs"], f["wm"], f["batch_sizes"], f["dtype"] or "fp16",
         variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"]))
-    if config.device == "cpu":
-        report.notice(report.CPU_NOTICE)
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:
         run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
-                      append=f["append"], force=f["force"], as_json=f["as_json"], table=bench.table)
+                      append=f["append"], force=f["force"], as_json=f["as_json"], table=bench.table,
+                      notice=report.cpu_notice(config.device))
     finally:  # a failed configuration exits 1: the ok ones still get their seed lines
         if f["fmt"] == "seed":
             write_seed(out)

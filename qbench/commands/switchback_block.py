@@ -87,11 +87,10 @@ def run_model(flags: dict) -> str:
     variants = variants_of(flags["variants"], BLOCK_VARIANTS)
     config = bench.resolve(bench.ModelConfig(models, flags["batch_sizes"], flags["layers"], flags["dtype"] or "bf16",
                                              variants, flags["execs"], flags["repeat"], flags["device"]))
-    if config.device == "cpu":
-        report.notice(report.CPU_NOTICE)
     out = flags["out"] or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, bench.run(config), total=bench.count(config), out=out,
-                  append=flags["append"], force=flags["force"], as_json=flags["as_json"], table=model_table)
+                  append=flags["append"], force=flags["force"], as_json=flags["as_json"], table=model_table,
+                  notice=report.cpu_notice(config.device))
     return out
 
 
@@ -112,7 +111,8 @@ def run_train(flags: dict) -> str:
     report.notice(f"{config.model} on {config.device}: {preset}", style="dim")
     out = flags["out"] or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, bench.run(config, preset), total=len(config.variants), out=out,
-                  append=flags["append"], force=flags["force"], as_json=flags["as_json"], table=train_table)
+                  append=flags["append"], force=flags["force"], as_json=flags["as_json"], table=train_table,
+                  notice=report.cpu_notice(config.device))
     return out
 
 

@@ -12,6 +12,7 @@ No torch import here: benches import this module on machines without a GPU.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -112,9 +113,12 @@ def from_dict(data: dict[str, Any], *, source: str = "custom", where: str = "har
     data = dict(data)
     base = data.pop("base", None)
     merged = preset(base).to_dict() if base else {}
-    peaks = {**merged.get("peak_tflops", {}), **data.pop("peak_tflops", {})}
+    given = data.pop("peak_tflops", {})
+    if not isinstance(given, dict):
+        raise ValueError(f"{where}: peak_tflops must map dtypes to TFLOP/s, e.g. {{bf16: 989}}")
+    peaks = {**merged.get("peak_tflops", {}), **given}
     merged.update(data)
-    merged["peak_tflops"] = {canonical_dtype(k): float(v) for k, v in peaks.items()}
+    merged["peak_tflops"] = {canonical_dtype(k): _rate(v, f"{where}: peak_tflops.{k}") for k, v in peaks.items()}
     missing = [k for k in _REQUIRED if k not in merged]
     if missing:
         raise ValueError(f"{where}: missing key {missing[0]!r} (needs {', '.join(_REQUIRED)})")
@@ -123,22 +127,37 @@ def from_dict(data: dict[str, Any], *, source: str = "custom", where: str = "har
     if extra:
         raise ValueError(f"{where}: unknown key {extra[0]!r}")
     for key in ("hbm_gb", "hbm_tbps", "l2_mb", "sm_count", "nvlink_gbps"):
-        if not isinstance(merged[key], (int, float)) or merged[key] <= 0:
+        if not _positive(merged[key]):
             raise ValueError(f"{where}: {key} must be a positive number, not {merged[key]!r}")
-    if not merged["peak_tflops"] or min(merged["peak_tflops"].values()) <= 0:
+    if not merged["peak_tflops"]:
         raise ValueError(f"{where}: peak_tflops must give a positive rate per dtype")
+    launch = merged.get("launch_us", 0.0)
+    if not (_positive(launch) or launch == 0):
+        raise ValueError(f"{where}: launch_us must be a number >= 0, not {launch!r}")
     merged["source"] = data.get("source", source)  # a custom file over a preset is no longer a datasheet
     return Hardware(**merged)
 
 
+def _positive(value: Any) -> bool:
+    """A finite number > 0 (nan and inf pass a plain `<= 0` test; a bool is not a rate)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _rate(value: Any, where: str) -> float:
+    if not _positive(value):
+        raise ValueError(f"{where} must be a positive number, not {value!r}")
+    return float(value)
+
+
 def from_text(text: str, where: str, *, is_json: bool = False) -> Hardware:
     """A device from the text of a YAML or JSON file (custom device or `qbench model calibrate` output)."""
-    if is_json:
-        data = json.loads(text)
-    else:
-        import yaml
+    import yaml
 
-        data = yaml.safe_load(text)
+    try:
+        data = json.loads(text) if is_json else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        kind = "JSON" if is_json else "YAML"
+        raise ValueError(f"{where} is not valid {kind}: {str(exc).splitlines()[0]}") from None
     if isinstance(data, dict) and "hardware" in data:
         data = data["hardware"]  # a calibration file keeps its measurements beside the device
     return from_dict(data, source="custom", where=where)

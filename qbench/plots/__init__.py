@@ -62,23 +62,36 @@ def default_out(runs: Sequence[str | Path], bench: str) -> Path:
     return first / f"{bench}.png" if first.is_dir() else Path(f"{first.stem}-{bench}.png")
 
 
+def check_figure_path(path: str | Path) -> Path:
+    """The figure file `path`, checked before anything is measured or drawn: a known format, and a file
+    that can be written (its folder is made; a file created by the check is removed again)."""
+    from qbench.paths import check_writable_file
+
+    target = Path(path)
+    if target.suffix.lower() not in FORMATS:
+        raise QbenchUsageError(f"{target}: unknown figure format; end the file name with {', '.join(FORMATS)}")
+    return check_writable_file(target, "figure")
+
+
 def plot_run(run_dirs: Sequence[str | Path], out_path: str | Path | None = None) -> Path:
     """Draw the standard figure of the run(s) into out_path (PNG/SVG/PDF by extension); returns it."""
     if not run_dirs:
         raise QbenchUsageError("give at least one run directory or results file to plot")
+    target = check_figure_path(out_path) if out_path else None  # before loading: a bad name fails fast
     columns = load_columns(run_dirs)
-    target = Path(out_path) if out_path else default_out(run_dirs, columns[0][1])
-    if target.suffix.lower() not in FORMATS:
-        raise QbenchUsageError(f"{target}: unknown figure format; end the file name with {', '.join(FORMATS)}")
+    target = target or check_figure_path(default_out(run_dirs, columns[0][1]))
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed, same output everywhere
     from matplotlib import pyplot as plt
 
     fig = _draw(plt, columns)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        fig.savefig(target, dpi=110, bbox_inches="tight")
+    except OSError as exc:  # the disk filled or the folder went away since the check
+        raise QbenchUsageError(f"cannot write figure {target} ({exc.strerror}); choose another path") from None
+    finally:
+        plt.close(fig)
     return target
 
 

@@ -7,6 +7,7 @@ has a floor: measured ms, floor ms, bound, flops, bytes, intensity and the fract
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,14 +107,42 @@ def table(rows: list[Row], hw: Hardware):
     return t
 
 
+# The parameters of each workload that are sizes or ratios (finite numbers), as typed on the command line.
+NUMERIC = {
+    "gemm": ("m", "k", "n"),
+    "switchback": ("batch_size", "dim_in", "dim_out"),
+    "fragmented": ("batch_size", "in_features", "out_features", "fragments"),
+    "moe": ("world_size", "model_dim", "hidden_size", "samples", "top_k", "num_local_experts", "capacity_factor",
+            "a2a_ffn_overlap_degree"),
+}
+
+
+def _check_numbers(workload: str, params: dict) -> None:
+    """Each size a finite number > 0 (`batch_size=abc`, `=1e400` or `=0` named here, not deep in the
+    arithmetic); the capacity factor may be 0 or negative (dropless, capped)."""
+    for key in NUMERIC.get(workload, ()):
+        value = params.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise QbenchUsageError(f"{workload}: {key}={value!r} is not a finite number; give e.g. {key}=1024")
+        if value <= 0 and key != "capacity_factor":
+            raise QbenchUsageError(f"{workload}: {key}={value!r} must be > 0")
+
+
 def floors_of(workload: str, params: dict, hw: Hardware) -> dict[str, floors.Floor]:
     """{metric: Floor} of one GEMM (params m, k, n, dtype) or of a qbench workload's record params."""
+    _check_numbers(workload, params)
     try:
         if workload == "gemm":
             return {"gemm": floors.gemm(params["m"], params["k"], params["n"], params["dtype"], hw)}
         return floors.for_record({"bench": workload, "params": params, "metrics": {}}, hw)
     except KeyError as exc:
-        raise QbenchUsageError(f"{workload}: missing parameter {exc.args[0]}=VALUE") from None
+        name = exc.args[0]
+        given = [k for k, v in params.items() if v == name]  # a lookup by value, e.g. layer=bogus
+        if given:
+            raise QbenchUsageError(f"{workload}: {given[0]}={name!r} is not a value the model knows") from None
+        raise QbenchUsageError(f"{workload}: missing parameter {name}=VALUE") from None
 
 
 def floors_table(workload: str, result: dict[str, floors.Floor], hw: Hardware):

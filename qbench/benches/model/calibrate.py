@@ -43,6 +43,10 @@ def setup(device: str | None) -> tuple[CalibrateConfig, hardware.Hardware, str]:
     if device == "cuda":
         import torch
 
+        if not torch.cuda.is_available():
+            from qbench.errors import QbenchUsageError
+
+            raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
         gpu_name = torch.cuda.get_device_name()
     slug = (gpu_name or "cpu").lower().replace("nvidia", "").strip().replace(" ", "-")
     return default_config(device), device_hardware(device, gpu_name), f"results/model-calibration-{slug}.yaml"

@@ -36,10 +36,20 @@ def resolve(path: str | Path) -> Path:
                       f"{', '.join(shipped_configs())})")
 
 
+def read_text(path: Path, what: str) -> str:
+    """The text of a file the model reads, or a ConfigError naming it (a binary or unreadable file)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a text file; give a {what} (YAML text)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path} ({exc.strerror})") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     """The raw mapping of a DeepFlow config file or shipped config (ConfigError if missing or malformed)."""
     path = resolve(path)
-    return deepflow_config.parse_yaml(path.read_text(encoding="utf-8"), str(path))
+    return deepflow_config.parse_yaml(read_text(path, "DeepFlow config"), str(path))
 
 
 def load(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -52,4 +62,4 @@ def load_hardware(path: str | Path) -> hardware.Hardware:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"hardware file {path} does not exist")
-    return hardware.from_text(path.read_text(encoding="utf-8"), str(path), is_json=path.suffix == ".json")
+    return hardware.from_text(read_text(path, "hardware file"), str(path), is_json=path.suffix == ".json")

@@ -23,6 +23,8 @@ def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
         raise QbenchUsageError(f"--model attn-moe needs --model-dim divisible by 64, not {config.model_dim}")
     _validate_routings(config)
     _validate_blocks(config)
+    _validate_gemms(config)
+    _make_trace_dir(config.trace_dir)
     if config.kernels is not None:
         _validate_kernels(config)
 
@@ -37,8 +39,32 @@ def _validate_routings(config: MoEBenchConfig) -> None:
             if spec.kind == "trace":
                 for L in config.num_local_experts:
                     load_trace(spec.trace, config.top_k, L * config.world_size)
+        except UnicodeDecodeError:
+            raise QbenchUsageError(f"--routing {text}: the trace file is not text (a trace has a row of top_k "
+                                   "expert ids per token)") from None
         except ValueError as exc:
             raise QbenchUsageError(f"--routing: {exc}") from None
+
+
+def _validate_gemms(config: MoEBenchConfig) -> None:
+    """--gemm triton runs Triton kernels: a GPU, or the interpreter (else every case fails at run time)."""
+    from kernels._common import interpreting
+
+    if "triton" in config.gemms and config.device != "cuda" and not interpreting():
+        raise QbenchUsageError("--gemm triton needs a CUDA GPU; on the CPU use --gemm auto, torch or reference")
+
+
+def _make_trace_dir(trace_dir: str | None) -> None:
+    """--trace DIR is made now: the ranks write there only after timing the first configuration."""
+    from pathlib import Path
+
+    if trace_dir is None:
+        return
+    try:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise QbenchUsageError(f"--trace {trace_dir}: cannot make the directory ({exc.strerror}); "
+                               "choose another") from None
 
 
 def _validate_blocks(config: MoEBenchConfig) -> None:

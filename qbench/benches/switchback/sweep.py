@@ -79,7 +79,21 @@ def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
         from qbench.errors import QbenchUsageError
 
         raise QbenchUsageError(f"--exec {unsupported[0]} needs a CUDA device; on the CPU use eager or compile")
-    return replace(config, device=device, batch_sizes=batches, dims=dims, execs=execs)
+    config = replace(config, device=device, batch_sizes=batches, dims=dims, execs=execs)
+    _check_widths(config)
+    return config
+
+
+def _check_widths(config: SwitchbackConfig) -> None:
+    """--wm times each --dims must give a layer width of at least 1 (a 0-wide layer has nothing to time)."""
+    from qbench.errors import QbenchUsageError
+    from qbench.options import MAX_SIZE
+
+    for dim_in, dim_out, _, _ in _pairs(config):
+        if not 1 <= dim_out <= MAX_SIZE:
+            width = dim_out if dim_out < 1 else f"over {MAX_SIZE}"
+            raise QbenchUsageError(f"--wm {config.wm} makes the {dim_in} -> {width} layer; choose --wm so that "
+                                   f"--wm x dim is between 1 and {MAX_SIZE}")
 
 
 def _pairs(config: SwitchbackConfig) -> list[tuple[int, int, float, bool]]:
@@ -126,6 +140,9 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
         metrics.update(modules.derive(metrics))
     except comp.OutOfMemory as exc:
         return store.make_record(BENCH, params, status="skipped", error=str(exc), device=config.device)
+    except RuntimeError as exc:  # torch.OutOfMemoryError included: one shape fails, the sweep goes on
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+        return store.make_record(BENCH, params, status="error", error=error, device=config.device)
     finally:
         comp.release()
     samples = {k: total_samples(timings, comp.TOTALS[k]) for k in comp.TOTALS if k in metrics}

@@ -17,6 +17,7 @@ TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_rowwise": "x row", "speed
 
 def table(records: list[dict]):
     """Per shape: the three totals (ms), the speed-ups, and the slowest component of time_global."""
+    from rich.markup import escape
     from rich.table import Table
 
     from qbench.report import format_value, speedup_style
@@ -33,7 +34,8 @@ def table(records: list[dict]):
             style = speedup_style(m.get(k))
             text = format_value(m.get(k), units.SPEEDUP)
             cells.append(f"[{style}]{text}[/{style}]" if style else text)
-        status = rec["status"] if rec["status"] == "ok" else f"{rec['status']}: {(rec['error'] or '')[:50]}"
+        # error text is data: '[...]' in it must print as written, not as rich markup
+        status = rec["status"] if rec["status"] == "ok" else escape(f"{rec['status']}: {(rec['error'] or '')[:50]}")
         t.add_row(*cells, format_value(m.get("host_switchback_eager_ms")), slowest(m), status)
     return t
 

@@ -24,14 +24,14 @@ def calibrate(device, file, out, append, force, as_json) -> None:
     from qbench import report
     from qbench.benches.model import calibrate as bench
     from qbench.commands.common import run_and_store
+    from qbench.paths import check_writable_file
 
     with usage_errors():
         cfg, base, default_file = bench.setup(device)
-    if cfg.device != "cuda":
-        report.notice(report.CPU_NOTICE)
+    file = check_writable_file(file or default_file, "calibration file")  # before minutes of measuring
     records = run_and_store("model", cfg, bench.measure(cfg), total=None, out=out, append=append, force=force,
-                            as_json=as_json, table=_table)
-    path = bench.save(bench.calibrated_hardware(records, base), records, file or default_file)
+                            as_json=as_json, table=_table, notice=report.cpu_notice(cfg.device))
+    path = bench.save(bench.calibrated_hardware(records, base), records, file)
     report.notice(f"calibrated device saved to {path} (use --calibrated {path})", style="green")
 
 

@@ -8,12 +8,13 @@ import contextlib
 import click
 
 from qbench.errors import QbenchUsageError
+from qbench.options import FiniteFloat
 
 EPILOG = """\b
 Examples:
   qbench model lstm --config deepflow --debug      # the shipped seed config, by name
   qbench model lstm --config deepflow --set model_param.batch_size=64 --tokens 7.7e10 --hours 24
-  qbench model lstm --config my.yaml --sweep scheduling_param.dp=1,2,4,8 --set scheduling_param.topology=mesh
+  qbench model lstm --config deepflow --sweep scheduling_param.dp=1,2,4,8 --set scheduling_param.topology=mesh
   qbench model lstm --config deepflow --deepflow corrected
   qbench model quirks --config deepflow
   qbench model search --config deepflow --devices 8 --topologies ring,mesh --time-budget 0.5
@@ -21,21 +22,26 @@ Examples:
   qbench model search-hw --config deepflow --workload transformer --shape layers=24 --shape batch=32
   qbench model gemm --m 8192 --k 4096 --n 4096 --dtype bf16 --gpu h200
   qbench model floors switchback batch_size=32768 dim_in=1024 dim_out=4096 dtype=bf16
-  qbench model --against results/switchback-20250101T000000Z --gpu h200
-  qbench model calibrate --file results/model-calibration-h200.yaml
+  qbench model --against results/switchback-h200-20261121T1004Z --gpu h200
+  qbench model gemm --m 8192 --k 4096 --n 4096 --calibrated results/model-calibration-h200.yaml
+  qbench model calibrate --file calibration.yaml   # on a GPU: this device's ceilings, for --calibrated
 """
 GPUS = ("h100", "h200", "a100-40gb", "a100-80gb")
 
 
 @contextlib.contextmanager
 def usage_errors():
-    """Model errors (bad config keys, unknown GPUs) become one-line usage errors, exit 2."""
+    """Model errors (bad config keys, unknown GPUs) become one-line usage errors, exit 2; so does an
+    overflow of the model's arithmetic, which only out-of-range config or option values cause."""
     try:
         yield
     except ValueError as exc:
         if isinstance(exc, QbenchUsageError):
             raise
         raise QbenchUsageError(str(exc)) from None
+    except ArithmeticError as exc:
+        raise QbenchUsageError(f"the model's arithmetic failed ({type(exc).__name__}: {exc}); a config or "
+                               "option value is out of range") from None
 
 
 def gpu_options(fn):
@@ -60,10 +66,10 @@ def deepflow_option(default: str):
 
 def budget_options(fn):
     """--time-budget, or --tokens with --hours: seconds allowed per step."""
-    fn = click.option("--hours", type=click.FloatRange(min=0, min_open=True),
+    fn = click.option("--hours", type=FiniteFloat(min=0, min_open=True),
                       help="Wall-clock target (with --tokens).")(fn)
-    fn = click.option("--tokens", type=click.FloatRange(min=1), help="Training tokens: budget = hours / steps.")(fn)
-    return click.option("--time-budget", type=click.FloatRange(min=0, min_open=True),
+    fn = click.option("--tokens", type=FiniteFloat(min=1), help="Training tokens: budget = hours / steps.")(fn)
+    return click.option("--time-budget", type=FiniteFloat(min=0, min_open=True),
                         help="Seconds allowed per step.")(fn)
 
 

@@ -34,6 +34,7 @@ KP_LAYERS = ("hidden", "softmax", "embedding", "projection")
 _POSITIVE_INTS = {"model_param": SECTIONS["model_param"][:7], "arch_param": ("precision",),
                   "scheduling_param": ("dp", "lp", "hlp") + tuple(f"kp_{n}_dim{i}" for n in KP_LAYERS
                                                                   for i in (1, 2))}
+MAX_COUNT = 2**53  # counts above this are not exact in floating point (and overflow the model's arithmetic)
 _PREFIX = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _FLOAT_RE = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
 
@@ -132,8 +133,8 @@ def _validate(cfg: dict) -> None:
             if section == "scheduling_param" and key in ("auto", "topology"):
                 continue
             value = _number(cfg, section, key)
-            if key in _POSITIVE_INTS.get(section, ()) and (int(value) != value or value <= 0):
-                raise ConfigError(f"{section}.{key} must be a positive integer, not {value!r}")
+            if key in _POSITIVE_INTS.get(section, ()) and (int(value) != value or not 0 < value <= MAX_COUNT):
+                raise ConfigError(f"{section}.{key} must be a positive integer up to 2**53, not {value!r}")
             zero_ok = key in ("kernel_launch_overhead", "line_latency")  # a fixed cost may be 0
             if section in ("tech_param", "arch_param") and (value < 0 if zero_ok else value <= 0):
                 raise ConfigError(f"{section}.{key} must be > 0, not {value!r}")

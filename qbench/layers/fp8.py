@@ -36,6 +36,9 @@ def scaled_mm(a, sa, b, sb, out_dtype):
     """A [M, K] fp8 (row scales sa [M]) times B [N, K]^T fp8 (row scales sb [N]) -> [M, N] in out_dtype;
     the scales are dequantization multipliers (absmax / QMAX)."""
     if a.is_cuda:
+        if a.shape[1] % 16 or b.shape[0] % 16:
+            raise ValueError(f"fp8 matmul of A {tuple(a.shape)} and B {tuple(b.shape)}: torch._scaled_mm needs the "
+                             "inner and output dimensions to be multiples of 16")
         y = torch._scaled_mm(a, b.t(), scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16)
         return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
     return scaled_mm_reference(a, sa, b, sb, out_dtype)

@@ -191,3 +191,15 @@ def _config_dict(config: Any) -> Any:
     if dataclasses.is_dataclass(config):
         return dataclasses.asdict(config)
     return dict(config) if hasattr(config, "items") else str(config)
+
+
+def current_gpu_preset(device: str = "cuda"):
+    """The hardware preset (qbench.model.hardware) of the CUDA device benches run on, or None off
+    CUDA or for a part without a preset. Here, not in the model: the model does no device queries."""
+    if device != "cuda":
+        return None
+    import torch
+
+    from qbench.model.hardware import preset_for_gpu
+
+    return preset_for_gpu(torch.cuda.get_device_name()) if torch.cuda.is_available() else None

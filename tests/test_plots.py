@@ -12,6 +12,7 @@ import pytest
 from qbench import plots, store, units
 from qbench.cli import main
 from qbench.errors import QbenchUsageError
+from qbench.plots import base as plots_base
 from qbench.plots.switchback import by_dim, focus_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -211,7 +212,7 @@ def test_by_dim_averages_up_and_down_projections():
 
 def test_one_dtype_keeps_a_single_dtype():
     records = switchback_records(random.Random())
-    kept, dtype = plots.one_dtype(records)
+    kept, dtype = plots_base.one_dtype(records)
     assert dtype == "fp16" and {r["params"]["dtype"] for r in kept} == {"fp16"} and len(kept) == len(records) // 2
 
 

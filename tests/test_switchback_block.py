@@ -9,7 +9,7 @@ import math
 import pytest
 
 from qbench import store
-from qbench.benches.switchback import train
+from qbench.benches.switchback import train, train_loop
 from qbench.benches.switchback.model_run import REL_ERROR
 from tests.test_switchback_cli import qbench
 
@@ -65,7 +65,7 @@ def test_train_check_tiny(tmp_path):
 def test_diverged_run_is_an_error_record():
     config, preset = train.resolve(train.TrainConfig(variants=("16bit",), steps=12, lr=float("inf"), layers=1,
                                                      device="cpu"))
-    (rec,) = list(train.run(config, preset))
+    (rec,) = list(train_loop.run(config, preset))
     assert rec["status"] == "error" and rec["error"].startswith("diverged: non-finite loss at step")
     assert all(math.isfinite(v) for v in rec["samples"]["loss_curve"])  # JSON-safe, what came before
 

@@ -80,6 +80,7 @@ def run_model(flags: dict) -> str:
     """The --model path: records of bench switchback_model; returns the run directory."""
     from qbench import report, store
     from qbench.benches.switchback import model as bench
+    from qbench.benches.switchback import model_run
     from qbench.benches.switchback.model_table import model_table
     from qbench.commands.common import run_and_store
 
@@ -88,7 +89,7 @@ def run_model(flags: dict) -> str:
     config = bench.resolve(bench.ModelConfig(models, flags["batch_sizes"], flags["layers"], flags["dtype"] or "bf16",
                                              variants, flags["execs"], flags["repeat"], flags["device"]))
     out = flags["out"] or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, bench.run(config), total=bench.count(config), out=out,
+    run_and_store(bench.BENCH, config, model_run.run(config), total=bench.count(config), out=out,
                   append=flags["append"], force=flags["force"], as_json=flags["as_json"], table=model_table,
                   notice=report.cpu_notice(config.device))
     return out
@@ -98,6 +99,7 @@ def run_train(flags: dict) -> str:
     """The --train-check path: records of bench switchback_train; returns the run directory."""
     from qbench import report, store
     from qbench.benches.switchback import train as bench
+    from qbench.benches.switchback import train_loop
     from qbench.benches.switchback.model_table import train_table
     from qbench.commands.common import run_and_store
 
@@ -110,7 +112,7 @@ def run_train(flags: dict) -> str:
         None, flags["dtype"] or "bf16", flags["device"]))
     report.notice(f"{config.model} on {config.device}: {preset}", style="dim")
     out = flags["out"] or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, bench.run(config, preset), total=len(config.variants), out=out,
+    run_and_store(bench.BENCH, config, train_loop.run(config, preset), total=len(config.variants), out=out,
                   append=flags["append"], force=flags["force"], as_json=flags["as_json"], table=train_table,
                   notice=report.cpu_notice(config.device))
     return out

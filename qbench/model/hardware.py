@@ -76,15 +76,6 @@ def preset(name: str) -> Hardware:
     return PRESETS[key]
 
 
-def current_gpu_preset(device: str = "cuda") -> Hardware | None:
-    """The preset of the CUDA device benches run on, or None off CUDA or for a part without a preset."""
-    if device != "cuda":
-        return None
-    import torch
-
-    return preset_for_gpu(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
-
-
 def preset_for_gpu(name: str) -> Hardware | None:
     """The preset matching torch's device name ('NVIDIA H200', 'NVIDIA H100 80GB HBM3',
     'NVIDIA A100-SXM4-40GB'), or None when no preset describes that part (PCIe and NVL boards have

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qbench.plots import no_data, one_dtype, value
+from qbench.plots.base import no_data, one_dtype, value
 
 # Colour maps per (layer, mode): fragment counts get darker shades of the same colour.
 CMAPS = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from qbench import units
-from qbench.plots import no_data, value
+from qbench.plots.base import no_data, value
 
 TOTALS = ("time_s", "time_per_step")  # whole-run times: not components
 MEMORY_BY_LAYER = ("memory_embedding_gb", "memory_hidden_gb", "memory_softmax_gb", "memory_projection_gb")

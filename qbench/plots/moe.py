@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qbench.plots import dim_ticks, no_data, value
+from qbench.plots.base import dim_ticks, no_data, value
 
 # Phase metrics a record may carry (ms, medians over steps); drawn stacked when present.
 # (qbench moe: each the median over steps of the max over ranks, so their sum need not equal step_time;

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from qbench.plots import dim_ticks, mean, no_data, one_dtype, value
+from qbench.plots.base import dim_ticks, mean, no_data, one_dtype, value
 
 DIM_LABEL = "dim = min(dim_in, dim_out); mean of up/down projections"
 FOCUS_M = 32768  # the original plot's M (tokens) for the time panel

@@ -3,7 +3,7 @@ share of the step the linear layers take, per preset / batch size / execution mo
 
 from __future__ import annotations
 
-from qbench.plots import no_data, value
+from qbench.plots.base import no_data, value
 
 # one colour per linear-layer variant in every panel of both switchback block figures
 COLORS = {"16bit": "tab:gray", "switchback": "tab:blue", "fp8": "tab:orange", "fp8_all": "tab:red",

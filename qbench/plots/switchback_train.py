@@ -3,7 +3,7 @@ and each variant's final loss above the floor."""
 
 from __future__ import annotations
 
-from qbench.plots import no_data, value
+from qbench.plots.base import no_data, value
 from qbench.plots.switchback_model import COLORS
 
 

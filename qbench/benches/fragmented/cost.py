@@ -27,7 +27,7 @@ def forward_cost(case: Case, selected: int | None) -> tuple[float, float]:
 
 
 def roofline(flops: float, moved: float, dtype: str, forward_ms: float, device: str) -> float | None:
-    from qbench.model.hardware import current_gpu_preset
+    from qbench.env import current_gpu_preset
     from qbench.model.roofline import floor_ms, roofline_fraction
 
     hardware = current_gpu_preset(device)

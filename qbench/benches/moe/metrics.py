@@ -68,8 +68,8 @@ def floor_ms(params: dict, stats: dict, device: str) -> float | None:
     """Floor of one step (forward only in eval) for the busiest rank, by the performance model's
     MoE floor (qbench/model/floors.py: gate and expert GEMMs at peak compute or memory, plus the token
     exchange over NVLink); None off CUDA or on a GPU without a hardware preset."""
+    from qbench.env import current_gpu_preset
     from qbench.model.floors import moe as moe_floors
-    from qbench.model.hardware import current_gpu_preset
 
     hardware = current_gpu_preset(device)
     if hardware is None:

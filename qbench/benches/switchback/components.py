@@ -249,7 +249,7 @@ def throughputs(shape, medians: dict) -> dict:
 def roofline_fraction(shape, medians: dict, config) -> float | None:
     """Floor of the SwitchBack-global step (int8 matmuls at the int8 peak, grad-weight at the 16-bit
     peak, quantizers at HBM bandwidth) over its measured total; None without a known GPU preset."""
-    from qbench.model.hardware import current_gpu_preset
+    from qbench.env import current_gpu_preset
     from qbench.model.roofline import floor_ms
 
     hw = current_gpu_preset(config.device)

@@ -24,7 +24,6 @@ Before timing, every (variant, mode) step from the reference weights is compared
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from qbench import store, units
@@ -112,14 +111,6 @@ def plan(config: ModelConfig) -> list[Case]:
 
 def count(config: ModelConfig) -> int:
     return len(plan(config)) * len(config.execs) * len(config.variants)
-
-
-def run(config: ModelConfig) -> Iterator[dict]:
-    """Records in the order: case, execution mode, variant (16bit first)."""
-    from qbench.benches.switchback import model_run
-
-    for case in plan(config):
-        yield from model_run.run_case(case, config)
 
 
 def memory_estimate_bytes(case: Case, dtype_bytes: int = 2) -> int:

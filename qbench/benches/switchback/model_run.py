@@ -180,3 +180,11 @@ def _release(device: str) -> None:
     gc.collect()  # the model, its optimizer and a captured graph's pool go before the next variant
     if device == "cuda":
         torch.cuda.empty_cache()
+
+
+def run(config) -> Iterator[dict]:
+    """Records of a resolved ModelConfig in the order: case, execution mode, variant (16bit first)."""
+    from qbench.benches.switchback.model import plan
+
+    for case in plan(config):
+        yield from run_case(case, config)

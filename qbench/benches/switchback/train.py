@@ -20,7 +20,6 @@ A non-finite loss stops the variant: an error record ("diverged at step N") with
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from qbench import store, units
@@ -89,20 +88,6 @@ def params(config: TrainConfig, preset: TrainPreset, variant: str) -> dict:
             "seed": config.seed}
 
 
-def run(config: TrainConfig, preset: TrainPreset) -> Iterator[dict]:
-    """One record per variant, 16bit first."""
-    from qbench.benches.switchback import train_loop
-
-    task = train_loop.Task.build(preset, config)
-    final_16bit = None
-    for variant in config.variants:
-        rec = train_loop.measure(task, preset, config, variant)
-        if variant == "16bit" and rec["status"] == "ok":
-            final_16bit = rec["metrics"]["final_loss"]
-        if final_16bit is not None and rec["status"] == "ok":
-            rec["metrics"]["gap_to_16bit"] = rec["metrics"]["final_loss"] - final_16bit
-            rec["units"]["gap_to_16bit"] = units.NATS
-        yield rec
 
 
 def summary(losses: list[float], floor: float, vocab: int) -> dict:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from qbench import units
 from qbench.benches.switchback import train
 
 CHECK_EVERY = train.CURVE_EVERY  # the host reads the losses (and looks for non-finite ones) this often
@@ -105,3 +107,17 @@ def measure(task: Task, preset, config, variant: str) -> dict:
 def _finite(samples: dict) -> dict:
     """JSON has no NaN: a window holding the non-finite loss is left out (the error names its step)."""
     return {k: [v for v in vals if math.isfinite(v)] for k, vals in samples.items()}
+
+
+def run(config, preset) -> Iterator[dict]:
+    """One record per variant, 16bit first."""
+    task = Task.build(preset, config)
+    final_16bit = None
+    for variant in config.variants:
+        rec = measure(task, preset, config, variant)
+        if variant == "16bit" and rec["status"] == "ok":
+            final_16bit = rec["metrics"]["final_loss"]
+        if final_16bit is not None and rec["status"] == "ok":
+            rec["metrics"]["gap_to_16bit"] = rec["metrics"]["final_loss"] - final_16bit
+            rec["units"]["gap_to_16bit"] = units.NATS
+        yield rec

@@ -1,0 +1,83 @@
+"""The house's layering (see README, Code layout): imports only run downwards (commands -> benches ->
+layers -> kernels; model pure arithmetic; kernels import nothing of qbench) and no module of qbench/
+or kernels/ takes part in an import loop, counting imports inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# layer -> packages it must never import
+FORBIDDEN = {
+    "kernels": ("qbench",),
+    "qbench.model": ("qbench.benches", "qbench.commands", "qbench.layers", "qbench.plots", "qbench.store",
+                     "qbench.timing", "click", "rich", "torch"),
+    "qbench.layers": ("qbench.benches", "qbench.commands", "qbench.store", "click"),
+    "qbench.benches": ("qbench.commands", "click"),
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in [*(ROOT / "qbench").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every module name an import statement of the file names (submodules where they exist)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def test_imports_only_run_downwards():
+    bad = []
+    for name, targets in graph().items():
+        for layer, banned in FORBIDDEN.items():
+            if name == layer or name.startswith(layer + "."):
+                bad += [f"{name} imports {t}" for t in targets if any(t == b or t.startswith(b + ".") for b in banned)]
+    assert not bad, "; ".join(sorted(bad))
+
+
+def _resolve(target: str, known) -> str | None:
+    while target and target not in known:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def test_no_import_loops():
+    edges = graph()
+    deps = {n: {r for t in ts if (r := _resolve(t, edges)) and r != n} for n, ts in edges.items()}
+    state: dict[str, int] = {}
+    loops = []
+
+    def visit(node, path):
+        state[node] = 1
+        for nxt in deps[node]:
+            if state.get(nxt) == 1:
+                loops.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for node in deps:
+        if node not in state:
+            visit(node, [node])
+    assert not loops, "import loops: " + "; ".join(loops)

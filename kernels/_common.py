@@ -94,15 +94,19 @@ class LaunchCache:
         self.name = name
         self._entries: dict[tuple, tuple] = {}
 
-    def launch(self, key: tuple, args: tuple, first) -> None:
+    def launch(self, key: tuple, args: tuple, first, grid: tuple | None = None) -> None:
         """args: the kernel's runtime arguments in signature order (constexprs excluded). first():
         launches through Triton and returns (compiled kernel, grid, constexpr values in signature
-        order, config dict for the record)."""
+        order, config dict for the record). grid (three sizes): this launch's grid where it varies
+        between launches of one key (a key may then fix only how Triton specializes a size, not the
+        size itself); None replays the first launch's grid."""
         entry = self._entries.get(key)
         if entry is None:
             self.store(key, *first())
-        else:
+        elif grid is None:
             entry[0](*args)
+        else:
+            entry[0](*args, grid=grid)
 
     def entry(self, key: tuple):
         """(replay(*args), grid, constexprs, extra) stored for key, or None."""
@@ -129,12 +133,21 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
     raw_stream = torch._C._cuda_getCurrentRawStream
     g0, g1, g2 = grid
 
-    def replay(*args):
+    def replay(*args, grid=None):
         if knobs.runtime.launch_enter_hook is not None:
-            return compiled[grid](*args, *constexprs)
-        run(g0, g1, g2, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
+            return compiled[grid or (g0, g1, g2)](*args, *constexprs)
+        if grid is None:
+            run(g0, g1, g2, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
+        else:
+            run(*grid, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
 
     return replay
+
+
+def specialization(n: int) -> tuple:
+    """What Triton specializes an integer argument on (its value 1, divisibility by 16, 64-bit range):
+    the launch-key part of a size that varies between launches of one compiled kernel."""
+    return n == 1, n % 16 == 0, n >= 2**31
 
 
 def aligned(*tensors) -> bool:

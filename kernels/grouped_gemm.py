@@ -7,7 +7,8 @@ belongs to group s % G; R = 1 is the plain case of one segment per group):
     empty segments allowed), bias [G, N] or None  ->  y [T, N] in x.dtype, fp32 accumulation.
 Segments let a caller multiply rows in the order an all-to-all delivers them (source-major: source
 rank, then local expert) without first permuting them into expert-major order.
-The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`):
+The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`, its
+kernel in kernels/grouped_gemm_wgrad.py):
     dw[g] = sum over the segments s of g of x[rows of s]^T @ dy[rows of s]   -> [G, K, N]
 and the input gradient is the forward kernel with w transposed (a strided view, no copy).
 
@@ -19,14 +20,32 @@ group sizes on the host (no device-to-host synchronisation).
 own grouped matmul (`torch._grouped_mm`, CUTLASS on Hopper), `backend="torch"` uses it instead;
 `backend="auto"` (the default) runs Triton, and callers that measured torch's kernel to be faster
 on their GPU pass backend="torch" explicitly (qbench moe does so and records which ran).
+Eager calls launch directly and replay compiled kernels (kernels._common.LaunchCache; the row count
+T is keyed by how Triton specializes it, so a layer whose row counts change every step still
+replays); while torch.compile traces, the forward and the weight gradient are custom ops
+(torch.ops.qbench.grouped_mm / grouped_wgrad) with shape-only fakes.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from kernels._common import dot_accumulate, ieee, interpreting, upcast, use_triton
+from kernels._common import (
+    LaunchCache,
+    aligned,
+    config_dict,
+    dot_accumulate,
+    ieee,
+    interpreting,
+    is_compiling,
+    register_op,
+    specialization,
+    upcast,
+    use_triton,
+)
+from kernels.grouped_gemm_wgrad import grouped_wgrad_reference, launch_wgrad
 
 IMPLS = ("auto", "tma", "pointer")  # Triton forward kernels: TMA where it applies, TMA, pointer
 
@@ -34,7 +53,6 @@ IMPLS = ("auto", "tma", "pointer")  # Triton forward kernels: TMA where it appli
 # Hopper/Ampere tensor-core shapes (128-row tiles for the large expert batches, 64 for small groups).
 if interpreting():
     _FWD_CONFIGS = [triton.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}, num_warps=1, num_stages=1)]
-    _WGRAD_CONFIGS = [triton.Config({"BK": 16, "BN": 16, "BR": 16}, num_warps=1, num_stages=1)]
 else:
     _FWD_CONFIGS = [
         triton.Config({"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
@@ -42,12 +60,6 @@ else:
         triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=4),
         triton.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
         triton.Config({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, num_warps=4, num_stages=4),
-    ]
-    _WGRAD_CONFIGS = [
-        triton.Config({"BK": 128, "BN": 128, "BR": 64}, num_warps=8, num_stages=3),
-        triton.Config({"BK": 128, "BN": 256, "BR": 64}, num_warps=8, num_stages=3),
-        triton.Config({"BK": 128, "BN": 128, "BR": 32}, num_warps=4, num_stages=4),
-        triton.Config({"BK": 64, "BN": 128, "BR": 64}, num_warps=4, num_stages=4),
     ]
 
 
@@ -105,44 +117,6 @@ def _grouped_fwd_kernel(
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
 
 
-@triton.autotune(configs=_WGRAD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
-@triton.jit
-def _grouped_wgrad_kernel(
-    x_ptr, dy_ptr, dw_ptr, off_ptr,
-    N, K, G, R,
-    sxm, sxk, sdm, sdn, swg, swk,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
-):
-    # One program per (group, K tile, N tile): dw[g, ktile, ntile] = sum over the group's rows.
-    pid = tl.program_id(0)
-    k_tiles = tl.cdiv(K, BK)
-    n_tiles = tl.cdiv(N, BN)
-    g = pid // (k_tiles * n_tiles)
-    pid_k = (pid // n_tiles) % k_tiles
-    pid_n = pid % n_tiles
-    ks = pid_k * BK + tl.arange(0, BK)
-    cols = pid_n * BN + tl.arange(0, BN)
-    rs = tl.arange(0, BR)
-    acc = tl.zeros((BK, BN), dtype=tl.float32)
-    for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
-        lo = tl.load(off_ptr + seg * G + g)
-        hi = tl.load(off_ptr + seg * G + g + 1)
-        for r0 in range(lo, hi, BR):
-            rows = r0 + rs
-            r_ok = rows < hi
-            a = tl.load(
-                x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None] * sxk,
-                mask=r_ok[None, :] & (ks[:, None] < K), other=0.0,
-            )
-            b = tl.load(
-                dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
-                mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
-            )
-            acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
-    dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
-    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
-
-
 def _check(x, w, offsets, bias) -> None:
     if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[1]:
         raise ValueError(f"grouped_matmul needs x [T, K] and w [G, K, N]; got {tuple(x.shape)}, {tuple(w.shape)}")
@@ -160,34 +134,54 @@ def segments_per_group(offsets, num_groups: int) -> int:
     return (offsets.numel() - 1) // num_groups if num_groups else 1
 
 
+_FWD = LaunchCache("grouped_gemm_fwd")
+
+
 def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto"):
     """Triton forward launch; w may be any strided view (the input gradient passes w^T); `out` (a
     row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward."""
-    import torch
-
     T, K = x.shape
     G, _, N = w.shape
-    S = offsets.numel() - 1
     y = torch.empty((T, N), dtype=x.dtype, device=x.device) if out is None else out
     if T == 0 or N == 0:
         return y
     if K == 0 or G == 0:
         return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
-    offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+    if offsets.dtype != torch.int64 or offsets.device != x.device or not offsets.is_contiguous():
+        offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
     if _takes_tma(x, w, offsets, y, bias, impl):
         from kernels import grouped_gemm_tma as tma
 
         return tma.launch_fwd(x, w, offsets, bias, y)
+    return _pointer_fwd(x, w, offsets, bias, y)
+
+
+def _pointer_fwd(x, w, offsets, bias, y):
+    T, K = x.shape
+    G, _, N = w.shape
+    S = offsets.numel() - 1
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"]),)
-    _grouped_fwd_kernel[grid](
-        x, w, b, y, offsets, T, N, K, S, G,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
-        b.stride(0) if bias is not None else 0, y.stride(0),
-        HAS_BIAS=bias is not None, IEEE=ieee(x.dtype), UPCAST=upcast(x.dtype),
-        BLOCK_G=triton.next_power_of_2(S + 1),
-    )
+    args = (x, w, b, y, offsets, T, N, K, S, G, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
+            b.stride(0) if bias is not None else 0, y.stride(0))
+    key = (specialization(T), N, K, S, G, args[10:], x.dtype, bias is not None, aligned(x, w, b, y, offsets),
+           x.device)
+    entry = _FWD.entry(key)
+    if entry is None:
+        flags = (bias is not None, ieee(x.dtype), upcast(x.dtype), triton.next_power_of_2(S + 1))
+        compiled = _grouped_fwd_kernel[lambda meta: (_fwd_programs(T, S, N, meta["BM"], meta["BN"]),)](
+            *args, HAS_BIAS=flags[0], IEEE=flags[1], UPCAST=flags[2], BLOCK_G=flags[3])
+        best = _grouped_fwd_kernel.best_config
+        tile = (best.kwargs["BM"], best.kwargs["BN"], best.kwargs["BK"], best.kwargs["GROUP_M"])
+        _FWD.store(key, compiled, (_fwd_programs(T, S, N, tile[0], tile[1]),), (*flags, *tile), config_dict(best))
+    else:
+        bm, bn = entry[2][4], entry[2][5]
+        entry[0](*args, grid=(_fwd_programs(T, S, N, bm, bn), 1, 1))
     return y
+
+
+def _fwd_programs(T: int, S: int, N: int, bm: int, bn: int) -> int:
+    """Row tiles of every segment fit in cdiv(T, BM) + S (one partial tile per segment), times N tiles."""
+    return (triton.cdiv(T, bm) + S) * triton.cdiv(N, bn)
 
 
 def _takes_tma(x, w, offsets, y, bias, impl: str) -> bool:
@@ -208,27 +202,8 @@ def _takes_tma(x, w, offsets, y, bias, impl: str) -> bool:
     return True
 
 
-def _launch_wgrad(x, dy, offsets, G):
-    import torch
-
-    K, N = x.shape[1], dy.shape[1]
-    dw = torch.empty((G, K, N), dtype=x.dtype, device=x.device)
-    if G == 0 or K == 0 or N == 0:
-        return dw
-    offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
-    grid = lambda meta: (G * triton.cdiv(K, meta["BK"]) * triton.cdiv(N, meta["BN"]),)
-    _grouped_wgrad_kernel[grid](
-        x, dy, dw, offsets, N, K, G, segments_per_group(offsets, G),
-        x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1),
-        IEEE=ieee(x.dtype), UPCAST=upcast(x.dtype),
-    )
-    return dw
-
-
 def _group_ids(offsets, T):
     """Segment index of every row, [T] int64, computed on the device (output_size avoids a sync)."""
-    import torch
-
     counts = (offsets[1:] - offsets[:-1]).to(torch.int64)
     ids = torch.arange(counts.numel(), device=offsets.device)
     return torch.repeat_interleave(ids, counts, output_size=T)
@@ -241,20 +216,14 @@ def _bias_rows(bias, offsets, T):
 
 def _torch_offs(offsets):
     """torch._grouped_mm takes int32 end offsets [G] (no leading zero)."""
-    import torch
-
     return offsets[1:].to(torch.int32)
 
 
-def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None, impl: str = "auto"):
-    """y = x @ w[s % G] (+ bias[s % G]) per segment s, no autograd; written into `out` when given.
-    backend: auto | triton | torch | reference. impl (Triton only): "auto" (the persistent TMA kernel
-    where it applies, else the pointer kernel), "tma" or "pointer"."""
+def _forward(x, w, offsets, bias, backend: str, out, impl: str):
+    """grouped_matmul_forward on the eager path (every backend)."""
     if backend == "reference" or (backend == "auto" and not use_triton(x, w)):
         y = grouped_matmul_reference(x, w, offsets, bias)
     elif backend == "torch":
-        import torch
-
         ws, bs = _per_segment(w, offsets), None if bias is None else _per_segment(bias, offsets)
         y = torch._grouped_mm(x, ws, offs=_torch_offs(offsets))
         y = y if bias is None else y + _bias_rows(bs, offsets, x.shape[0])
@@ -270,18 +239,52 @@ def _per_segment(t, offsets):
     return t if R == 1 else t.repeat(R, *([1] * (t.dim() - 1)))
 
 
-def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
-    """dw[g] = sum over g's segments of x_s^T @ dy_s -> [G, K, N] in x.dtype (fp32 accumulation);
-    empty groups give zeros."""
+def _wgrad(x, dy, offsets, num_groups: int, backend: str):
     if backend == "reference" or (backend == "auto" and not use_triton(x, dy)):
         return grouped_wgrad_reference(x, dy, offsets, num_groups)
     if backend == "torch":
-        import torch
-
         R = segments_per_group(offsets, num_groups)
         dw = torch._grouped_mm(x.t(), dy, offs=_torch_offs(offsets))
         return dw if R == 1 else dw.view(R, num_groups, *dw.shape[1:]).sum(0)
-    return _launch_wgrad(x, dy, offsets, num_groups)
+    return launch_wgrad(x, dy, offsets, num_groups)
+
+
+# ------------------------------------------------------------------------ public API and custom ops
+
+
+def _op_fwd(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None, backend: str,
+            impl: str) -> torch.Tensor:
+    return _forward(x, w, offsets, bias, backend, None, impl)
+
+
+def _op_wgrad(x: torch.Tensor, dy: torch.Tensor, offsets: torch.Tensor, num_groups: int,
+              backend: str) -> torch.Tensor:
+    return _wgrad(x, dy, offsets, num_groups, backend)
+
+
+_OPS = {"fwd": register_op("grouped_mm", _op_fwd,
+                           lambda x, w, offsets, bias, backend, impl: x.new_empty((x.shape[0], w.shape[2]))),
+        "wgrad": register_op("grouped_wgrad", _op_wgrad,
+                             lambda x, dy, offsets, g, backend: x.new_empty((g, x.shape[1], dy.shape[1])))}
+
+
+def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None, impl: str = "auto"):
+    """y = x @ w[s % G] (+ bias[s % G]) per segment s, no autograd; written into `out` when given.
+    backend: auto | triton | torch | reference. impl (Triton only): "auto" (the persistent TMA kernel
+    where it applies, else the pointer kernel), "tma" or "pointer". Under torch.compile every backend
+    but "torch" (an aten op, traced as is) is one custom op."""
+    if backend != "torch" and is_compiling():
+        y = _OPS["fwd"](x, w, offsets, bias, backend, impl)
+        return y if out is None else out.copy_(y)
+    return _forward(x, w, offsets, bias, backend, out, impl)
+
+
+def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
+    """dw[g] = sum over g's segments of x_s^T @ dy_s -> [G, K, N] in x.dtype (fp32 accumulation);
+    empty groups give zeros."""
+    if backend != "torch" and is_compiling():
+        return _OPS["wgrad"](x, dy, offsets, num_groups, backend)
+    return _wgrad(x, dy, offsets, num_groups, backend)
 
 
 def grouped_bias_grad(dy, offsets, num_groups: int, *, backend: str = "auto"):
@@ -289,8 +292,6 @@ def grouped_bias_grad(dy, offsets, num_groups: int, *, backend: str = "auto"):
 
     On the kernel backends this is the weight-gradient kernel with a column of ones (one streaming
     read of dy on the tensor cores); the reference path adds rows into an fp32 buffer."""
-    import torch
-
     if backend == "reference" or (backend == "auto" and not use_triton(dy)):
         out = torch.zeros((num_groups, dy.shape[1]), dtype=torch.float32, device=dy.device)
         out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]) % max(num_groups, 1), dy.float())
@@ -299,43 +300,26 @@ def grouped_bias_grad(dy, offsets, num_groups: int, *, backend: str = "auto"):
     return grouped_matmul_wgrad(ones, dy, offsets, num_groups, backend=backend)[:, 0, :]
 
 
-class _GroupedMatmul:
-    """autograd.Function built lazily (torch is imported only when a kernel is used)."""
+class GroupedMatmulFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, offsets, bias, backend):
+        ctx.save_for_backward(x, w, offsets)
+        ctx.has_bias, ctx.backend = bias is not None, backend
+        return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
 
-    fn = None
-
-    @classmethod
-    def get(cls):
-        if cls.fn is None:
-            cls.fn = _make_function()
-        return cls.fn
-
-
-def _make_function():
-    import torch
-
-    class GroupedMatmulFn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w, offsets, bias, backend):
-            ctx.save_for_backward(x, w, offsets)
-            ctx.has_bias, ctx.backend = bias is not None, backend
-            return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
-
-        @staticmethod
-        def backward(ctx, dy):
-            x, w, offsets = ctx.saved_tensors
-            dy = dy.contiguous()
-            G = w.shape[0]
-            dx = dw = db = None
-            if ctx.needs_input_grad[0]:
-                dx = grouped_matmul_forward(dy, w.transpose(1, 2), offsets, backend=ctx.backend)
-            if ctx.needs_input_grad[1]:
-                dw = grouped_matmul_wgrad(x, dy, offsets, G, backend=ctx.backend)
-            if ctx.has_bias and ctx.needs_input_grad[3]:
-                db = grouped_bias_grad(dy, offsets, G, backend=ctx.backend)
-            return dx, dw, None, db, None
-
-    return GroupedMatmulFn
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, offsets = ctx.saved_tensors
+        dy = dy.contiguous()
+        G = w.shape[0]
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = grouped_matmul_forward(dy, w.transpose(1, 2), offsets, backend=ctx.backend)
+        if ctx.needs_input_grad[1]:
+            dw = grouped_matmul_wgrad(x, dy, offsets, G, backend=ctx.backend)
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            db = grouped_bias_grad(dy, offsets, G, backend=ctx.backend)
+        return dx, dw, None, db, None
 
 
 def grouped_matmul(x, w, offsets, bias=None, *, backend: str = "auto"):
@@ -345,21 +329,15 @@ def grouped_matmul(x, w, offsets, bias=None, *, backend: str = "auto"):
     Runs the Triton kernel on CUDA (and on CPU under TRITON_INTERPRET=1), the torch reference
     otherwise; backend="torch" uses torch._grouped_mm (bf16 on Hopper) where the caller chose it.
     """
-    import torch
-
     _check(x, w, offsets, bias)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, w, bias)
-    )
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, bias))
     if not needs_grad:
         return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
-    return _GroupedMatmul.get().apply(x, w, offsets, bias, backend)
+    return GroupedMatmulFn.apply(x, w, offsets, bias, backend)
 
 
 def grouped_matmul_reference(x, w, offsets, bias=None):
     """Plain torch: one matmul per group (fp32 accumulation, result in x.dtype)."""
-    import torch
-
     _check(x, w, offsets, bias)
     bounds = [int(v) for v in offsets.tolist()]
     y = torch.zeros((x.shape[0], w.shape[2]), dtype=torch.float32, device=x.device)
@@ -370,16 +348,3 @@ def grouped_matmul_reference(x, w, offsets, bias=None):
             if bias is not None:
                 y[lo:hi] += bias[g].float()
     return y.to(x.dtype)
-
-
-def grouped_wgrad_reference(x, dy, offsets, num_groups: int):
-    """Plain torch: dw[g] = x_g^T @ dy_g in fp32, returned in x.dtype."""
-    import torch
-
-    bounds = [int(v) for v in offsets.tolist()]
-    dw = torch.zeros((num_groups, x.shape[1], dy.shape[1]), dtype=torch.float32, device=x.device)
-    for s in range(len(bounds) - 1):
-        lo, hi = bounds[s], bounds[s + 1]
-        if hi > lo:
-            dw[s % num_groups] += x[lo:hi].float().t() @ dy[lo:hi].float()
-    return dw.to(x.dtype)

@@ -17,6 +17,8 @@ read as zero past T: they are computed and masked at the store), B tiles from w 
 The store is a masked pointer store, not a TMA store: a row tile may straddle two segments.
 `supported()` says when this kernel applies; kernels/grouped_gemm.py falls back to the pointer
 kernel otherwise, or when its caller passes impl="pointer" (grouped_matmul_forward's `impl`).
+The first launch of a shape autotunes; later launches replay the picked kernel with descriptors of
+its tile (kernels._common.LaunchCache; the row count T keyed by its specialization only).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._common import dot_accumulate, ieee, interpreting, upcast
+from kernels._common import (
+    LaunchCache,
+    aligned,
+    config_dict,
+    dot_accumulate,
+    ieee,
+    interpreting,
+    specialization,
+    upcast,
+)
 
 # (BM, BN, num_stages, num_warps). Shared memory = stages * (BM + BN) * BK * 2 bytes + the epilogue's
 # layout conversion: 128x256 at 3 stages compiles (sm_90) to 176 KiB, within the 227 KiB of an H100/H200
@@ -142,33 +153,45 @@ def shapes_supported(x, w, offsets, out, bias=None) -> bool:
     return row_ok and w_ok and bias_ok and offsets.dtype == torch.int64 and offsets.is_contiguous()
 
 
-def supported(x, w, offsets, out, bias=None) -> bool:
-    """CUDA device of compute capability >= 9 (TMA, wgmma) and `shapes_supported`."""
+_DEVICE: dict = {}  # device index -> (compute capability, SM count): each query costs host time per call
+
+
+def _device_facts(device) -> tuple[tuple[int, int], int]:
     import torch
 
-    if not (x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE:
+        props = torch.cuda.get_device_properties(index)
+        _DEVICE[index] = ((props.major, props.minor), props.multi_processor_count)
+    return _DEVICE[index]
+
+
+def supported(x, w, offsets, out, bias=None) -> bool:
+    """CUDA device of compute capability >= 9 (TMA, wgmma) and `shapes_supported`."""
+    if not (x.is_cuda and _device_facts(x.device)[0] >= (9, 0)):
         return False
     return shapes_supported(x, w, offsets, out, bias)
 
 
-def _descriptors(x, w, layout):
-    """Host descriptors over x [T, K] and the 2-D view of w; block shapes are set by the pre-hook."""
+def _descriptors(x, w, layout, bm: int = 16, bn: int = 16, bk: int = 16):
+    """Host descriptors over x [T, K] and the 2-D view of w with the tile's block shapes (the autotuner's
+    pre-hook sets them on a first launch)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     G, K, N = w.shape
-    dummy = [16, 16]
-    x_desc = TensorDescriptor(x, [x.shape[0], K], [x.stride(0), 1], dummy)
+    x_desc = TensorDescriptor(x, [x.shape[0], K], [x.stride(0), 1], [bm, bk])
     if layout == "plain":
-        return x_desc, TensorDescriptor(w, [G * K, N], [N, 1], dummy)
-    return x_desc, TensorDescriptor(w, [G * N, K], [K, 1], dummy)
+        return x_desc, TensorDescriptor(w, [G * K, N], [N, 1], [bk, bn])
+    return x_desc, TensorDescriptor(w, [G * N, K], [K, 1], [bn, bk])
 
 
 def _programs(device) -> int:
-    import torch
-
     if interpreting():
         return _INTERP_PROGRAMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _device_facts(device)[1]
+
+
+_CACHE = LaunchCache("grouped_gemm_fwd_tma")
 
 
 def launch_fwd(x, w, offsets, bias, y):
@@ -178,14 +201,30 @@ def launch_fwd(x, w, offsets, bias, y):
     G, _, N = w.shape
     S = offsets.numel() - 1
     layout = weight_layout(w)
-    x_desc, w_desc = _descriptors(x, w, layout)
     sms = _programs(x.device)
-    # upper bound of the work items: cdiv(T, BM) + S row tiles (one partial tile per segment)
-    grid = lambda meta: (min(sms, (triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"])),)
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    _grouped_fwd_tma_kernel[grid](
-        x_desc, w_desc, b, y, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0),
-        TRANS_W=layout == "transposed", HAS_BIAS=bias is not None, IEEE=ieee(x.dtype),
-        UPCAST=upcast(x.dtype), BLOCK_S=triton.next_power_of_2(S + 1), NUM_PROGRAMS=sms,
-    )
+    tail = (b, y, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0))
+    key = (specialization(T), N, K, S, G, layout, x.stride(0), tail[7:], bias is not None, x.dtype,
+           aligned(x, w, b, y, offsets), x.device)
+    entry = _CACHE.entry(key)
+    if entry is None:
+        flags = (layout == "transposed", bias is not None, ieee(x.dtype), upcast(x.dtype),
+                 triton.next_power_of_2(S + 1), sms)
+        grid = lambda meta: (_programs_for(T, S, N, sms, meta["BM"], meta["BN"]),)  # noqa: E731
+        compiled = _grouped_fwd_tma_kernel[grid](*_descriptors(x, w, layout), *tail, TRANS_W=flags[0],
+                                                 HAS_BIAS=flags[1], IEEE=flags[2], UPCAST=flags[3],
+                                                 BLOCK_S=flags[4], NUM_PROGRAMS=sms)
+        best = _grouped_fwd_tma_kernel.best_config
+        tile = (best.kwargs["BM"], best.kwargs["BN"], best.kwargs["BK"], best.kwargs["GROUP_M"])
+        _CACHE.store(key, compiled, grid(best.kwargs), (*flags, *tile), config_dict(best))
+        return y
+    replay, _, consts, _ = entry
+    bm, bn, bk = consts[6:9]
+    replay(*_descriptors(x, w, layout, bm, bn, bk), *tail, grid=(_programs_for(T, S, N, sms, bm, bn), 1, 1))
     return y
+
+
+def _programs_for(T: int, S: int, N: int, sms: int, bm: int, bn: int) -> int:
+    """One program per SM, fewer when there are fewer work items: cdiv(T, BM) + S row tiles bound them
+    (one partial tile per segment)."""
+    return min(sms, (triton.cdiv(T, bm) + S) * triton.cdiv(N, bn))

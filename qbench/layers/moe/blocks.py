@@ -118,7 +118,7 @@ def _host_values(small, W: int, extra):
 
 
 def _build_plan_kernels(counts_all, rank: int, L: int, B: int, extra):
-    from kernels.moe_route import block_counts, block_list
+    from kernels.moe_plan import block_counts, block_list
 
     W = counts_all.shape[0]
     src_off, firsts, offsets, small = block_counts(counts_all, rank, L, B)

@@ -184,7 +184,7 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
         hot_r, hot_off = hot_rows(routing, hot_ids)
     got = exchange_counts(seg, group)
     if use_triton(seg):
-        from kernels.moe_route import plan_offsets
+        from kernels.moe_plan import plan_offsets
 
         splits, offsets, offsets_all = plan_offsets(seg, got, world_size, degree)
     else:
@@ -201,7 +201,7 @@ def _prepare_hot(routing, world_size: int, replicate_hot: int, group, rank: int)
     import torch
 
     from kernels.moe_hot import hot_plan
-    from kernels.moe_route import plan_offsets
+    from kernels.moe_plan import plan_offsets
 
     kept = routing.kept
     counts_all = gather_counts(kept, world_size, group)

@@ -163,7 +163,7 @@ def routing_stats(ctx, model, moe, x) -> dict[str, float]:
     dist.all_reduce(counts)
     rank_rows = torch.zeros(ctx.world_size, dtype=torch.float64, device=counts.device)
     # rows the expert GEMMs run on: what this rank received (both systems), plus its replicas' rows
-    rank_rows[ctx.rank] = plan.recv_rows + sum(moe.last["kept"][e] for e in plan.hot)
+    rank_rows[ctx.rank] = plan.recv_rows + sum(plan.kept[e] for e in plan.hot)
     dist.all_reduce(rank_rows)
     dropped = torch.tensor([float((~routing.keep).sum())], dtype=torch.float64, device=counts.device)
     dist.all_reduce(dropped)

@@ -18,6 +18,9 @@ owners' weights (replicas.py: one broadcast per owner on a second communicator,
 started by the layer before the dispatch), after the local experts, while the combine is in flight;
 their gradients go home with one reduce per owner, started as soon as they exist, so that it overlaps
 the input-gradient path and the weight gradients.
+At world size 1 without replication nothing moves: `expert_ffn` (ExpertFFN) runs the FFN on the send
+buffer itself, no exchange and no copies; its arguments are tensors and strings only, so that
+torch.compile traces it with fullgraph (the kernels are custom ops there).
 """
 
 from __future__ import annotations
@@ -188,14 +191,46 @@ def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
     return ffn_backward(d_hot.contiguous(), (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
 
 
+def _make_expert_ffn():
+    import torch
+
+    class ExpertFFN(torch.autograd.Function):
+        """x [R, d] in segments (offsets [L + 1]: segment l uses expert l) -> y [R, d]; `timer` (a
+        PhaseTimer or None) times the backward as "backward_experts"."""
+
+        @staticmethod
+        def forward(ctx, x, w1, b1, w2, b2, offsets, activation: str, backend: str, timer):
+            cfg = ExpertConfig(activation, backend, None, None)
+            pre, act, y = ffn_forward(x, offsets, w1, b1, w2, b2, cfg)
+            ctx.save_for_backward(x, pre, act, offsets, w1, w2)
+            ctx.activation, ctx.backend, ctx.timer = activation, backend, timer
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, pre, act, offsets, w1, w2 = ctx.saved_tensors
+            cfg = ExpertConfig(ctx.activation, ctx.backend, None, ctx.timer)
+            with cfg.phase("backward_experts"):
+                grads = ffn_backward(dy.contiguous(), (x, pre, act), offsets, w1, w2, cfg)
+            return (*grads, None, None, None, None)
+
+    return ExpertFFN
+
+
 class _Lazy:
     cache: dict[str, Any] = {}
 
     @classmethod
     def get(cls, name: str):
         if name not in cls.cache:
-            cls.cache[name] = {"ep": _make_expert_parallel}[name]()
+            cls.cache[name] = {"ep": _make_expert_parallel, "ffn": _make_expert_ffn}[name]()
         return cls.cache[name]
+
+
+def expert_ffn(x, weights, offsets, activation: str, backend: str, timer=None):
+    """The expert FFN of rows x [R, d] in segments `offsets` [L + 1], differentiable in x and the
+    weights = (w1, b1, w2, b2); world size 1 (nothing moves)."""
+    return _Lazy.get("ffn").apply(x, *weights, offsets, activation, backend, timer)
 
 
 def expert_parallel(send, hot_x, weights, plan, hot_offsets, cfg: ExpertConfig, replicas=None):

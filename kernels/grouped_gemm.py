@@ -45,7 +45,7 @@ from kernels._common import (
     upcast,
     use_triton,
 )
-from kernels.grouped_gemm_wgrad import grouped_wgrad_reference, launch_wgrad
+from kernels.grouped_gemm_wgrad import grouped_bias_reference, grouped_wgrad_reference, launch_wgrad
 
 IMPLS = ("auto", "tma", "pointer")  # Triton forward kernels: TMA where it applies, TMA, pointer
 
@@ -262,10 +262,24 @@ def _op_wgrad(x: torch.Tensor, dy: torch.Tensor, offsets: torch.Tensor, num_grou
     return _wgrad(x, dy, offsets, num_groups, backend)
 
 
+def _wgrad_bias(x, dy, offsets, num_groups: int, backend: str):
+    if backend in ("auto", "triton") and use_triton(x, dy):
+        return launch_wgrad(x, dy, offsets, num_groups, with_bias=True)
+    return _wgrad(x, dy, offsets, num_groups, backend), _bias_grad(dy, offsets, num_groups, backend)
+
+
+def _op_wgrad_bias(x: torch.Tensor, dy: torch.Tensor, offsets: torch.Tensor, num_groups: int,
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _wgrad_bias(x, dy, offsets, num_groups, backend)
+
+
 _OPS = {"fwd": register_op("grouped_mm", _op_fwd,
                            lambda x, w, offsets, bias, backend, impl: x.new_empty((x.shape[0], w.shape[2]))),
         "wgrad": register_op("grouped_wgrad", _op_wgrad,
-                             lambda x, dy, offsets, g, backend: x.new_empty((g, x.shape[1], dy.shape[1])))}
+                             lambda x, dy, offsets, g, backend: x.new_empty((g, x.shape[1], dy.shape[1]))),
+        "wgrad_bias": register_op("grouped_wgrad_bias", _op_wgrad_bias,
+                                  lambda x, dy, offsets, g, backend: (x.new_empty((g, x.shape[1], dy.shape[1])),
+                                                                      dy.new_empty((g, dy.shape[1]))))}
 
 
 def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None, impl: str = "auto"):
@@ -287,17 +301,33 @@ def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "aut
     return _wgrad(x, dy, offsets, num_groups, backend)
 
 
+def grouped_wgrad_bias(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
+    """(dw [G, K, N], db [G, N]) of a product with a bias: grouped_matmul_wgrad and grouped_bias_grad,
+    on the Triton backend in one launch (the bias gradient sums the dy tiles the weight gradient reads)."""
+    if backend != "torch" and is_compiling():
+        return _OPS["wgrad_bias"](x, dy, offsets, num_groups, backend)
+    return _wgrad_bias(x, dy, offsets, num_groups, backend)
+
+
 def grouped_bias_grad(dy, offsets, num_groups: int, *, backend: str = "auto"):
     """db[g] = sum of dy over the rows of group g -> [G, N] in dy.dtype (fp32 sums).
 
     On the kernel backends this is the weight-gradient kernel with a column of ones (one streaming
-    read of dy on the tensor cores); the reference path adds rows into an fp32 buffer."""
+    read of dy on the tensor cores); the reference path adds rows into an fp32 buffer. A product's
+    weight and bias gradients together take grouped_wgrad_bias (one pass over dy)."""
+    if backend != "torch" and is_compiling():
+        return _OPS["wgrad"](_ones(dy), dy, offsets, num_groups, backend)[:, 0, :]
+    return _bias_grad(dy, offsets, num_groups, backend)
+
+
+def _bias_grad(dy, offsets, num_groups: int, backend: str):
     if backend == "reference" or (backend == "auto" and not use_triton(dy)):
-        out = torch.zeros((num_groups, dy.shape[1]), dtype=torch.float32, device=dy.device)
-        out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]) % max(num_groups, 1), dy.float())
-        return out.to(dy.dtype)
-    ones = dy.new_ones((dy.shape[0], 16))  # 16: the narrowest tensor-core operand
-    return grouped_matmul_wgrad(ones, dy, offsets, num_groups, backend=backend)[:, 0, :]
+        return grouped_bias_reference(dy, offsets, num_groups)
+    return _wgrad(_ones(dy), dy, offsets, num_groups, backend)[:, 0, :]
+
+
+def _ones(dy):
+    return dy.new_ones((dy.shape[0], 16))  # 16: the narrowest tensor-core operand
 
 
 class GroupedMatmulFn(torch.autograd.Function):
@@ -315,9 +345,12 @@ class GroupedMatmulFn(torch.autograd.Function):
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = grouped_matmul_forward(dy, w.transpose(1, 2), offsets, backend=ctx.backend)
-        if ctx.needs_input_grad[1]:
+        want_db = ctx.has_bias and ctx.needs_input_grad[3]
+        if ctx.needs_input_grad[1] and want_db:
+            dw, db = grouped_wgrad_bias(x, dy, offsets, G, backend=ctx.backend)
+        elif ctx.needs_input_grad[1]:
             dw = grouped_matmul_wgrad(x, dy, offsets, G, backend=ctx.backend)
-        if ctx.has_bias and ctx.needs_input_grad[3]:
+        elif want_db:
             db = grouped_bias_grad(dy, offsets, G, backend=ctx.backend)
         return dx, dw, None, db, None
 

@@ -227,13 +227,11 @@ class BlocksFunction(torch.autograd.Function):
         with cfg.phase("backward_ag"):
             dact, dY = transport.pull_matmul(dy_src.contiguous(), w2.transpose(1, 2), None, plan)
         with cfg.phase("backward_experts"):
-            from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_wgrad
+            from kernels.grouped_gemm import grouped_wgrad_bias
 
             dpre = _act_backward(dact, pre, act, cfg.activation)
-            grads = (grouped_matmul_wgrad(X, dpre, off, L, backend=backend),
-                     grouped_bias_grad(dpre, off, L, backend=backend),
-                     grouped_matmul_wgrad(act, dY, off, L, backend=backend),
-                     grouped_bias_grad(dY, off, L, backend=backend))
+            grads = (*grouped_wgrad_bias(X, dpre, off, L, backend=backend),
+                     *grouped_wgrad_bias(act, dY, off, L, backend=backend))
         with cfg.phase("backward_ga"):
             dx_src = transport.matmul_push(dpre, w1.transpose(1, 2), None, plan)
         if replicas is not None:

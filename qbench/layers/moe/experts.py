@@ -29,7 +29,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_forward, grouped_matmul_wgrad
+from kernels.grouped_gemm import grouped_matmul_forward, grouped_wgrad_bias
 
 
 @dataclass
@@ -80,12 +80,11 @@ def ffn_input_grad(dy, pre, act, offsets, w1, w2, cfg: ExpertConfig, out=None):
 
 
 def ffn_weight_grads(x, act, dy, dpre, offsets, num_experts: int, cfg: ExpertConfig):
-    """(dw1, db1, dw2, db2) over every segment of `offsets` at once."""
+    """(dw1, db1, dw2, db2) over every segment of `offsets` at once (each bias gradient fused into its
+    weight gradient's pass over the output gradient)."""
     G, backend = num_experts, cfg.backend
-    return (grouped_matmul_wgrad(x, dpre, offsets, G, backend=backend),
-            grouped_bias_grad(dpre, offsets, G, backend=backend),
-            grouped_matmul_wgrad(act, dy, offsets, G, backend=backend),
-            grouped_bias_grad(dy, offsets, G, backend=backend))
+    return (*grouped_wgrad_bias(x, dpre, offsets, G, backend=backend),
+            *grouped_wgrad_bias(act, dy, offsets, G, backend=backend))
 
 
 def ffn_backward(dy, saved, offsets, w1, w2, cfg: ExpertConfig):

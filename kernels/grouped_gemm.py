@@ -8,9 +8,14 @@ belongs to group s % G; R = 1 is the plain case of one segment per group):
 Segments let a caller multiply rows in the order an all-to-all delivers them (source-major: source
 rank, then local expert) without first permuting them into expert-major order.
 The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`, its
-kernel in kernels/grouped_gemm_wgrad.py):
+kernel in kernels/grouped_gemm_wgrad.py, with the bias gradient fused: `grouped_wgrad_bias`):
     dw[g] = sum over the segments s of g of x[rows of s]^T @ dy[rows of s]   -> [G, K, N]
 and the input gradient is the forward kernel with w transposed (a strided view, no copy).
+An FFN's activation rides in the forward kernels' epilogue (kernels._common.activation_epilogue):
+    grouped_matmul_act       (pre, act(pre)) of x @ w + bias            (no separate activation pass)
+    grouped_matmul_act_grad  (dy @ w) * act'(pre), w transposed          (no stored d act)
+The forward kernels: kernels/grouped_gemm_tma.py (Hopper, persistent, TMA) where it applies, else
+kernels/grouped_gemm_pointer.py.
 
 Used by the MoE expert FFN (one group per local expert) and by FragmentedLinear (one group per
 fragment). The tile map is computed inside the kernel from `offsets`, so a launch never reads the
@@ -22,99 +27,19 @@ own grouped matmul (`torch._grouped_mm`, CUTLASS on Hopper), `backend="torch"` u
 on their GPU pass backend="torch" explicitly (qbench moe does so and records which ran).
 Eager calls launch directly and replay compiled kernels (kernels._common.LaunchCache; the row count
 T is keyed by how Triton specializes it, so a layer whose row counts change every step still
-replays); while torch.compile traces, the forward and the weight gradient are custom ops
-(torch.ops.qbench.grouped_mm / grouped_wgrad) with shape-only fakes.
+replays); while torch.compile traces, each public function is a custom op (torch.ops.qbench.grouped_mm,
+grouped_mm_act, grouped_mm_act_grad, grouped_wgrad, grouped_wgrad_bias) with a shape-only fake.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from kernels._common import (
-    LaunchCache,
-    aligned,
-    config_dict,
-    dot_accumulate,
-    ieee,
-    interpreting,
-    is_compiling,
-    register_op,
-    specialization,
-    upcast,
-    use_triton,
-)
+from kernels._common import ACTIVATIONS, interpreting, is_compiling, register_op, use_triton
+from kernels.grouped_gemm_pointer import pointer_fwd
 from kernels.grouped_gemm_wgrad import grouped_bias_reference, grouped_wgrad_reference, launch_wgrad
 
 IMPLS = ("auto", "tma", "pointer")  # Triton forward kernels: TMA where it applies, TMA, pointer
-
-# Interpreter runs (CPU tests) use one tiny tile so that they stay fast; GPU configs are the usual
-# Hopper/Ampere tensor-core shapes (128-row tiles for the large expert batches, 64 for small groups).
-if interpreting():
-    _FWD_CONFIGS = [triton.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}, num_warps=1, num_stages=1)]
-else:
-    _FWD_CONFIGS = [
-        triton.Config({"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
-        triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
-        triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=4),
-        triton.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
-        triton.Config({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, num_warps=4, num_stages=4),
-    ]
-
-
-@triton.autotune(configs=_FWD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
-@triton.jit
-def _grouped_fwd_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, off_ptr,
-    T, N, K, G, NW,
-    sxm, sxk, swg, swk, swn, sbg, sym,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_G: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    # Tile map over the G segments (weight group of segment g: g % NW): segment g has cdiv(rows_g, BM)
-    # row tiles; tile_end = inclusive cumsum over segments.
-    gs = tl.arange(0, BLOCK_G)
-    lo = tl.load(off_ptr + gs, mask=gs < G, other=0)
-    hi = tl.load(off_ptr + gs + 1, mask=gs < G, other=0)
-    tiles = (hi - lo + BM - 1) // BM
-    tile_end = tl.cumsum(tiles, 0)
-    total_m = tl.sum(tiles, 0)
-    # Launch grid covers an upper bound of row tiles (cdiv(T, BM) + G); swizzle in GROUP_M bands
-    # so that neighbouring programs share weight columns in L2.
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BN)
-    band = GROUP_M * n_tiles
-    first_m = (pid // band) * GROUP_M
-    band_m = tl.minimum(tl.cdiv(T, BM) + G - first_m, GROUP_M)  # the last band may hold fewer row slots
-    pid_m = first_m + (pid % band) % band_m
-    pid_n = (pid % band) // band_m
-    if pid_m >= total_m:
-        return
-    g = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
-    g_lo = tl.sum(tl.where(gs == g, lo, 0), 0)
-    g_hi = tl.sum(tl.where(gs == g, hi, 0), 0)
-    g_first = tl.sum(tl.where(gs == g, tile_end - tiles, 0), 0)
-    rows = g_lo + (pid_m - g_first) * BM + tl.arange(0, BM)
-    cols = pid_n * BN + tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    row_ok = rows < g_hi
-    x_tile = x_ptr + rows[:, None].to(tl.int64) * sxm + ks[None, :] * sxk
-    wg = (g % NW).to(tl.int64)
-    w_tile = w_ptr + wg * swg + ks[:, None] * swk + cols[None, :] * swn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        k_ok = (k0 + ks) < K
-        a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
-        x_tile += BK * sxk
-        w_tile += BK * swk
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0)
-        acc += bias[None, :].to(tl.float32)
-    y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
 
 
 def _check(x, w, offsets, bias) -> None:
@@ -134,54 +59,38 @@ def segments_per_group(offsets, num_groups: int) -> int:
     return (offsets.numel() - 1) // num_groups if num_groups else 1
 
 
-_FWD = LaunchCache("grouped_gemm_fwd")
-
-
-def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto"):
+def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto", epi: tuple = (0, 0, None)):
     """Triton forward launch; w may be any strided view (the input gradient passes w^T); `out` (a
-    row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward."""
+    row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward; epi = (EPI,
+    ACT, pre) of kernels._common.activation_epilogue (pre [T, N] with y's row stride, or None)."""
     T, K = x.shape
     G, _, N = w.shape
     y = torch.empty((T, N), dtype=x.dtype, device=x.device) if out is None else out
     if T == 0 or N == 0:
         return y
     if K == 0 or G == 0:
-        return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
+        y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
+        return _unfused_epilogue(y, epi)
     if offsets.dtype != torch.int64 or offsets.device != x.device or not offsets.is_contiguous():
         offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+    if epi[2] is not None and epi[2].stride() != y.stride():
+        raise ValueError(f"pre {tuple(epi[2].stride())} and y {tuple(y.stride())} must share their strides")
     if _takes_tma(x, w, offsets, y, bias, impl):
         from kernels import grouped_gemm_tma as tma
 
-        return tma.launch_fwd(x, w, offsets, bias, y)
-    return _pointer_fwd(x, w, offsets, bias, y)
+        return tma.launch_fwd(x, w, offsets, bias, y, epi)
+    return pointer_fwd(x, w, offsets, bias, y, epi)
 
 
-def _pointer_fwd(x, w, offsets, bias, y):
-    T, K = x.shape
-    G, _, N = w.shape
-    S = offsets.numel() - 1
-    b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    args = (x, w, b, y, offsets, T, N, K, S, G, x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
-            b.stride(0) if bias is not None else 0, y.stride(0))
-    key = (specialization(T), N, K, S, G, args[10:], x.dtype, bias is not None, aligned(x, w, b, y, offsets),
-           x.device)
-    entry = _FWD.entry(key)
-    if entry is None:
-        flags = (bias is not None, ieee(x.dtype), upcast(x.dtype), triton.next_power_of_2(S + 1))
-        compiled = _grouped_fwd_kernel[lambda meta: (_fwd_programs(T, S, N, meta["BM"], meta["BN"]),)](
-            *args, HAS_BIAS=flags[0], IEEE=flags[1], UPCAST=flags[2], BLOCK_G=flags[3])
-        best = _grouped_fwd_kernel.best_config
-        tile = (best.kwargs["BM"], best.kwargs["BN"], best.kwargs["BK"], best.kwargs["GROUP_M"])
-        _FWD.store(key, compiled, (_fwd_programs(T, S, N, tile[0], tile[1]),), (*flags, *tile), config_dict(best))
-    else:
-        bm, bn = entry[2][4], entry[2][5]
-        entry[0](*args, grid=(_fwd_programs(T, S, N, bm, bn), 1, 1))
+def _unfused_epilogue(y, epi: tuple):
+    """The activation epilogue on a finished y (the degenerate shapes that launch nothing)."""
+    code, act, pre = epi
+    if code == 1:
+        pre.copy_(y)
+        return _act_torch(y, act, out=y)
+    if code == 2:
+        return y.copy_(_act_grad_torch(y, pre, act))
     return y
-
-
-def _fwd_programs(T: int, S: int, N: int, bm: int, bn: int) -> int:
-    """Row tiles of every segment fit in cdiv(T, BM) + S (one partial tile per segment), times N tiles."""
-    return (triton.cdiv(T, bm) + S) * triton.cdiv(N, bn)
 
 
 def _takes_tma(x, w, offsets, y, bias, impl: str) -> bool:
@@ -232,6 +141,40 @@ def _forward(x, w, offsets, bias, backend: str, out, impl: str):
     return y if out is None else out.copy_(y)
 
 
+def _act_torch(t, act: int, out=None):
+    """relu (1) or erf GELU (2) of t, in t.dtype (the unfused activation)."""
+    f = torch.ops.aten.relu if act == 1 else torch.ops.aten.gelu
+    return f(t) if out is None else out.copy_(f(t))
+
+
+def _act_grad_torch(grad, pre, act: int):
+    """The unfused activation backward: grad * act'(pre), in grad.dtype."""
+    if act == 1:
+        return torch.ops.aten.threshold_backward(grad, pre, 0)
+    return torch.ops.aten.gelu_backward(grad, pre)
+
+
+def _forward_act(x, w, offsets, bias, activation: str, backend: str, out):
+    """(pre, act) on the eager path: one launch with the activation in the epilogue on the Triton
+    backend, the product then the activation otherwise; out = (pre, act) buffers or None."""
+    pre_o, act_o = out if out is not None else (None, None)
+    if backend in ("auto", "triton") and use_triton(x, w):
+        pre = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device) if pre_o is None else pre_o
+        act = _launch_fwd(x, w, offsets, bias, act_o, "auto", (1, ACTIVATIONS[activation], pre))
+        return pre, act
+    pre = _forward(x, w, offsets, bias, backend, pre_o, "auto")
+    return pre, _act_torch(pre, ACTIVATIONS[activation], act_o)
+
+
+def _forward_act_grad(dy, w, offsets, pre, activation: str, backend: str, out):
+    """dpre on the eager path (see grouped_matmul_act_grad)."""
+    if backend in ("auto", "triton") and use_triton(dy, w):
+        return _launch_fwd(dy, w, offsets, None, out, "auto", (2, ACTIVATIONS[activation], pre))
+    dact = _forward(dy, w, offsets, None, backend, None, "auto")
+    dpre = _act_grad_torch(dact, pre, ACTIVATIONS[activation])
+    return dpre if out is None else out.copy_(dpre)
+
+
 def _per_segment(t, offsets):
     """t [G, ...] repeated for R segments per group -> [R * G, ...] (a copy when R > 1): torch's
     grouped matmul has no notion of segments sharing a weight."""
@@ -257,6 +200,16 @@ def _op_fwd(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, bias: torch
     return _forward(x, w, offsets, bias, backend, None, impl)
 
 
+def _op_fwd_act(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
+                activation: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_act(x, w, offsets, bias, activation, backend, None)
+
+
+def _op_fwd_act_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, pre: torch.Tensor, activation: str,
+                     backend: str) -> torch.Tensor:
+    return _forward_act_grad(dy, w, offsets, pre, activation, backend, None)
+
+
 def _op_wgrad(x: torch.Tensor, dy: torch.Tensor, offsets: torch.Tensor, num_groups: int,
               backend: str) -> torch.Tensor:
     return _wgrad(x, dy, offsets, num_groups, backend)
@@ -275,6 +228,11 @@ def _op_wgrad_bias(x: torch.Tensor, dy: torch.Tensor, offsets: torch.Tensor, num
 
 _OPS = {"fwd": register_op("grouped_mm", _op_fwd,
                            lambda x, w, offsets, bias, backend, impl: x.new_empty((x.shape[0], w.shape[2]))),
+        "fwd_act": register_op("grouped_mm_act", _op_fwd_act,
+                               lambda x, w, offsets, bias, act, backend: (x.new_empty((x.shape[0], w.shape[2])),
+                                                                          x.new_empty((x.shape[0], w.shape[2])))),
+        "fwd_act_grad": register_op("grouped_mm_act_grad", _op_fwd_act_grad,
+                                    lambda dy, w, offsets, pre, act, backend: torch.empty_like(pre)),
         "wgrad": register_op("grouped_wgrad", _op_wgrad,
                              lambda x, dy, offsets, g, backend: x.new_empty((g, x.shape[1], dy.shape[1]))),
         "wgrad_bias": register_op("grouped_wgrad_bias", _op_wgrad_bias,
@@ -291,6 +249,26 @@ def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", o
         y = _OPS["fwd"](x, w, offsets, bias, backend, impl)
         return y if out is None else out.copy_(y)
     return _forward(x, w, offsets, bias, backend, out, impl)
+
+
+def grouped_matmul_act(x, w, offsets, bias, activation: str, *, backend: str = "auto", out=None):
+    """(pre, act): pre = x @ w[s % G] + bias[s % G] per segment and act = activation(pre) ("gelu": exact
+    erf GELU, as F.gelu; "relu"), both [T, N] in x.dtype; one launch on the Triton backend (the
+    activation in the product's epilogue: act never re-reads pre). out: (pre, act) buffers or None."""
+    if is_compiling():
+        pre, act = _OPS["fwd_act"](x, w, offsets, bias, activation, backend)
+        return (pre, act) if out is None else (out[0].copy_(pre), out[1].copy_(act))
+    return _forward_act(x, w, offsets, bias, activation, backend, out)
+
+
+def grouped_matmul_act_grad(dy, w, offsets, pre, activation: str, *, backend: str = "auto", out=None):
+    """dpre = (dy @ w[s % G]) * activation'(pre) per segment, [T, N] in dy.dtype: the input gradient of
+    act(pre) @ w (pass w transposed, a strided view) with the activation's backward in the product's
+    epilogue (one launch on the Triton backend: the output gradient of act is never stored)."""
+    if is_compiling():
+        dpre = _OPS["fwd_act_grad"](dy, w, offsets, pre, activation, backend)
+        return dpre if out is None else out.copy_(dpre)
+    return _forward_act_grad(dy, w, offsets, pre, activation, backend, out)
 
 
 def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "auto"):

@@ -174,6 +174,32 @@ def test_large_groups_on_gpu(dtype):
                   TOL[dtype], "large forward")
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + [([3, 2], 0, 5)], ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
+def test_activation_in_the_epilogue_matches_torch(shape, dtype, act, backend):
+    """(pre, act(pre)) of x @ w + b, and (dz @ v) * act'(pre), against the product then torch's
+    activation and its backward (K = 0: no launch, the same results)."""
+    sizes, K, N = shape
+    x, w, b = _inputs(sizes, K, N, dtype, seed=21)
+    offsets, T = _offsets(sizes), sum(sizes)
+    pre, out = gg.grouped_matmul_act(x, w, offsets, b, act, backend=backend)
+    want = gg.grouped_matmul_reference(x, w, offsets, b)
+    _assert_close(pre.cpu(), want.cpu(), TOL[dtype], f"{act} pre")
+    f = torch.nn.functional.gelu if act == "gelu" else torch.relu
+    _assert_close(out.cpu(), f(pre.float()).cpu(), TOL[dtype], f"{act}(pre)")
+    gen = torch.Generator().manual_seed(22)
+    M = 11  # the product back to N columns: dz [T, M] @ v, v [G, M, N] seen through a transpose
+    v = torch.randn(len(sizes), N, M, generator=gen).to(DEVICE, dtype).transpose(1, 2)
+    dz = torch.randn(T, M, generator=gen).to(DEVICE, dtype)
+    dpre = gg.grouped_matmul_act_grad(dz, v, offsets, pre, act, backend=backend)
+    dact = gg.grouped_matmul_reference(dz, v, offsets).float()
+    grad = (torch.ops.aten.gelu_backward(dact, pre.float()) if act == "gelu"
+            else torch.ops.aten.threshold_backward(dact, pre.float(), 0))
+    _assert_close(dpre.cpu(), grad.cpu(), TOL[dtype] * 2, f"{act} backward")  # dact rounded once more
+
+
 def compile_wgrad_for_sm90() -> None:
     """Compile the weight-gradient kernel (every config, with and without the fused bias gradient) for
     sm_90 without a GPU, with the specializations of a real launch (unit column strides, 16-byte aligned

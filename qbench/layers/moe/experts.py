@@ -29,7 +29,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.grouped_gemm import grouped_matmul_forward, grouped_wgrad_bias
+from kernels.grouped_gemm import (
+    grouped_matmul_act,
+    grouped_matmul_act_grad,
+    grouped_matmul_forward,
+    grouped_wgrad_bias,
+)
 
 
 @dataclass
@@ -64,18 +69,20 @@ def _act_backward(grad, pre, act, activation: str, out=None):
 
 
 def ffn_forward(x, offsets, w1, b1, w2, b2, cfg: ExpertConfig, out=None):
-    """(pre, act, y) of the expert FFN; `out` = (pre, act, y) buffers to write into, or None."""
+    """(pre, act, y) of the expert FFN (the activation in the first product's epilogue); `out` =
+    (pre, act, y) buffers to write into, or None."""
     pre_o, act_o, y_o = out if out is not None else (None, None, None)
-    pre = grouped_matmul_forward(x, w1, offsets, b1, backend=cfg.backend, out=pre_o)
-    act = _act(pre, cfg.activation, act_o)
+    pre, act = grouped_matmul_act(x, w1, offsets, b1, cfg.activation, backend=cfg.backend,
+                                  out=None if out is None else (pre_o, act_o))
     return pre, act, grouped_matmul_forward(act, w2, offsets, b2, backend=cfg.backend, out=y_o)
 
 
 def ffn_input_grad(dy, pre, act, offsets, w1, w2, cfg: ExpertConfig, out=None):
-    """(dpre, dx) of ffn_forward for output gradient dy [rows, d]; out = (dpre, dx) buffers or None."""
+    """(dpre, dx) of ffn_forward for output gradient dy [rows, d] (the activation's backward in the
+    epilogue of dy @ w2^T: d act is never stored); out = (dpre, dx) buffers or None."""
     dpre_o, dx_o = out if out is not None else (None, None)
-    dact = grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=cfg.backend)
-    dpre = _act_backward(dact, pre, act, cfg.activation, dpre_o)
+    dpre = grouped_matmul_act_grad(dy, w2.transpose(1, 2), offsets, pre, cfg.activation, backend=cfg.backend,
+                                   out=dpre_o)
     return dpre, grouped_matmul_forward(dpre, w1.transpose(1, 2), offsets, backend=cfg.backend, out=dx_o)
 
 

@@ -55,6 +55,34 @@ def dot_accumulate(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     return acc
 
 
+_SQRT_HALF = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
+
+
+@triton.jit
+def activation_epilogue(acc, pre_ptrs, mask, EPI: tl.constexpr, ACT: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """A GEMM epilogue around an elementwise activation (ACT 1: relu, 2: exact erf GELU, as F.gelu), on
+    the fp32 tile acc rounded to OUT_DTYPE first (what an unfused activation reads):
+    EPI 0: acc as is; 1: store the pre-activation at pre_ptrs, return act(pre); 2: return acc * act'(pre)
+    with pre loaded from pre_ptrs (the activation's backward: acc is the gradient of its output)."""
+    if EPI == 0:
+        return acc
+    v = acc.to(OUT_DTYPE).to(tl.float32)
+    if EPI == 1:
+        tl.store(pre_ptrs, v.to(OUT_DTYPE), mask=mask)
+        if ACT == 1:
+            return tl.maximum(v, 0.0)
+        return 0.5 * v * (1.0 + tl.math.erf(v * _SQRT_HALF))
+    p = tl.load(pre_ptrs, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 1:
+        return tl.where(p > 0.0, v, 0.0)
+    return v * (0.5 * (1.0 + tl.math.erf(p * _SQRT_HALF)) + p * tl.exp(-0.5 * p * p) * _INV_SQRT_2PI)
+
+
+ACTIVATIONS = {"relu": 1, "gelu": 2}  # the ACT codes of activation_epilogue
+EPILOGUES = {None: 0, "act": 1, "act_grad": 2}  # its EPI codes
+
+
 _INV_QMAX_SQUARED = tl.constexpr(1.0 / (127.0 * 127.0))
 
 
@@ -94,15 +122,19 @@ class LaunchCache:
         self.name = name
         self._entries: dict[tuple, tuple] = {}
 
-    def launch(self, key: tuple, args: tuple, first) -> None:
+    def launch(self, key: tuple, args: tuple, first, grid: tuple | None = None) -> None:
         """args: the kernel's runtime arguments in signature order (constexprs excluded). first():
         launches through Triton and returns (compiled kernel, grid, constexpr values in signature
-        order, config dict for the record)."""
+        order, config dict for the record). grid (three sizes): this launch's grid where it varies
+        between launches of one key (a key may then fix only how Triton specializes a size, not the
+        size itself); None replays the first launch's grid."""
         entry = self._entries.get(key)
         if entry is None:
             self.store(key, *first())
-        else:
+        elif grid is None:
             entry[0](*args)
+        else:
+            entry[0](*args, grid=grid)
 
     def entry(self, key: tuple):
         """(replay(*args), grid, constexprs, extra) stored for key, or None."""
@@ -129,12 +161,21 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
     raw_stream = torch._C._cuda_getCurrentRawStream
     g0, g1, g2 = grid
 
-    def replay(*args):
+    def replay(*args, grid=None):
         if knobs.runtime.launch_enter_hook is not None:
-            return compiled[grid](*args, *constexprs)
-        run(g0, g1, g2, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
+            return compiled[grid or (g0, g1, g2)](*args, *constexprs)
+        if grid is None:
+            run(g0, g1, g2, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
+        else:
+            run(*grid, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
 
     return replay
+
+
+def specialization(n: int) -> tuple:
+    """What Triton specializes an integer argument on (its value 1, divisibility by 16, 64-bit range):
+    the launch-key part of a size that varies between launches of one compiled kernel."""
+    return n == 1, n % 16 == 0, n >= 2**31
 
 
 def aligned(*tensors) -> bool:

@@ -7,9 +7,15 @@ belongs to group s % G; R = 1 is the plain case of one segment per group):
     empty segments allowed), bias [G, N] or None  ->  y [T, N] in x.dtype, fp32 accumulation.
 Segments let a caller multiply rows in the order an all-to-all delivers them (source-major: source
 rank, then local expert) without first permuting them into expert-major order.
-The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`):
+The weight gradient of the same product is a second grouped kernel (`grouped_matmul_wgrad`, its
+kernel in kernels/grouped_gemm_wgrad.py, with the bias gradient fused: `grouped_wgrad_bias`):
     dw[g] = sum over the segments s of g of x[rows of s]^T @ dy[rows of s]   -> [G, K, N]
 and the input gradient is the forward kernel with w transposed (a strided view, no copy).
+An FFN's activation rides in the forward kernels' epilogue (kernels._common.activation_epilogue):
+    grouped_matmul_act       (pre, act(pre)) of x @ w + bias            (no separate activation pass)
+    grouped_matmul_act_grad  (dy @ w) * act'(pre), w transposed          (no stored d act)
+The forward kernels: kernels/grouped_gemm_tma.py (Hopper, persistent, TMA) where it applies, else
+kernels/grouped_gemm_pointer.py.
 
 Used by the MoE expert FFN (one group per local expert) and by FragmentedLinear (one group per
 fragment). The tile map is computed inside the kernel from `offsets`, so a launch never reads the
@@ -19,128 +25,21 @@ group sizes on the host (no device-to-host synchronisation).
 own grouped matmul (`torch._grouped_mm`, CUTLASS on Hopper), `backend="torch"` uses it instead;
 `backend="auto"` (the default) runs Triton, and callers that measured torch's kernel to be faster
 on their GPU pass backend="torch" explicitly (qbench moe does so and records which ran).
+Eager calls launch directly and replay compiled kernels (kernels._common.LaunchCache; the row count
+T is keyed by how Triton specializes it, so a layer whose row counts change every step still
+replays); while torch.compile traces, each public function is a custom op (torch.ops.qbench.grouped_mm,
+grouped_mm_act, grouped_mm_act_grad, grouped_wgrad, grouped_wgrad_bias) with a shape-only fake.
 """
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+import torch
 
-from kernels._common import dot_accumulate, ieee, interpreting, upcast, use_triton
+from kernels._common import ACTIVATIONS, interpreting, is_compiling, register_op, use_triton
+from kernels.grouped_gemm_pointer import pointer_fwd
+from kernels.grouped_gemm_wgrad import grouped_bias_reference, grouped_wgrad_reference, launch_wgrad
 
 IMPLS = ("auto", "tma", "pointer")  # Triton forward kernels: TMA where it applies, TMA, pointer
-
-# Interpreter runs (CPU tests) use one tiny tile so that they stay fast; GPU configs are the usual
-# Hopper/Ampere tensor-core shapes (128-row tiles for the large expert batches, 64 for small groups).
-if interpreting():
-    _FWD_CONFIGS = [triton.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}, num_warps=1, num_stages=1)]
-    _WGRAD_CONFIGS = [triton.Config({"BK": 16, "BN": 16, "BR": 16}, num_warps=1, num_stages=1)]
-else:
-    _FWD_CONFIGS = [
-        triton.Config({"BM": 128, "BN": 256, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=3),
-        triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
-        triton.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=8, num_stages=4),
-        triton.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8}, num_warps=4, num_stages=4),
-        triton.Config({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, num_warps=4, num_stages=4),
-    ]
-    _WGRAD_CONFIGS = [
-        triton.Config({"BK": 128, "BN": 128, "BR": 64}, num_warps=8, num_stages=3),
-        triton.Config({"BK": 128, "BN": 256, "BR": 64}, num_warps=8, num_stages=3),
-        triton.Config({"BK": 128, "BN": 128, "BR": 32}, num_warps=4, num_stages=4),
-        triton.Config({"BK": 64, "BN": 128, "BR": 64}, num_warps=4, num_stages=4),
-    ]
-
-
-@triton.autotune(configs=_FWD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
-@triton.jit
-def _grouped_fwd_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, off_ptr,
-    T, N, K, G, NW,
-    sxm, sxk, swg, swk, swn, sbg, sym,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_G: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    # Tile map over the G segments (weight group of segment g: g % NW): segment g has cdiv(rows_g, BM)
-    # row tiles; tile_end = inclusive cumsum over segments.
-    gs = tl.arange(0, BLOCK_G)
-    lo = tl.load(off_ptr + gs, mask=gs < G, other=0)
-    hi = tl.load(off_ptr + gs + 1, mask=gs < G, other=0)
-    tiles = (hi - lo + BM - 1) // BM
-    tile_end = tl.cumsum(tiles, 0)
-    total_m = tl.sum(tiles, 0)
-    # Launch grid covers an upper bound of row tiles (cdiv(T, BM) + G); swizzle in GROUP_M bands
-    # so that neighbouring programs share weight columns in L2.
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BN)
-    band = GROUP_M * n_tiles
-    first_m = (pid // band) * GROUP_M
-    band_m = tl.minimum(tl.cdiv(T, BM) + G - first_m, GROUP_M)  # the last band may hold fewer row slots
-    pid_m = first_m + (pid % band) % band_m
-    pid_n = (pid % band) // band_m
-    if pid_m >= total_m:
-        return
-    g = tl.sum((tile_end <= pid_m).to(tl.int32), 0)
-    g_lo = tl.sum(tl.where(gs == g, lo, 0), 0)
-    g_hi = tl.sum(tl.where(gs == g, hi, 0), 0)
-    g_first = tl.sum(tl.where(gs == g, tile_end - tiles, 0), 0)
-    rows = g_lo + (pid_m - g_first) * BM + tl.arange(0, BM)
-    cols = pid_n * BN + tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    row_ok = rows < g_hi
-    x_tile = x_ptr + rows[:, None].to(tl.int64) * sxm + ks[None, :] * sxk
-    wg = (g % NW).to(tl.int64)
-    w_tile = w_ptr + wg * swg + ks[:, None] * swk + cols[None, :] * swn
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        k_ok = (k0 + ks) < K
-        a = tl.load(x_tile, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(w_tile, mask=k_ok[:, None] & (cols[None, :] < N), other=0.0)
-        acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
-        x_tile += BK * sxk
-        w_tile += BK * swk
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0)
-        acc += bias[None, :].to(tl.float32)
-    y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < N))
-
-
-@triton.autotune(configs=_WGRAD_CONFIGS, key=["N", "K", "G", "IEEE", "UPCAST"])
-@triton.jit
-def _grouped_wgrad_kernel(
-    x_ptr, dy_ptr, dw_ptr, off_ptr,
-    N, K, G, R,
-    sxm, sxk, sdm, sdn, swg, swk,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
-):
-    # One program per (group, K tile, N tile): dw[g, ktile, ntile] = sum over the group's rows.
-    pid = tl.program_id(0)
-    k_tiles = tl.cdiv(K, BK)
-    n_tiles = tl.cdiv(N, BN)
-    g = pid // (k_tiles * n_tiles)
-    pid_k = (pid // n_tiles) % k_tiles
-    pid_n = pid % n_tiles
-    ks = pid_k * BK + tl.arange(0, BK)
-    cols = pid_n * BN + tl.arange(0, BN)
-    rs = tl.arange(0, BR)
-    acc = tl.zeros((BK, BN), dtype=tl.float32)
-    for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
-        lo = tl.load(off_ptr + seg * G + g)
-        hi = tl.load(off_ptr + seg * G + g + 1)
-        for r0 in range(lo, hi, BR):
-            rows = r0 + rs
-            r_ok = rows < hi
-            a = tl.load(
-                x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None] * sxk,
-                mask=r_ok[None, :] & (ks[:, None] < K), other=0.0,
-            )
-            b = tl.load(
-                dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
-                mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
-            )
-            acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
-    dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
-    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
 
 
 def _check(x, w, offsets, bias) -> None:
@@ -160,33 +59,37 @@ def segments_per_group(offsets, num_groups: int) -> int:
     return (offsets.numel() - 1) // num_groups if num_groups else 1
 
 
-def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto"):
+def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto", epi: tuple = (0, 0, None)):
     """Triton forward launch; w may be any strided view (the input gradient passes w^T); `out` (a
-    row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward."""
-    import torch
-
+    row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward; epi = (EPI,
+    ACT, pre) of kernels._common.activation_epilogue (pre [T, N] with y's row stride, or None)."""
     T, K = x.shape
     G, _, N = w.shape
-    S = offsets.numel() - 1
     y = torch.empty((T, N), dtype=x.dtype, device=x.device) if out is None else out
     if T == 0 or N == 0:
         return y
     if K == 0 or G == 0:
-        return y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
-    offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+        y.zero_() if bias is None else y.copy_(_bias_rows(bias, offsets, T))
+        return _unfused_epilogue(y, epi)
+    if offsets.dtype != torch.int64 or offsets.device != x.device or not offsets.is_contiguous():
+        offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+    if epi[2] is not None and epi[2].stride() != y.stride():
+        raise ValueError(f"pre {tuple(epi[2].stride())} and y {tuple(y.stride())} must share their strides")
     if _takes_tma(x, w, offsets, y, bias, impl):
         from kernels import grouped_gemm_tma as tma
 
-        return tma.launch_fwd(x, w, offsets, bias, y)
-    b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    grid = lambda meta: ((triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"]),)
-    _grouped_fwd_kernel[grid](
-        x, w, b, y, offsets, T, N, K, S, G,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
-        b.stride(0) if bias is not None else 0, y.stride(0),
-        HAS_BIAS=bias is not None, IEEE=ieee(x.dtype), UPCAST=upcast(x.dtype),
-        BLOCK_G=triton.next_power_of_2(S + 1),
-    )
+        return tma.launch_fwd(x, w, offsets, bias, y, epi)
+    return pointer_fwd(x, w, offsets, bias, y, epi)
+
+
+def _unfused_epilogue(y, epi: tuple):
+    """The activation epilogue on a finished y (the degenerate shapes that launch nothing)."""
+    code, act, pre = epi
+    if code == 1:
+        pre.copy_(y)
+        return _act_torch(y, act, out=y)
+    if code == 2:
+        return y.copy_(_act_grad_torch(y, pre, act))
     return y
 
 
@@ -208,27 +111,8 @@ def _takes_tma(x, w, offsets, y, bias, impl: str) -> bool:
     return True
 
 
-def _launch_wgrad(x, dy, offsets, G):
-    import torch
-
-    K, N = x.shape[1], dy.shape[1]
-    dw = torch.empty((G, K, N), dtype=x.dtype, device=x.device)
-    if G == 0 or K == 0 or N == 0:
-        return dw
-    offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
-    grid = lambda meta: (G * triton.cdiv(K, meta["BK"]) * triton.cdiv(N, meta["BN"]),)
-    _grouped_wgrad_kernel[grid](
-        x, dy, dw, offsets, N, K, G, segments_per_group(offsets, G),
-        x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1),
-        IEEE=ieee(x.dtype), UPCAST=upcast(x.dtype),
-    )
-    return dw
-
-
 def _group_ids(offsets, T):
     """Segment index of every row, [T] int64, computed on the device (output_size avoids a sync)."""
-    import torch
-
     counts = (offsets[1:] - offsets[:-1]).to(torch.int64)
     ids = torch.arange(counts.numel(), device=offsets.device)
     return torch.repeat_interleave(ids, counts, output_size=T)
@@ -241,26 +125,54 @@ def _bias_rows(bias, offsets, T):
 
 def _torch_offs(offsets):
     """torch._grouped_mm takes int32 end offsets [G] (no leading zero)."""
-    import torch
-
     return offsets[1:].to(torch.int32)
 
 
-def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None, impl: str = "auto"):
-    """y = x @ w[s % G] (+ bias[s % G]) per segment s, no autograd; written into `out` when given.
-    backend: auto | triton | torch | reference. impl (Triton only): "auto" (the persistent TMA kernel
-    where it applies, else the pointer kernel), "tma" or "pointer"."""
+def _forward(x, w, offsets, bias, backend: str, out, impl: str):
+    """grouped_matmul_forward on the eager path (every backend)."""
     if backend == "reference" or (backend == "auto" and not use_triton(x, w)):
         y = grouped_matmul_reference(x, w, offsets, bias)
     elif backend == "torch":
-        import torch
-
         ws, bs = _per_segment(w, offsets), None if bias is None else _per_segment(bias, offsets)
         y = torch._grouped_mm(x, ws, offs=_torch_offs(offsets))
         y = y if bias is None else y + _bias_rows(bs, offsets, x.shape[0])
     else:
         return _launch_fwd(x, w, offsets, bias, out, impl)
     return y if out is None else out.copy_(y)
+
+
+def _act_torch(t, act: int, out=None):
+    """relu (1) or erf GELU (2) of t, in t.dtype (the unfused activation)."""
+    f = torch.ops.aten.relu if act == 1 else torch.ops.aten.gelu
+    return f(t) if out is None else out.copy_(f(t))
+
+
+def _act_grad_torch(grad, pre, act: int):
+    """The unfused activation backward: grad * act'(pre), in grad.dtype."""
+    if act == 1:
+        return torch.ops.aten.threshold_backward(grad, pre, 0)
+    return torch.ops.aten.gelu_backward(grad, pre)
+
+
+def _forward_act(x, w, offsets, bias, activation: str, backend: str, out):
+    """(pre, act) on the eager path: one launch with the activation in the epilogue on the Triton
+    backend, the product then the activation otherwise; out = (pre, act) buffers or None."""
+    pre_o, act_o = out if out is not None else (None, None)
+    if backend in ("auto", "triton") and use_triton(x, w):
+        pre = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device) if pre_o is None else pre_o
+        act = _launch_fwd(x, w, offsets, bias, act_o, "auto", (1, ACTIVATIONS[activation], pre))
+        return pre, act
+    pre = _forward(x, w, offsets, bias, backend, pre_o, "auto")
+    return pre, _act_torch(pre, ACTIVATIONS[activation], act_o)
+
+
+def _forward_act_grad(dy, w, offsets, pre, activation: str, backend: str, out):
+    """dpre on the eager path (see grouped_matmul_act_grad)."""
+    if backend in ("auto", "triton") and use_triton(dy, w):
+        return _launch_fwd(dy, w, offsets, None, out, "auto", (2, ACTIVATIONS[activation], pre))
+    dact = _forward(dy, w, offsets, None, backend, None, "auto")
+    dpre = _act_grad_torch(dact, pre, ACTIVATIONS[activation])
+    return dpre if out is None else out.copy_(dpre)
 
 
 def _per_segment(t, offsets):
@@ -270,72 +182,155 @@ def _per_segment(t, offsets):
     return t if R == 1 else t.repeat(R, *([1] * (t.dim() - 1)))
 
 
-def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
-    """dw[g] = sum over g's segments of x_s^T @ dy_s -> [G, K, N] in x.dtype (fp32 accumulation);
-    empty groups give zeros."""
+def _wgrad(x, dy, offsets, num_groups: int, backend: str):
     if backend == "reference" or (backend == "auto" and not use_triton(x, dy)):
         return grouped_wgrad_reference(x, dy, offsets, num_groups)
     if backend == "torch":
-        import torch
-
         R = segments_per_group(offsets, num_groups)
         dw = torch._grouped_mm(x.t(), dy, offs=_torch_offs(offsets))
         return dw if R == 1 else dw.view(R, num_groups, *dw.shape[1:]).sum(0)
-    return _launch_wgrad(x, dy, offsets, num_groups)
+    return launch_wgrad(x, dy, offsets, num_groups)
+
+
+# ------------------------------------------------------------------------ public API and custom ops
+
+
+def _op_fwd(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None, backend: str,
+            impl: str) -> torch.Tensor:
+    return _forward(x, w, offsets, bias, backend, None, impl)
+
+
+def _op_fwd_act(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, bias: torch.Tensor | None,
+                activation: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _forward_act(x, w, offsets, bias, activation, backend, None)
+
+
+def _op_fwd_act_grad(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, pre: torch.Tensor, activation: str,
+                     backend: str) -> torch.Tensor:
+    return _forward_act_grad(dy, w, offsets, pre, activation, backend, None)
+
+
+def _op_wgrad(x: torch.Tensor, dy: torch.Tensor, offsets: torch.Tensor, num_groups: int,
+              backend: str) -> torch.Tensor:
+    return _wgrad(x, dy, offsets, num_groups, backend)
+
+
+def _wgrad_bias(x, dy, offsets, num_groups: int, backend: str):
+    if backend in ("auto", "triton") and use_triton(x, dy):
+        return launch_wgrad(x, dy, offsets, num_groups, with_bias=True)
+    return _wgrad(x, dy, offsets, num_groups, backend), _bias_grad(dy, offsets, num_groups, backend)
+
+
+def _op_wgrad_bias(x: torch.Tensor, dy: torch.Tensor, offsets: torch.Tensor, num_groups: int,
+                   backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return _wgrad_bias(x, dy, offsets, num_groups, backend)
+
+
+_OPS = {"fwd": register_op("grouped_mm", _op_fwd,
+                           lambda x, w, offsets, bias, backend, impl: x.new_empty((x.shape[0], w.shape[2]))),
+        "fwd_act": register_op("grouped_mm_act", _op_fwd_act,
+                               lambda x, w, offsets, bias, act, backend: (x.new_empty((x.shape[0], w.shape[2])),
+                                                                          x.new_empty((x.shape[0], w.shape[2])))),
+        "fwd_act_grad": register_op("grouped_mm_act_grad", _op_fwd_act_grad,
+                                    lambda dy, w, offsets, pre, act, backend: torch.empty_like(pre)),
+        "wgrad": register_op("grouped_wgrad", _op_wgrad,
+                             lambda x, dy, offsets, g, backend: x.new_empty((g, x.shape[1], dy.shape[1]))),
+        "wgrad_bias": register_op("grouped_wgrad_bias", _op_wgrad_bias,
+                                  lambda x, dy, offsets, g, backend: (x.new_empty((g, x.shape[1], dy.shape[1])),
+                                                                      dy.new_empty((g, dy.shape[1]))))}
+
+
+def grouped_matmul_forward(x, w, offsets, bias=None, *, backend: str = "auto", out=None, impl: str = "auto"):
+    """y = x @ w[s % G] (+ bias[s % G]) per segment s, no autograd; written into `out` when given.
+    backend: auto | triton | torch | reference. impl (Triton only): "auto" (the persistent TMA kernel
+    where it applies, else the pointer kernel), "tma" or "pointer". Under torch.compile every backend
+    but "torch" (an aten op, traced as is) is one custom op."""
+    if backend != "torch" and is_compiling():
+        y = _OPS["fwd"](x, w, offsets, bias, backend, impl)
+        return y if out is None else out.copy_(y)
+    return _forward(x, w, offsets, bias, backend, out, impl)
+
+
+def grouped_matmul_act(x, w, offsets, bias, activation: str, *, backend: str = "auto", out=None):
+    """(pre, act): pre = x @ w[s % G] + bias[s % G] per segment and act = activation(pre) ("gelu": exact
+    erf GELU, as F.gelu; "relu"), both [T, N] in x.dtype; one launch on the Triton backend (the
+    activation in the product's epilogue: act never re-reads pre). out: (pre, act) buffers or None."""
+    if is_compiling():
+        pre, act = _OPS["fwd_act"](x, w, offsets, bias, activation, backend)
+        return (pre, act) if out is None else (out[0].copy_(pre), out[1].copy_(act))
+    return _forward_act(x, w, offsets, bias, activation, backend, out)
+
+
+def grouped_matmul_act_grad(dy, w, offsets, pre, activation: str, *, backend: str = "auto", out=None):
+    """dpre = (dy @ w[s % G]) * activation'(pre) per segment, [T, N] in dy.dtype: the input gradient of
+    act(pre) @ w (pass w transposed, a strided view) with the activation's backward in the product's
+    epilogue (one launch on the Triton backend: the output gradient of act is never stored)."""
+    if is_compiling():
+        dpre = _OPS["fwd_act_grad"](dy, w, offsets, pre, activation, backend)
+        return dpre if out is None else out.copy_(dpre)
+    return _forward_act_grad(dy, w, offsets, pre, activation, backend, out)
+
+
+def grouped_matmul_wgrad(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
+    """dw[g] = sum over g's segments of x_s^T @ dy_s -> [G, K, N] in x.dtype (fp32 accumulation);
+    empty groups give zeros."""
+    if backend != "torch" and is_compiling():
+        return _OPS["wgrad"](x, dy, offsets, num_groups, backend)
+    return _wgrad(x, dy, offsets, num_groups, backend)
+
+
+def grouped_wgrad_bias(x, dy, offsets, num_groups: int, *, backend: str = "auto"):
+    """(dw [G, K, N], db [G, N]) of a product with a bias: grouped_matmul_wgrad and grouped_bias_grad,
+    on the Triton backend in one launch (the bias gradient sums the dy tiles the weight gradient reads)."""
+    if backend != "torch" and is_compiling():
+        return _OPS["wgrad_bias"](x, dy, offsets, num_groups, backend)
+    return _wgrad_bias(x, dy, offsets, num_groups, backend)
 
 
 def grouped_bias_grad(dy, offsets, num_groups: int, *, backend: str = "auto"):
     """db[g] = sum of dy over the rows of group g -> [G, N] in dy.dtype (fp32 sums).
 
     On the kernel backends this is the weight-gradient kernel with a column of ones (one streaming
-    read of dy on the tensor cores); the reference path adds rows into an fp32 buffer."""
-    import torch
+    read of dy on the tensor cores); the reference path adds rows into an fp32 buffer. A product's
+    weight and bias gradients together take grouped_wgrad_bias (one pass over dy)."""
+    if backend != "torch" and is_compiling():
+        return _OPS["wgrad"](_ones(dy), dy, offsets, num_groups, backend)[:, 0, :]
+    return _bias_grad(dy, offsets, num_groups, backend)
 
+
+def _bias_grad(dy, offsets, num_groups: int, backend: str):
     if backend == "reference" or (backend == "auto" and not use_triton(dy)):
-        out = torch.zeros((num_groups, dy.shape[1]), dtype=torch.float32, device=dy.device)
-        out.index_add_(0, _group_ids(offsets.to(dy.device), dy.shape[0]) % max(num_groups, 1), dy.float())
-        return out.to(dy.dtype)
-    ones = dy.new_ones((dy.shape[0], 16))  # 16: the narrowest tensor-core operand
-    return grouped_matmul_wgrad(ones, dy, offsets, num_groups, backend=backend)[:, 0, :]
+        return grouped_bias_reference(dy, offsets, num_groups)
+    return _wgrad(_ones(dy), dy, offsets, num_groups, backend)[:, 0, :]
 
 
-class _GroupedMatmul:
-    """autograd.Function built lazily (torch is imported only when a kernel is used)."""
-
-    fn = None
-
-    @classmethod
-    def get(cls):
-        if cls.fn is None:
-            cls.fn = _make_function()
-        return cls.fn
+def _ones(dy):
+    return dy.new_ones((dy.shape[0], 16))  # 16: the narrowest tensor-core operand
 
 
-def _make_function():
-    import torch
+class GroupedMatmulFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, offsets, bias, backend):
+        ctx.save_for_backward(x, w, offsets)
+        ctx.has_bias, ctx.backend = bias is not None, backend
+        return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
 
-    class GroupedMatmulFn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w, offsets, bias, backend):
-            ctx.save_for_backward(x, w, offsets)
-            ctx.has_bias, ctx.backend = bias is not None, backend
-            return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
-
-        @staticmethod
-        def backward(ctx, dy):
-            x, w, offsets = ctx.saved_tensors
-            dy = dy.contiguous()
-            G = w.shape[0]
-            dx = dw = db = None
-            if ctx.needs_input_grad[0]:
-                dx = grouped_matmul_forward(dy, w.transpose(1, 2), offsets, backend=ctx.backend)
-            if ctx.needs_input_grad[1]:
-                dw = grouped_matmul_wgrad(x, dy, offsets, G, backend=ctx.backend)
-            if ctx.has_bias and ctx.needs_input_grad[3]:
-                db = grouped_bias_grad(dy, offsets, G, backend=ctx.backend)
-            return dx, dw, None, db, None
-
-    return GroupedMatmulFn
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, offsets = ctx.saved_tensors
+        dy = dy.contiguous()
+        G = w.shape[0]
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = grouped_matmul_forward(dy, w.transpose(1, 2), offsets, backend=ctx.backend)
+        want_db = ctx.has_bias and ctx.needs_input_grad[3]
+        if ctx.needs_input_grad[1] and want_db:
+            dw, db = grouped_wgrad_bias(x, dy, offsets, G, backend=ctx.backend)
+        elif ctx.needs_input_grad[1]:
+            dw = grouped_matmul_wgrad(x, dy, offsets, G, backend=ctx.backend)
+        elif want_db:
+            db = grouped_bias_grad(dy, offsets, G, backend=ctx.backend)
+        return dx, dw, None, db, None
 
 
 def grouped_matmul(x, w, offsets, bias=None, *, backend: str = "auto"):
@@ -345,21 +340,15 @@ def grouped_matmul(x, w, offsets, bias=None, *, backend: str = "auto"):
     Runs the Triton kernel on CUDA (and on CPU under TRITON_INTERPRET=1), the torch reference
     otherwise; backend="torch" uses torch._grouped_mm (bf16 on Hopper) where the caller chose it.
     """
-    import torch
-
     _check(x, w, offsets, bias)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, w, bias)
-    )
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w, bias))
     if not needs_grad:
         return grouped_matmul_forward(x, w, offsets, bias, backend=backend)
-    return _GroupedMatmul.get().apply(x, w, offsets, bias, backend)
+    return GroupedMatmulFn.apply(x, w, offsets, bias, backend)
 
 
 def grouped_matmul_reference(x, w, offsets, bias=None):
     """Plain torch: one matmul per group (fp32 accumulation, result in x.dtype)."""
-    import torch
-
     _check(x, w, offsets, bias)
     bounds = [int(v) for v in offsets.tolist()]
     y = torch.zeros((x.shape[0], w.shape[2]), dtype=torch.float32, device=x.device)
@@ -370,16 +359,3 @@ def grouped_matmul_reference(x, w, offsets, bias=None):
             if bias is not None:
                 y[lo:hi] += bias[g].float()
     return y.to(x.dtype)
-
-
-def grouped_wgrad_reference(x, dy, offsets, num_groups: int):
-    """Plain torch: dw[g] = x_g^T @ dy_g in fp32, returned in x.dtype."""
-    import torch
-
-    bounds = [int(v) for v in offsets.tolist()]
-    dw = torch.zeros((num_groups, x.shape[1], dy.shape[1]), dtype=torch.float32, device=x.device)
-    for s in range(len(bounds) - 1):
-        lo, hi = bounds[s], bounds[s + 1]
-        if hi > lo:
-            dw[s % num_groups] += x[lo:hi].float().t() @ dy[lo:hi].float()
-    return dw.to(x.dtype)

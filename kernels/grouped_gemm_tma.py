@@ -17,6 +17,8 @@ read as zero past T: they are computed and masked at the store), B tiles from w 
 The store is a masked pointer store, not a TMA store: a row tile may straddle two segments.
 `supported()` says when this kernel applies; kernels/grouped_gemm.py falls back to the pointer
 kernel otherwise, or when its caller passes impl="pointer" (grouped_matmul_forward's `impl`).
+The first launch of a shape autotunes; later launches replay the picked kernel with descriptors of
+its tile (kernels._common.LaunchCache; the row count T keyed by its specialization only).
 """
 
 from __future__ import annotations
@@ -24,7 +26,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._common import dot_accumulate, ieee, interpreting, upcast
+from kernels._common import (
+    LaunchCache,
+    activation_epilogue,
+    aligned,
+    config_dict,
+    dot_accumulate,
+    ieee,
+    interpreting,
+    specialization,
+    upcast,
+)
 
 # (BM, BN, num_stages, num_warps). Shared memory = stages * (BM + BN) * BK * 2 bytes + the epilogue's
 # layout conversion: 128x256 at 3 stages compiles (sm_90) to 176 KiB, within the 227 KiB of an H100/H200
@@ -70,13 +82,13 @@ def _tile_origin(tile, total_m, n_tiles, lo, tiles, tile_end, ss,
     return s, s_lo + (pid_m - s_first) * BM, n0
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "S", "TRANS_W"])
+@triton.autotune(configs=_configs(), key=["N", "K", "S", "TRANS_W", "EPI", "ACT"])
 @triton.jit
 def _grouped_fwd_tma_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, off_ptr,
+    x_desc, w_desc, b_ptr, y_ptr, pre_ptr, off_ptr,
     N, K, S, G, sbg, sym,
-    TRANS_W: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_S: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    TRANS_W: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_S: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # Tile map over the S segments: tiles[s] row tiles each, tile_end = their inclusive cumsum.
@@ -105,8 +117,10 @@ def _grouped_fwd_tma_kernel(
         s_hi = tl.sum(tl.where(ss == s, hi, 0), 0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        y = y_ptr + rows[:, None].to(tl.int64) * sym + cols[None, :]
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(rows[:, None] < s_hi) & (cols[None, :] < N))
+        out = rows[:, None].to(tl.int64) * sym + cols[None, :]  # y and pre share the row stride
+        mask = (rows[:, None] < s_hi) & (cols[None, :] < N)
+        acc = activation_epilogue(acc, pre_ptr + out, mask, EPI, ACT, y_ptr.dtype.element_ty)
+        tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def weight_layout(w) -> str | None:
@@ -142,50 +156,80 @@ def shapes_supported(x, w, offsets, out, bias=None) -> bool:
     return row_ok and w_ok and bias_ok and offsets.dtype == torch.int64 and offsets.is_contiguous()
 
 
-def supported(x, w, offsets, out, bias=None) -> bool:
-    """CUDA device of compute capability >= 9 (TMA, wgmma) and `shapes_supported`."""
+_DEVICE: dict = {}  # device index -> (compute capability, SM count): each query costs host time per call
+
+
+def _device_facts(device) -> tuple[tuple[int, int], int]:
     import torch
 
-    if not (x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE:
+        props = torch.cuda.get_device_properties(index)
+        _DEVICE[index] = ((props.major, props.minor), props.multi_processor_count)
+    return _DEVICE[index]
+
+
+def supported(x, w, offsets, out, bias=None) -> bool:
+    """CUDA device of compute capability >= 9 (TMA, wgmma) and `shapes_supported`."""
+    if not (x.is_cuda and _device_facts(x.device)[0] >= (9, 0)):
         return False
     return shapes_supported(x, w, offsets, out, bias)
 
 
-def _descriptors(x, w, layout):
-    """Host descriptors over x [T, K] and the 2-D view of w; block shapes are set by the pre-hook."""
+def _descriptors(x, w, layout, bm: int = 16, bn: int = 16, bk: int = 16):
+    """Host descriptors over x [T, K] and the 2-D view of w with the tile's block shapes (the autotuner's
+    pre-hook sets them on a first launch)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     G, K, N = w.shape
-    dummy = [16, 16]
-    x_desc = TensorDescriptor(x, [x.shape[0], K], [x.stride(0), 1], dummy)
+    x_desc = TensorDescriptor(x, [x.shape[0], K], [x.stride(0), 1], [bm, bk])
     if layout == "plain":
-        return x_desc, TensorDescriptor(w, [G * K, N], [N, 1], dummy)
-    return x_desc, TensorDescriptor(w, [G * N, K], [K, 1], dummy)
+        return x_desc, TensorDescriptor(w, [G * K, N], [N, 1], [bk, bn])
+    return x_desc, TensorDescriptor(w, [G * N, K], [K, 1], [bn, bk])
 
 
 def _programs(device) -> int:
-    import torch
-
     if interpreting():
         return _INTERP_PROGRAMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _device_facts(device)[1]
 
 
-def launch_fwd(x, w, offsets, bias, y):
-    """y [T, N] (row-contiguous, may be a view) <- grouped x @ w (+ bias). The caller checked
-    `supported` (or `shapes_supported` under the interpreter) and handled empty shapes."""
+_CACHE = LaunchCache("grouped_gemm_fwd_tma")
+
+
+def launch_fwd(x, w, offsets, bias, y, epi: tuple = (0, 0, None)):
+    """y [T, N] (row-contiguous, may be a view) <- grouped x @ w (+ bias), through the activation
+    epilogue epi = (EPI, ACT, pre [T, N] with y's row stride, or None) of kernels._common. The caller
+    checked `supported` (or `shapes_supported` under the interpreter) and handled empty shapes."""
     T, K = x.shape
     G, _, N = w.shape
     S = offsets.numel() - 1
     layout = weight_layout(w)
-    x_desc, w_desc = _descriptors(x, w, layout)
     sms = _programs(x.device)
-    # upper bound of the work items: cdiv(T, BM) + S row tiles (one partial tile per segment)
-    grid = lambda meta: (min(sms, (triton.cdiv(T, meta["BM"]) + S) * triton.cdiv(N, meta["BN"])),)
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    _grouped_fwd_tma_kernel[grid](
-        x_desc, w_desc, b, y, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0),
-        TRANS_W=layout == "transposed", HAS_BIAS=bias is not None, IEEE=ieee(x.dtype),
-        UPCAST=upcast(x.dtype), BLOCK_S=triton.next_power_of_2(S + 1), NUM_PROGRAMS=sms,
-    )
+    pre = epi[2] if epi[2] is not None else y  # dummy pointer when EPI is 0
+    tail = (b, y, pre, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0))
+    key = (specialization(T), N, K, S, G, layout, x.stride(0), tail[8:], bias is not None, epi[:2], x.dtype,
+           aligned(x, w, b, y, pre, offsets), x.device)
+    entry = _CACHE.entry(key)
+    if entry is None:
+        flags = (layout == "transposed", bias is not None, epi[0], epi[1], ieee(x.dtype), upcast(x.dtype),
+                 triton.next_power_of_2(S + 1), sms)
+        grid = lambda meta: (_programs_for(T, S, N, sms, meta["BM"], meta["BN"]),)  # noqa: E731
+        compiled = _grouped_fwd_tma_kernel[grid](*_descriptors(x, w, layout), *tail, TRANS_W=flags[0],
+                                                 HAS_BIAS=flags[1], EPI=flags[2], ACT=flags[3], IEEE=flags[4],
+                                                 UPCAST=flags[5], BLOCK_S=flags[6], NUM_PROGRAMS=sms)
+        best = _grouped_fwd_tma_kernel.best_config
+        tile = (best.kwargs["BM"], best.kwargs["BN"], best.kwargs["BK"], best.kwargs["GROUP_M"])
+        _CACHE.store(key, compiled, grid(best.kwargs), (*flags, *tile), config_dict(best))
+        return y
+    replay, _, consts, _ = entry
+    bm, bn, bk = consts[8:11]
+    replay(*_descriptors(x, w, layout, bm, bn, bk), *tail, grid=(_programs_for(T, S, N, sms, bm, bn), 1, 1))
     return y
+
+
+def _programs_for(T: int, S: int, N: int, sms: int, bm: int, bn: int) -> int:
+    """One program per SM, fewer when there are fewer work items: cdiv(T, BM) + S row tiles bound them
+    (one partial tile per segment)."""
+    return min(sms, (triton.cdiv(T, bm) + S) * triton.cdiv(N, bn))

@@ -17,6 +17,8 @@ Inputs (per rank: T tokens, k choices, E = W * L experts, assignments a = j * T 
       masked [W, E] counts_all with the hot experts' columns zeroed
   _hot_rows_kernel  grid (kT / BA): every assignment's send row (-1: dropped or replicated) and
       replica row (-1: not replicated), and the inverse maps source[row] = token, hot_source[row] = token
+Eager calls replay compiled kernels per shape (kernels._common.LaunchCache); while torch.compile traces,
+the plan is one custom op (torch.ops.qbench.moe_hot_plan).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import triton
 import triton.language as tl
 
-from kernels._common import interpreting
+from kernels._common import LaunchCache, aligned, interpreting, is_compiling, register_op
 
 BLOCK_ASSIGNMENTS = 16 if interpreting() else 1024
 
@@ -119,10 +122,18 @@ def hot_plan(counts_all, routing, rank: int, num_local_experts: int, n_hot: int,
     """The replication plan of one step from counts_all [W, E] (kept per rank and expert) and this
     rank's Routing (flat_e, pos, keep, capacity): two launches, no host synchronisation. padded: send
     buffers hold `routing.capacity` rows per (non-hot) expert."""
-    import torch
+    args = (counts_all, routing.flat_e, routing.pos, routing.keep, rank, num_local_experts, n_hot, tokens, padded,
+            routing.capacity if padded else 0)
+    return HotPlan(*(_OP(*args) if is_compiling() else _hot_plan(*args)))
 
+
+_CHOICE = LaunchCache("moe_hot_choice")
+_ROWS = LaunchCache("moe_hot_rows")
+
+
+def _hot_plan(counts_all, flat_e, pos, keep, rank: int, L: int, n_hot: int, tokens: int, padded: bool, cap: int):
     W, E = counts_all.shape
-    L, dev, kT = num_local_experts, counts_all.device, routing.flat_e.numel()
+    dev, kT = counts_all.device, flat_e.numel()
     counts = counts_all.contiguous()
     n = min(n_hot, E)
     slot, seg, first = (torch.empty(E, dtype=torch.int64, device=dev) for _ in range(3))
@@ -130,17 +141,35 @@ def hot_plan(counts_all, routing, rank: int, num_local_experts: int, n_hot: int,
     hot_off = torch.empty(n + 1, dtype=torch.int64, device=dev)
     got = torch.empty(W * L, dtype=torch.int64, device=dev)
     masked = torch.empty_like(counts)
-    cap = routing.capacity if padded else 0
     BE = triton.next_power_of_2(E)
-    _hot_choice_kernel[(1,)](counts, slot, hot_ids, seg, first, hot_off, got, masked, W, E, L, rank, n, cap,
-                             PADDED=padded, BE=BE, BC=min(BE, 16 if interpreting() else 64),
-                             BL=triton.next_power_of_2(L))
+    args = (counts, slot, hot_ids, seg, first, hot_off, got, masked, W, E, L, rank, n, cap)
+    consts = (padded, BE, min(BE, 16 if interpreting() else 64), triton.next_power_of_2(L))
+    key = (W, E, L, rank, n, cap, padded, aligned(*args[:8]), dev)
+    _CHOICE.launch(key, args, lambda: (_hot_choice_kernel[(1,)](*args, *consts), (1,), consts, {}))
     rows, hot_rows, hot_source = (torch.empty(kT, dtype=torch.int64, device=dev) for _ in range(3))
     total = E * cap if padded else kT
     source = (torch.full((total,), tokens, dtype=torch.int64, device=dev) if padded
               else torch.empty(total, dtype=torch.int64, device=dev))
     if kT:
-        _hot_rows_kernel[(triton.cdiv(kT, BLOCK_ASSIGNMENTS),)](
-            routing.flat_e, routing.pos, routing.keep, slot, first, hot_off, rows, source, hot_rows, hot_source,
-            tokens, kT, BA=BLOCK_ASSIGNMENTS)
-    return HotPlan(hot_ids, seg, got, masked, hot_off, rows, source, hot_rows, hot_source)
+        args = (flat_e, pos, keep, slot, first, hot_off, rows, source, hot_rows, hot_source, tokens, kT)
+        grid = (triton.cdiv(kT, BLOCK_ASSIGNMENTS),)
+        key = (kT, tokens, aligned(*args[:10]), dev)
+        _ROWS.launch(key, args, lambda: (_hot_rows_kernel[grid](*args, BA=BLOCK_ASSIGNMENTS), grid,
+                                         (BLOCK_ASSIGNMENTS,), {}))
+    return hot_ids, seg, got, masked, hot_off, rows, source, hot_rows, hot_source
+
+
+def _op_hot_plan(counts_all: torch.Tensor, flat_e: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor, rank: int,
+                 L: int, n_hot: int, tokens: int, padded: bool, cap: int) -> list[torch.Tensor]:
+    return list(_hot_plan(counts_all, flat_e, pos, keep, rank, L, n_hot, tokens, padded, cap))
+
+
+def _fake_hot_plan(counts_all, flat_e, pos, keep, rank, L, n_hot, tokens, padded, cap):
+    W, E = counts_all.shape
+    ints = lambda n: counts_all.new_empty(n)  # noqa: E731
+    n, kT = min(n_hot, E), flat_e.numel()
+    return [ints(n), ints(E), ints(W * L), torch.empty_like(counts_all), ints(n + 1), ints(kT),
+            ints(E * cap if padded else kT), ints(kT), ints(kT)]
+
+
+_OP = register_op("moe_hot_plan", _op_hot_plan, _fake_hot_plan)

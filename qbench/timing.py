@@ -68,6 +68,32 @@ class Timing:
         return {"median": self.median, "p20": self.p20, "p80": self.p80, "mean": self.mean, "min": self.min}
 
 
+# Drift: a step that slows down while it is timed (thermal throttling, a diverging layer, a leak)
+# measured something other than the configuration; the median would hide it.
+DRIFT_LIMIT = 0.20  # the last tenth of the timed steps more than 20% slower than the first tenth
+DRIFT_MIN_SAMPLES = 20  # fewer samples make a tenth one sample: noise, not drift, would decide
+
+
+def drift(samples_ms: list[float] | tuple[float, ...]) -> float | None:
+    """Relative slow-down of the last tenth of the samples over the first tenth (their medians):
+    0.25 means 25% slower at the end. None with fewer than DRIFT_MIN_SAMPLES samples."""
+    n = len(samples_ms)
+    if n < DRIFT_MIN_SAMPLES:
+        return None
+    tenth = n // 10
+    first, last = percentile(samples_ms[:tenth], 50), percentile(samples_ms[-tenth:], 50)
+    return last / first - 1.0 if first > 0 else None
+
+
+def drift_error(samples_ms: list[float] | tuple[float, ...], limit: float = DRIFT_LIMIT) -> str | None:
+    """The error text of a run whose step time drifted beyond `limit` (None: no drift, or too few samples)."""
+    value = drift(samples_ms)
+    if value is None or value <= limit:
+        return None
+    return (f"step time drifted: the last tenth of the {len(samples_ms)} timed steps is {value:.0%} slower than "
+            f"the first tenth (limit {limit:.0%})")
+
+
 def resolve_device(device: str | None = None) -> str:
     """'cuda' when a CUDA device is present (or asked for), else 'cpu'."""
     if device not in (None, "auto"):

@@ -14,6 +14,9 @@
 #   transports  --system blocks over every --transport, locality 0.25 and 1.0 (ag/ga times: pull + push)
 #   trace       per-rank kernel timelines (--trace) of the seed step and of rand-skew with replication
 #   kernels     `qbench moe --kernels grouped` (one GPU): the TMA against the pointer grouped GEMM
+#   single      one GPU (world size 1): the compile / graph / sync-free GPU tests, then the seed config in
+#               every --exec mode (eager, compile, graph), dropless and with --capacity-factor 1.0:
+#               step_time against floor_ms, experts_tflops (eager phases), host_ms per mode
 source "$(dirname "$0")/gpu_prelude.sh"
 W=${W:-4}
 STEPS=${STEPS:-100}
@@ -61,6 +64,27 @@ kernels_part() {
       > "$OUT/grouped-$dtype.log" 2>&1
     echo "== grouped GEMM kernels $dtype rc=$?"
     tail -24 "$OUT/grouped-$dtype.log"
+  done
+}
+
+single_part() {
+  timeout 600 python3 -m pytest -q -p no:cacheprovider tests/test_moe_compile.py tests/test_moe_records.py \
+    tests/test_grouped_gemm.py tests/test_grouped_gemm_tma.py tests/test_moe_route.py > "$OUT/gpu_tests_single.log" 2>&1
+  echo "== world-size-1 GPU tests rc=$?"
+  tail -4 "$OUT/gpu_tests_single.log"
+  W=1 moe single 580 --exec eager,compile,graph
+  W=1 moe single-cap1 580 --capacity-factor 1.0 --exec eager,compile,graph
+  for name in single single-cap1; do  # the targets' numbers, per mode: ms, TFLOP/s, ratio to the floor
+    python3 - "$OUT/runs/moe-$name/results.jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    m, p = r["metrics"], r["params"]
+    floor, step = m.get("floor_ms"), m.get("step_time")
+    ratio = f"{step / floor:.2f}x floor" if floor and step else "-"
+    print(f"cf={p['capacity_factor']} {p['exec']:8} {r['status']:8} step_time={step} floor_ms={floor} ({ratio}) "
+          f"experts_tflops={m.get('experts_tflops')} host_ms={m.get('host_ms')} {r.get('error') or ''}")
+PY
   done
 }
 

@@ -142,6 +142,26 @@ def test_segments_share_their_group_weights(dtype):
     _assert_close(gg.grouped_matmul_wgrad(x, dy, offsets, G).cpu(), dw_want, TOL[dtype], "segment wgrad")
     _assert_close(gg.grouped_wgrad_reference(x, dy, offsets, G).cpu(), dw_want, TOL[dtype], "segment wgrad ref")
     _assert_close(gg.grouped_bias_grad(dy, offsets, G).cpu(), db_want, TOL[dtype], "segment bias grad")
+    for backend in ("auto", "reference"):  # one launch on the kernel path, the two references otherwise
+        dw, db = gg.grouped_wgrad_bias(x, dy, offsets, G, backend=backend)
+        assert dw.dtype == x.dtype and db.dtype == dy.dtype and db.shape == (G, N)
+        _assert_close(dw.cpu(), dw_want, TOL[dtype], f"fused wgrad ({backend})")
+        _assert_close(db.cpu(), db_want, TOL[dtype], f"fused bias grad ({backend})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}" if isinstance(s, tuple) else None)
+def test_fused_bias_gradient_matches_the_row_sums(shape, dtype):
+    """Empty groups (zero bias gradient), a single row, K smaller than one K tile and larger."""
+    sizes, K, N = shape
+    x, _, _ = _inputs(sizes, K, N, dtype, seed=11)
+    dy = torch.randn(sum(sizes), N, generator=torch.Generator().manual_seed(12)).to(DEVICE, dtype)
+    dw, db = gg.grouped_wgrad_bias(x, dy, _offsets(sizes), len(sizes))
+    ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    db_want = torch.stack([dy.cpu()[ids == g].double().sum(0) for g in range(len(sizes))])
+    _assert_close(db.cpu(), db_want, TOL[dtype], "fused bias grad")
+    _assert_close(dw.cpu(), gg.grouped_wgrad_reference(x, dy, _offsets(sizes), len(sizes)).cpu(), TOL[dtype],
+                  "fused wgrad")
 
 
 @pytest.mark.gpu
@@ -152,3 +172,78 @@ def test_large_groups_on_gpu(dtype):
     offsets = _offsets(sizes)
     _assert_close(gg.grouped_matmul(x, w, offsets, b), gg.grouped_matmul_reference(x, w, offsets, b),
                   TOL[dtype], "large forward")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + [([3, 2], 0, 5)], ids=lambda s: f"{s[0]}x{s[1]}x{s[2]}")
+def test_activation_in_the_epilogue_matches_torch(shape, dtype, act, backend):
+    """(pre, act(pre)) of x @ w + b, and (dz @ v) * act'(pre), against the product then torch's
+    activation and its backward (K = 0: no launch, the same results)."""
+    sizes, K, N = shape
+    x, w, b = _inputs(sizes, K, N, dtype, seed=21)
+    offsets, T = _offsets(sizes), sum(sizes)
+    pre, out = gg.grouped_matmul_act(x, w, offsets, b, act, backend=backend)
+    want = gg.grouped_matmul_reference(x, w, offsets, b)
+    _assert_close(pre.cpu(), want.cpu(), TOL[dtype], f"{act} pre")
+    f = torch.nn.functional.gelu if act == "gelu" else torch.relu
+    _assert_close(out.cpu(), f(pre.float()).cpu(), TOL[dtype], f"{act}(pre)")
+    gen = torch.Generator().manual_seed(22)
+    M = 11  # the product back to N columns: dz [T, M] @ v, v [G, M, N] seen through a transpose
+    v = torch.randn(len(sizes), N, M, generator=gen).to(DEVICE, dtype).transpose(1, 2)
+    dz = torch.randn(T, M, generator=gen).to(DEVICE, dtype)
+    dpre = gg.grouped_matmul_act_grad(dz, v, offsets, pre, act, backend=backend)
+    dact = gg.grouped_matmul_reference(dz, v, offsets).float()
+    grad = (torch.ops.aten.gelu_backward(dact, pre.float()) if act == "gelu"
+            else torch.ops.aten.threshold_backward(dact, pre.float(), 0))
+    _assert_close(dpre.cpu(), grad.cpu(), TOL[dtype] * 2, f"{act} backward")  # dact rounded once more
+
+
+def compile_wgrad_for_sm90() -> None:
+    """Compile the weight-gradient kernel (every config, with and without the fused bias gradient) for
+    sm_90 without a GPU, with the specializations of a real launch (unit column strides, 16-byte aligned
+    pointers and row strides); prints per kernel: wgmma and cp.async counts in the PTX, shared bytes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels import grouped_gemm_wgrad as wg
+
+    fn = wg._grouped_wgrad_kernel.fn
+    names = list(fn.arg_names)
+    aligned = ("x_ptr", "dy_ptr", "dw_ptr", "db_ptr", "off_ptr", "N", "K", "sxm", "sdm", "swg", "swk")
+    for cfg in wg._WGRAD_CONFIGS:
+        for has_db in (False, True):
+            const = dict(sxk=1, sdn=1, HAS_DB=has_db, IEEE=False, UPCAST=False, **cfg.kwargs)
+            sig = {n: "constexpr" if n in const else ("*i64" if n == "off_ptr" else "*fp16" if n.endswith("_ptr")
+                                                      else "i32") for n in names}
+            attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+            kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                                    target=GPUTarget("cuda", 90, 64),
+                                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+            ptx = kernel.asm["ptx"]
+            print(has_db, ptx.count("wgmma.mma_async"), ptx.count("cp.async.cg") + ptx.count("cp.async.ca"),
+                  kernel.metadata.shared, flush=True)
+
+
+@pytest.mark.slow
+def test_wgrad_compiles_for_hopper_pipelined_without_a_gpu():
+    """With and without the fused bias gradient, every config is pipelined (cp.async loads), multiplies
+    on wgmma and fits an H100/H200 SM's 227 KiB of shared memory."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset; 1 is its default
+    code = "from tests.test_grouped_gemm import compile_wgrad_for_sm90; compile_wgrad_for_sm90()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert len(lines) == 8, done.stdout
+    for has_db, wgmma, loads, shared in lines:
+        assert int(wgmma) > 0 and int(loads) > 0, f"bias fused={has_db}: not pipelined on wgmma ({wgmma}, {loads})"
+        assert int(shared) <= 227 * 1024, f"bias fused={has_db}: needs {shared} bytes of shared memory"

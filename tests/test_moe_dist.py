@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parent
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_layer_matches_dense_reference(world_size):
-    results = list(dist.launch(moe_workers.check_cases, world_size=world_size, backend="gloo", device="cpu"))
-    assert len(results) == len(moe_workers.CASES)
+    cases = moe_workers.CASES_4 if world_size == 4 else moe_workers.CASES  # 4 ranks on 2 cores: fewer cases
+    results = list(dist.launch(moe_workers.check_cases, (cases,), world_size=world_size, backend="gloo",
+                               device="cpu"))
+    assert len(results) == len(cases)
     bad = [(case, text) for case, ok, text, _, _ in results if not ok]
     assert not bad, f"{len(bad)} cases differ from the reference; first: {bad[0]}"
     for case, _, _, dropped, rows in results:
@@ -49,33 +51,55 @@ def test_failing_rank_ends_the_run_with_its_error():
     assert time.monotonic() - start < 60
 
 
-def _env():
+def _env(triton: bool = True):
+    """The environment of a spawned command; triton=False drops the Triton interpreter (the layers then
+    run their torch references: the command's own flow is under test, the kernels are tested elsewhere)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT.parent), OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
+    if not triton:
+        env.pop("TRITON_INTERPRET", None)
     return env
 
 
 def test_command_runs_and_prints_seed_lines(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "2", "--num-local-experts", "2",
-           "--model-dim", "64", "--hidden-size", "24", "--samples", "24", "--num-steps", "3", "--warmup", "1",
-           "--a2a-ffn-overlap-degree", "2", "--model", "attn-moe", "--batch-size", "2",
+           "--model-dim", "64", "--hidden-size", "24", "--samples", "24", "--num-steps", "2", "--warmup", "1",
+           "--a2a-ffn-overlap-degree", "2", "--model", "attn-moe", "--batch-size", "2", "--exec", "eager,compile",
            "--seed-format", "--out", str(out), "--trace", str(tmp_path / "traces")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(triton=False), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
-    assert record["status"] == "ok" and record["params"]["model"] == "attn-moe"
+    record, skipped = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+    assert record["status"] == "ok" and record["params"]["model"] == "attn-moe" and record["params"]["exec"] == "eager"
+    assert record["metrics"]["host_ms"] > 0
+    # compile at world size 2 under DDP: skipped, with a one-line reason
+    assert skipped["params"]["exec"] == "compile" and skipped["status"] == "skipped" and skipped["error"]
     for rank in (0, 1):  # --trace: every rank's profiled steps, with the layer's phases as ranges
         trace = json.loads(gzip.open(tmp_path / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.json.gz").read())
         names = {e.get("name") for e in trace["traceEvents"]}
         assert {"step 0", "forward", "backward", "gate", "dispatch"} <= names, sorted(n for n in names if n)[:20]
         assert (tmp_path / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.csv").exists()
-    assert len(record["samples"]["step_time"]) == 3
+    assert len(record["samples"]["step_time"]) == 2
     from qbench.importers.moe import STEP, SUMMARY
 
     steps = [line for line in proc.stdout.splitlines() if STEP.search(line)]
-    assert len(steps) == 3 and any(SUMMARY.search(line) for line in proc.stdout.splitlines())
+    assert len(steps) == 2 and any(SUMMARY.search(line) for line in proc.stdout.splitlines())
+
+
+def test_world_size_1_runs_eager_and_compiled_steps(tmp_path):
+    """Fixed capacity at world size 1: both modes checked against eager and timed, with their host time."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "1", "--num-local-experts", "2",
+           "--model-dim", "16", "--hidden-size", "16", "--samples", "16", "--num-steps", "2", "--warmup", "1",
+           "--capacity-factor", "1.0", "--exec", "eager,compile", "--device", "cpu", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["params"]["exec"], r["status"]) for r in records] == [("eager", "ok"), ("compile", "ok")], records
+    for r in records:
+        assert r["metrics"]["host_ms"] > 0 and r["metrics"]["step_time"] > 0
+    assert "experts_time" in records[0]["metrics"] and "forward_time" in records[1]["metrics"]
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
@@ -91,7 +115,8 @@ def test_two_node_torchrun_launch_over_loopback(tmp_path):
         # output to files, not pipes: a node blocked on a full pipe that nobody reads yet would hold the
         # other node's torchrun at its exit barrier
         log = (tmp_path / f"node{node}.log").open("w")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=_env()), log))
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=_env(triton=False))
+        procs.append((proc, log))
     logs = lambda: "\n".join(f"--- node {n}:\n" + (tmp_path / f"node{n}.log").read_text()[-1500:]  # noqa: E731
                               for n in (0, 1))
     try:

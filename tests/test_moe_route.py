@@ -1,10 +1,11 @@
-"""Routing and plan kernels (kernels/moe_route.py) against the tensor-op versions they replace
+"""Routing and plan kernels (kernels/moe_route.py, kernels/moe_plan.py) against the tensor-op versions they replace
 (qbench/layers/moe/routing.route, plan.send_rows / segment_offsets), under the interpreter on CPU."""
 
 import pytest
 import torch
 
-from kernels.moe_route import choose_and_position, plan_offsets
+from kernels.moe_plan import plan_offsets
+from kernels.moe_route import choose_and_position
 from qbench.layers.moe import plan as comm
 from qbench.layers.moe.routing import capacity_limit, route
 
@@ -131,9 +132,25 @@ def test_plan_kernel_matches_tensor_ops(W, L, D):
     _mismatch(offsets_all, want_all, "offsets_all")
 
 
+@pytest.mark.parametrize("W,L,D,cap", [(1, 3, 1, 5), (2, 2, 3, 7), (3, 5, 2, 1)])
+def test_padded_plan_needs_no_counts(W, L, D, cap):
+    """cap given: every (rank, expert) count is cap, whatever seg and got hold."""
+    junk = torch.full((W * L,), 99, dtype=torch.int64, device=DEVICE)
+    got = plan_offsets(junk, junk, W, D, cap)
+    full = torch.full((W * L,), cap, dtype=torch.int64, device=DEVICE)
+    for name, a, b in zip(("splits", "offsets", "offsets_all"), got, plan_offsets(full, full, W, D)):
+        _mismatch(a.flatten(), b.flatten(), name)
+
+
+@pytest.mark.parametrize("impl", ["kernel", "reference"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-def test_combine_kernels_match_plain_torch(dtype):
-    from kernels.moe_combine import combine_backward, combine_rows
+def test_combine_kernels_match_plain_torch(dtype, impl):
+    """The kernels and the static-shape references (the path without Triton) against autograd in fp64."""
+    from kernels import moe_combine
+
+    combine_rows, combine_backward = moe_combine.combine_rows, moe_combine.combine_backward
+    if impl == "reference":
+        combine_rows, combine_backward = moe_combine.combine_reference, moe_combine.combine_backward_reference
 
     T, k, d, S = 23, 2, 37, 50
     gen = torch.Generator().manual_seed(9)

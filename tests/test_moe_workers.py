@@ -10,7 +10,9 @@ CASES = [  # (dtype, capacity factor, overlap degree, replicated experts, routin
     (torch.float16, 0.0, 1, 1, "uniform"),
     (torch.float32, 1.0, 1, 2, "rand-skew"),  # one chunk: the replication kernels, padded send buffer
     (torch.bfloat16, 1.5, 2, 1, "randn"),
+    (torch.float32, 0.5, 1, 0, "rand-skew"),  # padded, one chunk, drops: the static plan at any world size
 ]
+CASES_4 = [CASES[i] for i in (1, 2, 5, 7)]  # world size 4: chunks, capped + replication, padded kernels, static
 TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes
 
 
@@ -31,11 +33,11 @@ def _inputs(ctx, layer, routing, dtype, salt):
     return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype)
 
 
-def check_cases(ctx):
-    """Each case against the dense reference; yields (case, ok, description, dropped, rows)."""
+def check_cases(ctx, cases=None):
+    """Each case (default: CASES) against the dense reference; yields (case, ok, description, dropped, rows)."""
     from qbench.layers.moe.reference import check_layer
 
-    for salt, (dtype, cf, degree, hot, routing) in enumerate(CASES):
+    for salt, (dtype, cf, degree, hot, routing) in enumerate(cases or CASES):
         layer = _layer(ctx, dtype, cf, degree, hot)
         x, dy = _inputs(ctx, layer, routing, dtype, salt)
         result = check_layer(layer, x, dy)

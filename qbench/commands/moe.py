@@ -11,6 +11,7 @@ from qbench.options import (
     callback,
     device_option,
     dtype_option,
+    exec_option,
     out_options,
     parse_names,
     parse_number_list,
@@ -22,8 +23,9 @@ Examples:
   qbench moe --world-size 4                              # 4 GPUs (NCCL), or 4 CPU ranks (gloo)
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4 --trace results/moe-traces
-  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --seed-format
+  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --seed-format
   qbench moe --kernels grouped --dtype bf16              # a GPU: the grouped GEMM kernels alone, TMA vs pointer
+  qbench moe --world-size 1 --capacity-factor 1.0 --exec eager,compile,graph   # one GPU, the three modes
   torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe   # 2 GPU nodes
 """
 _counts = parse_number_list(int, lambda n: n >= 0, "integers", "0,4", "counts must be >= 0")
@@ -79,7 +81,7 @@ OPTIONS = [
 
 
 def _options(fn):
-    for option in reversed([*OPTIONS, out_options]):
+    for option in reversed([*OPTIONS, exec_option, out_options]):
         fn = option(fn)
     return fn
 
@@ -88,7 +90,12 @@ def _options(fn):
 @_options
 def command(seed_format, plot, out, append, force, as_json, **fields) -> None:
     """Distributed mixture-of-experts layer: step time (max over ranks), forward/backward and phase
-    breakdown, TFLOP/s by the seeds' formula, load balance and drops, checked against a dense reference."""
+    breakdown, TFLOP/s by the seeds' formula, load balance and drops, checked against a dense reference.
+
+    --exec compile and graph need static shapes: a fixed capacity (--capacity-factor > 0), or world
+    size 1 without capped capacity, and no --replicate-hot; compile runs at world size 1 only. Other
+    configurations record those modes as skipped, with the reason (dropless routing at world size > 1:
+    the host must learn each step's split sizes)."""
     from qbench import dist, report, store
     from qbench.benches import moe as bench
     from qbench.commands.common import run_and_store

@@ -4,20 +4,25 @@ resolve(config) fills the device-dependent defaults; run(config) validates it at
 (usage errors before any process starts or record is written) and returns the records as they come:
 it launches the ranks (qbench.dist: self-spawned, or one rank of a torchrun job), and every rank runs
 every configuration of the sweep (local experts x overlap degree x replication x routing x GEMM
-backend x locality x system); rank 0's records are kept. With `kernels="grouped"` the records are
+backend x locality x system), in every execution mode (`--exec`: eager, compile, graph; modes.py);
+rank 0's records are kept. With `kernels="grouped"` the records are
 kernel timings instead (grouped.py). Each configuration is checked against the dense reference
 first; a mismatch is an error record, not timed. System "blocks" (MixMoE's block dispatch fused
 with the expert GEMMs) runs one chunk, so its cases take overlap degree 1 only; its transport
 ("symm" or the "a2a" fallback) is a param.
 
 Modules: config (MoEBenchConfig, resolve), validate, cases (the grid, each case's params), rank (one
-rank's work: build, check, time, the record), metrics, output (table, seed-format lines), trace
+rank's work: build, check, time, the records), modes (eager, compile, graph: what each needs and how
+it runs), steps (the training step and its timing), metrics, output (table, seed-format lines), trace
 (profiled steps), grouped (the grouped GEMM kernel bench).
 
 Metrics (times in ms: median over steps of the max over ranks):
-  step_time, forward_time, backward_time (steps without the layer's phase events), <phase>_time (gate,
-  plan, dispatch, experts, combine, backward_a2a, backward_experts; from a second pass of as many steps
-  with them), step_time_instrumented (that pass's step time: what the phase events cost),
+  step_time, forward_time, backward_time (steps without the layer's phase events; graph replays have no
+  forward / backward split), <phase>_time (eager: gate, plan, dispatch, experts, combine, backward_a2a,
+  backward_experts; from a second pass of as many steps with them), step_time_instrumented (that
+  pass's step time: what the phase events cost), host_ms (CPU time spent issuing one step),
+  experts_tflops (eager: the expert FFN's forward + backward FLOPs over experts_time +
+  backward_experts_time),
   tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
   per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
   tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert
@@ -56,12 +61,13 @@ __all__ = [
 
 
 def plan(config: MoEBenchConfig) -> list:
-    """What run(config) will measure, one item per record (for the progress bar)."""
+    """What run(config) will measure, one item per record (for the progress bar): every case in every
+    execution mode."""
     if config.kernels is not None:
         from qbench.benches.moe import grouped
 
         return grouped.plan(config)
-    return cases(config)
+    return [dict(case, exec=mode) for case in cases(config) for mode in config.execs or ("eager",)]
 
 
 def run(config: MoEBenchConfig) -> Iterator[dict]:

@@ -29,6 +29,18 @@ def full_flops(config: MoEBenchConfig, stats: dict, world_size: int, num_experts
     return (experts + gate) * passes
 
 
+def experts_tflops(config: MoEBenchConfig, stats: dict, world_size: int, metrics: dict) -> float | None:
+    """The expert FFN's throughput: two GEMMs of rows x d x h (2 flop per multiply-add) forward, and
+    twice that backward (input and weight gradients), over experts_time (+ backward_experts_time) --
+    rows the mean per rank of the rows computed, padding included. None without those phase times."""
+    forward, backward = metrics.get("experts_time"), metrics.get("backward_experts_time")
+    if forward is None or (backward is None and not config.eval):
+        return None
+    rows = stats["computed_rows"] / world_size
+    flops = rows * config.model_dim * config.hidden_size * 4 * (1 if config.eval else 3)
+    return flops / ((forward + (0.0 if config.eval else backward)) * 1e-3) / 1e12
+
+
 def summarize(config, case, world_size, samples, stats, memory, device):
     metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v and "_rank" not in k}
     unit_of = {k: units.MS for k in metrics}
@@ -37,6 +49,9 @@ def summarize(config, case, world_size, samples, stats, memory, device):
     metrics["tflops"] = seed_flops(config) / (step * 1e-3) / 1e12
     metrics["tflops_full"] = full_flops(config, stats, world_size, E) / (step * 1e-3) / 1e12
     unit_of.update(tflops=units.TFLOPS, tflops_full=units.TFLOPS)
+    ffn = experts_tflops(config, stats, world_size, metrics)
+    if ffn is not None:
+        metrics["experts_tflops"], unit_of["experts_tflops"] = ffn, units.TFLOPS
     metrics.update(stats)
     unit_of.update(expert_load_max_over_mean=units.RATIO, rank_load_max_over_mean=units.RATIO,
                    dropped_tokens=units.COUNT, computed_rows=units.COUNT, sent_rows=units.COUNT)

@@ -1,14 +1,18 @@
-"""One rank's side of `qbench moe`: build, check against the reference, time, count, and the record.
+"""One rank's side of `qbench moe`: build, check against the reference, time, count, and the records.
 
 Per configuration every rank builds the same layer (or attention + MoE model under DDP, expert
 parameters excluded from its all-reduce), checks it against the dense reference (all ranks agree on
-the verdict before anything is timed), collects routing statistics in one untimed step, then times
-steps with qbench.timing.time_ranks (barrier, synchronize, max over ranks per step) and a PhaseTimer
-for forward / backward and the layer's phases (gate, plan, dispatch, experts, combine, backward).
+the verdict before anything is timed), collects routing statistics in one untimed step, then, per
+execution mode (modes.py: eager, compile, graph; `skipped` with a reason where the mode cannot run),
+times steps with qbench.timing.time_ranks (barrier, synchronize, max over ranks per step) and a
+PhaseTimer for forward / backward and, eager, the layer's phases (gate, plan, dispatch, experts,
+combine, backward), plus the host time of one step. A mode whose weights or outputs stop being finite,
+or whose step time drifts (qbench.timing.drift_error), is an error record, never `ok`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,30 +21,32 @@ import torch
 import torch.distributed as dist
 
 from qbench import units
+from qbench.benches.moe import modes
 from qbench.benches.moe.cases import case_label, cases, params_of, resolve_gemm
 from qbench.benches.moe.config import BENCH, MoEBenchConfig
 from qbench.benches.moe.metrics import summarize
+from qbench.benches.moe.steps import host_ms, make_step, time_plain, time_steps
 from qbench.benches.moe.trace import trace_steps
 from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
 from qbench.layers.moe.reference import check_layer
 from qbench.layers.moe.routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
 from qbench.store import make_record
-from qbench.timing import PhaseTimer, max_over_ranks, time_ranks
+from qbench.timing import drift_error, max_over_ranks
 from qbench.units import torch_dtype
 
 HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
-PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
 
 
 def rank_main(ctx, config: MoEBenchConfig) -> Iterator[dict]:
-    """Every rank runs every configuration; rank 0's records are the ones kept."""
+    """Every rank runs every configuration, one record per execution mode; rank 0's records are kept."""
     for case in cases(config):
-        yield one_case(ctx, config, case)
+        yield from one_case(ctx, config, case)
 
 
-def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
-    """Build, check against the reference, then measure one configuration. A failure on any rank is
-    an error record on every rank (they agree before each collective step, so none is left waiting)."""
+def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> Iterator[dict]:
+    """Build, check against the reference, then measure one configuration in every mode. A failure on
+    any rank is an error record on every rank (they agree before each collective step, so none is left
+    waiting)."""
     device = _device_kind(ctx)
     case = dict(case, gemm=resolve_gemm(case["gemm"], device))
     params = params_of(config, case, ctx.world_size)
@@ -51,38 +57,116 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> dict:
     except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
         error = f"{type(exc).__name__}: {exc}"
     if not agree(error is None, ctx.device):  # every rank skips together (no stray collective)
-        return make_record(BENCH, params, status="error", error=error or "failed on another rank", device=device)
+        yield from _every_exec(config, params, device, error or "failed on another rank")
+        return
     try:
         ok, detail = check(ctx, moe, x)
     except Exception as exc:  # noqa: BLE001 - e.g. a GEMM backend that rejects these shapes on every rank
         ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if not agree(ok, ctx.device) or not ok:
-        return make_record(BENCH, params, status="error", error=f"reference check failed: {detail}", device=device)
-    return measure(ctx, config, case, params, (model, moe, x, dy), detail)
+        yield from _every_exec(config, params, device, f"reference check failed: {detail}")
+        return
+    yield from measure(ctx, config, case, params, (model, moe, x, dy), detail)
 
 
-def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str, Any], built, detail: str) -> dict:
-    """Routing statistics, timed steps, the divergence check and (with trace_dir) profiled steps of
-    a checked configuration; `detail`: the reference check's description (its max error is a metric)."""
+def _every_exec(config, params: dict[str, Any], device: str, error: str) -> Iterator[dict]:
+    for mode in config.execs:
+        yield make_record(BENCH, dict(params, exec=mode), status="error", error=error, device=device)
+
+
+def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str, Any], built,
+            detail: str) -> Iterator[dict]:
+    """Routing statistics, then per execution mode: skipped with its reason, or timed steps, the
+    divergence and drift checks and (eager, with trace_dir) profiled steps; `detail`: the reference
+    check's description (its max error is a metric)."""
     model, moe, x, dy = built
-    device = _device_kind(ctx)
     stats = routing_stats(ctx, model, moe, x)
     if case.get("system") == "blocks":
         stats.update(block_stats(ctx, moe))
-    samples = time_steps(ctx, config, model, moe, x, dy)
-    if not weights_finite(ctx, model):
-        return make_record(BENCH, params, status="error", device=device,
-                           error="weights not finite after the timed steps: the timing measured a diverged layer")
-    memory = peak_memory_mb(ctx)
-    if config.trace_dir:
+    want: list = []  # an eager step's output and gradients, taken once for the compile / graph checks
+    for mode in config.execs:
+        p = dict(params, exec=mode)
+        reason = modes.refusal(mode, config, moe, ctx.world_size)
+        if reason is not None:
+            yield make_record(BENCH, p, status="skipped", error=reason, device=_device_kind(ctx))
+            continue
+        if mode != "eager" and not want:
+            want = _eager_results(config, model, x, dy)
+        yield measure_mode(ctx, config, case, p, built, stats, detail, want)
+
+
+def measure_mode(ctx, config, case, params, built, stats, detail: str, want: list) -> dict:
+    """One execution mode (params["exec"]) of a checked configuration: its record."""
+    model, moe, x, dy = built
+    device, mode, out = _device_kind(ctx), params["exec"], {}
+    try:
+        samples, step, failure = _mode_samples(ctx, config, mode, built, out, want)
+    except Exception as exc:  # noqa: BLE001 - e.g. a capture or compilation that fails here
+        samples, step, failure = None, None, f"{mode}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    if not agree(failure is None, ctx.device):
+        return make_record(BENCH, params, status="error", error=failure or "failed on another rank", device=device)
+    finite = outputs_finite(ctx, out) and weights_finite(ctx, model)
+    extra = {"peak_memory_mb": peak_memory_mb(ctx), "host_ms": host_ms(ctx, config, step)}
+    if config.trace_dir and mode == "eager":
         trace_steps(moe, lambda phase: make_step(config, model, x, dy, phase), Path(config.trace_dir),
                     case_label(case), ctx.rank)
-    metrics, unit_of = summarize(config, case, ctx.world_size, samples, stats, memory, device)
+    return record_of(config, case, params, ctx.world_size, samples, stats, extra, detail, device, finite)
+
+
+def record_of(config, case, params, world_size: int, samples, stats, extra: dict, detail: str, device: str,
+              finite: bool = True) -> dict:
+    """The record of a timed mode: `error` (never `ok`) when its weights or outputs stopped being finite
+    or its step time drifted (qbench.timing.drift_error), else `ok`; metrics and samples are kept either way
+    but for a diverged layer (its times measured something else)."""
+    if not finite:
+        return make_record(BENCH, params, status="error", device=device,
+                           error="weights or outputs not finite after the timed steps: the timing measured a "
+                                 "diverged layer")
+    metrics, unit_of = summarize(config, case, world_size, samples, stats, extra["peak_memory_mb"], device)
+    metrics["host_ms"], unit_of["host_ms"] = extra["host_ms"], units.MS
     metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
     unit_of["check_max_rel_error"] = units.REL_ERROR
+    drifted = drift_error(samples["step_time"])
     keep = ("step_time", "forward_time", "backward_time", "step_time_instrumented")
-    return make_record(BENCH, params, metrics, units=unit_of, device=device,
-                       samples={k: v for k, v in samples.items() if k in keep or "_time_rank" in k})
+    return make_record(BENCH, params, metrics, units=unit_of, device=device, status="error" if drifted else "ok",
+                       error=drifted, samples={k: v for k, v in samples.items() if k in keep or "_time_rank" in k})
+
+
+def _mode_samples(ctx, config, mode: str, built, out: dict, want: list):
+    """(samples, the step whose host time is taken, failure) of one mode; compile and graph are first
+    checked against the eager step's results (`want`)."""
+    model, moe, x, dy = built
+    device = _device_kind(ctx)
+    if mode == "eager":
+        return time_steps(ctx, config, model, moe, x, dy, out), make_step(config, model, x, dy, _no_phase), None
+    runner, step = model, None
+    if mode == "compile":
+        runner = modes.compiled(model, device)
+        warm = make_step(config, runner, x, dy, _no_phase, out)
+        for i in range(modes.WARMUP):  # compilation and autotuning, untimed
+            warm(i)
+    else:
+        step = modes.graphed(config, model, x, dy, out)
+        step(0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    failure = modes.mismatch(modes.step_results(model, out), want, x.dtype)
+    if failure is not None:
+        return None, None, f"{mode}: {failure}"
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    samples = time_plain(ctx, config, runner, moe, x, dy, out, step=step)
+    return samples, step or make_step(config, runner, x, dy, _no_phase), None
+
+
+def _eager_results(config, model, x, dy) -> list:
+    out: dict = {}
+    make_step(config, model, x, dy, _no_phase, out)(0)
+    return modes.step_results(model, out)
+
+
+def _no_phase(name: str):
+    return contextlib.nullcontext()
 
 
 def _device_kind(ctx) -> str:
@@ -136,6 +220,12 @@ def agree(ok: bool, device: str) -> bool:
     return bool(flag.item())
 
 
+def outputs_finite(ctx, out: dict) -> bool:
+    """True when the last timed step's output is finite on every rank."""
+    y = out.get("y")
+    return agree(y is None or bool(torch.isfinite(y).all()), ctx.device)
+
+
 def weights_finite(ctx, model) -> bool:
     """True when every parameter on every rank is finite (after timing: a timed step that diverged
     measured a different layer)."""
@@ -163,7 +253,7 @@ def routing_stats(ctx, model, moe, x) -> dict[str, float]:
     dist.all_reduce(counts)
     rank_rows = torch.zeros(ctx.world_size, dtype=torch.float64, device=counts.device)
     # rows the expert GEMMs run on: what this rank received (both systems), plus its replicas' rows
-    rank_rows[ctx.rank] = plan.recv_rows + sum(moe.last["kept"][e] for e in plan.hot)
+    rank_rows[ctx.rank] = plan.recv_rows + sum(plan.kept[e] for e in plan.hot)
     dist.all_reduce(rank_rows)
     dropped = torch.tensor([float((~routing.keep).sum())], dtype=torch.float64, device=counts.device)
     dist.all_reduce(dropped)
@@ -172,84 +262,6 @@ def routing_stats(ctx, model, moe, x) -> dict[str, float]:
             "dropped_tokens": float(dropped.item()),
             "computed_rows": float(rank_rows.sum().item()),
             "sent_rows": float(plan.send_rows)}
-
-
-def make_step(config, model, x, dy, phase):
-    """One step as the bench times it: zero_grad, forward, backward, SGD (forward only under no_grad
-    in eval); phase(name) is a context manager around the forward and the backward.
-
-    SGD runs with learning rate 0: the same kernels as any SGD step, but the weights stay those that
-    passed the reference check. The output gradient dy is fixed, i.e. the gradient of a linear loss,
-    which no learning rate > 0 keeps bounded: at the seeds' 1e-5 the outputs grow ~40x every 10
-    steps, fp16 overflows after ~70 steps at the seed config, the gate's logits turn NaN and every
-    token goes to one expert (step time x2.3 on 4 x H200, measuring a broken layer)."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-
-    def step(i: int) -> None:
-        if config.eval:
-            with torch.no_grad(), phase("forward"):
-                model(x)
-            return
-        opt.zero_grad(set_to_none=True)
-        with phase("forward"):
-            out = model(x)
-        with phase("backward"):
-            out.backward(dy)
-        opt.step()
-
-    return step
-
-
-def time_steps(ctx, config, model, moe, x, dy) -> dict[str, list[float]]:
-    """Per-step samples (ms, max over ranks): step_time, forward_time, backward_time, <phase>_time and
-    step_time_instrumented. Two passes of config.num_steps steps each: step, forward and backward
-    times come from steps without the layer's phase events, the phase breakdown from a second pass
-    with them. Every phase records two CUDA events and enters a Python context (about 15 a step),
-    host time that lengthens the step wherever the GPU waits on the host; the second pass's step
-    time is kept as step_time_instrumented so that this cost stays visible."""
-    device = _device_kind(ctx)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    plain, outer = _timed_pass(config, model, moe, x, dy, device, phases=False)
-    instrumented, timer = _timed_pass(config, model, moe, x, dy, device, phases=True)
-    samples = {"step_time": list(plain.samples_ms), "step_time_instrumented": list(instrumented.samples_ms)}
-    for name, values in outer.results_ms().items():  # forward, backward
-        samples[f"{name}_time"] = max_over_ranks(values)
-    for name, values in timer.results_ms().items():
-        if name in ("forward", "backward"):
-            continue
-        samples[f"{name}_time"] = max_over_ranks(values)
-        if name in PER_RANK_PHASES:
-            for r, row in enumerate(_every_rank(values, ctx)):
-                samples[f"{name}_time_rank{r}"] = [round(v, 6) for v in row]  # the seed's precision
-    return samples
-
-
-def _timed_pass(config, model, moe, x, dy, device: str, phases: bool):
-    """time_ranks over the steps with a PhaseTimer around forward and backward, and inside the layer
-    too when `phases`: (Timing of the steps, the PhaseTimer)."""
-    timer = PhaseTimer(device)
-    moe.timer = timer if phases else None
-    run = make_step(config, model, x, dy, timer.phase)
-
-    def step(i: int) -> None:
-        run(i)
-        timer.next_step()
-
-    try:
-        timing = time_ranks(step, steps=config.num_steps, warmup=config.warmup, device=device,
-                            on_warmup_end=timer.discard)
-    finally:
-        moe.timer = None
-    return timing, timer
-
-
-def _every_rank(values: list[float], ctx) -> list[list[float]]:
-    """Every rank's per-step list (one all_gather; all ranks time the same number of steps)."""
-    mine = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
-    dist.all_gather(out, mine)
-    return [t.tolist() for t in out]
 
 
 def block_stats(ctx, moe) -> dict[str, float]:

@@ -12,6 +12,8 @@ def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
     if config.device == "cuda" and visible_gpus is not None and config.world_size > visible_gpus:
         raise QbenchUsageError(f"--world-size {config.world_size} needs {config.world_size} GPUs but "
                                f"{visible_gpus} are visible; lower it or use --device cpu")
+    if config.execs and "graph" in config.execs and config.device != "cuda":
+        raise QbenchUsageError("--exec graph needs a CUDA device; on the CPU use eager or compile")
     if config.backend == "nccl" and config.device != "cuda":
         raise QbenchUsageError("--backend nccl needs --device cuda; use gloo on the CPU")
     for L in config.num_local_experts:

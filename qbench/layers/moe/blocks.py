@@ -75,6 +75,7 @@ class BlockPlan:
     recv_splits: list[int]  # host [W]: real rows this rank receives from each source
     remote_rows: int = -1  # host: rows any rank sends to another rank (0: every block is local everywhere)
     hot: list[int] = field(default_factory=list)  # replicated global experts (not in counts_all)
+    kept: list[int] = field(default_factory=list)  # host: this rank's kept assignments per expert
     cache: dict = field(default_factory=dict)  # per-transport derived tensors
 
     @property
@@ -118,7 +119,7 @@ def _host_values(small, W: int, extra):
 
 
 def _build_plan_kernels(counts_all, rank: int, L: int, B: int, extra):
-    from kernels.moe_route import block_counts, block_list
+    from kernels.moe_plan import block_counts, block_list
 
     W = counts_all.shape[0]
     src_off, firsts, offsets, small = block_counts(counts_all, rank, L, B)
@@ -226,13 +227,11 @@ class BlocksFunction(torch.autograd.Function):
         with cfg.phase("backward_ag"):
             dact, dY = transport.pull_matmul(dy_src.contiguous(), w2.transpose(1, 2), None, plan)
         with cfg.phase("backward_experts"):
-            from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_wgrad
+            from kernels.grouped_gemm import grouped_wgrad_bias
 
             dpre = _act_backward(dact, pre, act, cfg.activation)
-            grads = (grouped_matmul_wgrad(X, dpre, off, L, backend=backend),
-                     grouped_bias_grad(dpre, off, L, backend=backend),
-                     grouped_matmul_wgrad(act, dY, off, L, backend=backend),
-                     grouped_bias_grad(dY, off, L, backend=backend))
+            grads = (*grouped_wgrad_bias(X, dpre, off, L, backend=backend),
+                     *grouped_wgrad_bias(act, dY, off, L, backend=backend))
         with cfg.phase("backward_ga"):
             dx_src = transport.matmul_push(dpre, w1.transpose(1, 2), None, plan)
         if replicas is not None:
@@ -254,6 +253,11 @@ class BlocksMoELayer(MoELayer):
         self.transport, self.transport_reason = make_transport(transport, group, str(device), opts.gemm,
                                                                local_world_size)
 
+    def static_reason(self) -> str | None:
+        """Never static: the block list's length (and the transports' buffers) come from each step's
+        counts, read on the host once per step."""
+        return "the blocks system sizes its block list from each step's counts, on the host"
+
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
@@ -261,7 +265,7 @@ class BlocksMoELayer(MoELayer):
             routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False)
         with self._phase("plan"):
             plan, hot = self._plan(routing, rows, source)
-            self.last = {"routing": routing, "plan": plan, "kept": hot.kept}
+            self.last = {"routing": routing, "plan": plan}
         weights = (self.w1, self.b1, self.w2, self.b2)
         replicas = self._start_replicas(plan.hot)  # first: the broadcast runs beside what follows
         into = getattr(self.transport, "source_buffer", None)  # symm: gather straight into the pull buffer
@@ -294,7 +298,7 @@ class BlocksMoELayer(MoELayer):
             counts_all = counts_all.index_fill(1, hot_ids, 0)
             hot.hot_rows, hot.hot_offsets = plans.hot_rows(routing, hot_ids)
         plan, (hot.kept, hot_list) = build_plan(counts_all, self.rank, L, self.block_size, extra=(kept, hot_ids))
-        plan.hot = hot_list
+        plan.hot, plan.kept = hot_list, hot.kept
         if hot.rows is None:  # tensor-op path: rows from the plan's source offsets
             e, src_off = routing.flat_e, plan.src_off[self.rank]
             sent = routing.keep & (counts_all[self.rank][e] > 0)  # kept and not replicated

@@ -18,6 +18,9 @@ owners' weights (replicas.py: one broadcast per owner on a second communicator,
 started by the layer before the dispatch), after the local experts, while the combine is in flight;
 their gradients go home with one reduce per owner, started as soon as they exist, so that it overlaps
 the input-gradient path and the weight gradients.
+At world size 1 without replication nothing moves: `expert_ffn` (ExpertFFN) runs the FFN on the send
+buffer itself, no exchange and no copies; its arguments are tensors and strings only, so that
+torch.compile traces it with fullgraph (the kernels are custom ops there).
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.grouped_gemm import grouped_bias_grad, grouped_matmul_forward, grouped_matmul_wgrad
+from kernels.grouped_gemm import (
+    grouped_matmul_act,
+    grouped_matmul_act_grad,
+    grouped_matmul_forward,
+    grouped_wgrad_bias,
+)
 
 
 @dataclass
@@ -61,28 +69,29 @@ def _act_backward(grad, pre, act, activation: str, out=None):
 
 
 def ffn_forward(x, offsets, w1, b1, w2, b2, cfg: ExpertConfig, out=None):
-    """(pre, act, y) of the expert FFN; `out` = (pre, act, y) buffers to write into, or None."""
+    """(pre, act, y) of the expert FFN (the activation in the first product's epilogue); `out` =
+    (pre, act, y) buffers to write into, or None."""
     pre_o, act_o, y_o = out if out is not None else (None, None, None)
-    pre = grouped_matmul_forward(x, w1, offsets, b1, backend=cfg.backend, out=pre_o)
-    act = _act(pre, cfg.activation, act_o)
+    pre, act = grouped_matmul_act(x, w1, offsets, b1, cfg.activation, backend=cfg.backend,
+                                  out=None if out is None else (pre_o, act_o))
     return pre, act, grouped_matmul_forward(act, w2, offsets, b2, backend=cfg.backend, out=y_o)
 
 
 def ffn_input_grad(dy, pre, act, offsets, w1, w2, cfg: ExpertConfig, out=None):
-    """(dpre, dx) of ffn_forward for output gradient dy [rows, d]; out = (dpre, dx) buffers or None."""
+    """(dpre, dx) of ffn_forward for output gradient dy [rows, d] (the activation's backward in the
+    epilogue of dy @ w2^T: d act is never stored); out = (dpre, dx) buffers or None."""
     dpre_o, dx_o = out if out is not None else (None, None)
-    dact = grouped_matmul_forward(dy, w2.transpose(1, 2), offsets, backend=cfg.backend)
-    dpre = _act_backward(dact, pre, act, cfg.activation, dpre_o)
+    dpre = grouped_matmul_act_grad(dy, w2.transpose(1, 2), offsets, pre, cfg.activation, backend=cfg.backend,
+                                   out=dpre_o)
     return dpre, grouped_matmul_forward(dpre, w1.transpose(1, 2), offsets, backend=cfg.backend, out=dx_o)
 
 
 def ffn_weight_grads(x, act, dy, dpre, offsets, num_experts: int, cfg: ExpertConfig):
-    """(dw1, db1, dw2, db2) over every segment of `offsets` at once."""
+    """(dw1, db1, dw2, db2) over every segment of `offsets` at once (each bias gradient fused into its
+    weight gradient's pass over the output gradient)."""
     G, backend = num_experts, cfg.backend
-    return (grouped_matmul_wgrad(x, dpre, offsets, G, backend=backend),
-            grouped_bias_grad(dpre, offsets, G, backend=backend),
-            grouped_matmul_wgrad(act, dy, offsets, G, backend=backend),
-            grouped_bias_grad(dy, offsets, G, backend=backend))
+    return (*grouped_wgrad_bias(x, dpre, offsets, G, backend=backend),
+            *grouped_wgrad_bias(act, dy, offsets, G, backend=backend))
 
 
 def ffn_backward(dy, saved, offsets, w1, w2, cfg: ExpertConfig):
@@ -188,14 +197,46 @@ def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
     return ffn_backward(d_hot.contiguous(), (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
 
 
+def _make_expert_ffn():
+    import torch
+
+    class ExpertFFN(torch.autograd.Function):
+        """x [R, d] in segments (offsets [L + 1]: segment l uses expert l) -> y [R, d]; `timer` (a
+        PhaseTimer or None) times the backward as "backward_experts"."""
+
+        @staticmethod
+        def forward(ctx, x, w1, b1, w2, b2, offsets, activation: str, backend: str, timer):
+            cfg = ExpertConfig(activation, backend, None, None)
+            pre, act, y = ffn_forward(x, offsets, w1, b1, w2, b2, cfg)
+            ctx.save_for_backward(x, pre, act, offsets, w1, w2)
+            ctx.activation, ctx.backend, ctx.timer = activation, backend, timer
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, pre, act, offsets, w1, w2 = ctx.saved_tensors
+            cfg = ExpertConfig(ctx.activation, ctx.backend, None, ctx.timer)
+            with cfg.phase("backward_experts"):
+                grads = ffn_backward(dy.contiguous(), (x, pre, act), offsets, w1, w2, cfg)
+            return (*grads, None, None, None, None)
+
+    return ExpertFFN
+
+
 class _Lazy:
     cache: dict[str, Any] = {}
 
     @classmethod
     def get(cls, name: str):
         if name not in cls.cache:
-            cls.cache[name] = {"ep": _make_expert_parallel}[name]()
+            cls.cache[name] = {"ep": _make_expert_parallel, "ffn": _make_expert_ffn}[name]()
         return cls.cache[name]
+
+
+def expert_ffn(x, weights, offsets, activation: str, backend: str, timer=None):
+    """The expert FFN of rows x [R, d] in segments `offsets` [L + 1], differentiable in x and the
+    weights = (w1, b1, w2, b2); world size 1 (nothing moves)."""
+    return _Lazy.get("ffn").apply(x, *weights, offsets, activation, backend, timer)
 
 
 def expert_parallel(send, hot_x, weights, plan, hot_offsets, cfg: ExpertConfig, replicas=None):

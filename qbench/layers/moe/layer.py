@@ -8,6 +8,15 @@ Per rank: T tokens [T, d], E = L x W experts (L local, W ranks), top-k.
 Options: overlap degree D (chunked pipeline of dispatch / experts / combine), hot-expert replication
 (the N globally most-loaded experts computed locally on every rank with their owners' weights),
 grouped GEMM backend. Expert parameters carry `expert = True` so data parallelism can skip them.
+
+Static shapes (`static_reason()` is None): with padded capacity (cf > 0), or at world size 1 without
+capped capacity (dropless keeps all k * T assignments), and no replication, every buffer size and
+split size is known before the routing runs. Such a step has no host synchronisation: it runs ahead
+of the device, compiles with torch.compile(fullgraph=True) at world size 1 (the kernels are custom
+ops) and captures into a CUDA graph. Otherwise the host must read the step's plan once (dropless at
+world size > 1: the all-to-all's split sizes; capped capacity: the buffer sizes; replication: which
+experts are hot), so that part of the step stays eager, and capturing it raises with that reason.
+At world size 1 nothing is exchanged: the experts run on the send buffer (one chunk, whatever D).
 """
 
 from __future__ import annotations
@@ -17,11 +26,11 @@ import contextlib
 import torch
 from torch import nn
 
-from kernels._common import use_triton
+from kernels._common import is_compiling, use_triton
 from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position
 from qbench.layers.moe import plan as plans
-from qbench.layers.moe.experts import ExpertConfig, expert_parallel
+from qbench.layers.moe.experts import ExpertConfig, expert_ffn, expert_parallel
 from qbench.layers.moe.options import MoEOptions
 from qbench.layers.moe.replicas import Replicas
 from qbench.layers.moe.routing import Routing, capacity_limit, route
@@ -67,18 +76,48 @@ class MoELayer(nn.Module):
     def _phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 
+    def static_reason(self) -> str | None:
+        """Why this layer's step shapes depend on its routing (None: static; see the module docstring)."""
+        return plans.static_reason(self.opts.capacity_factor, self.opts.replicate_hot, self.world_size)
+
+    @property
+    def degree(self) -> int:
+        """Chunks of the step: the overlap degree, 1 at world size 1 (nothing to overlap)."""
+        return self.opts.overlap_degree if self.world_size > 1 else 1
+
     def forward(self, x):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         with self._phase("gate"):
-            one_chunk = self.opts.overlap_degree == 1 and self.opts.replicate_hot == 0
-            routing, rows, source = self._gate_route(x2, with_rows=one_chunk)
+            routing, rows, source = self._gate_route(x2, with_rows=self.degree == 1 and self.opts.replicate_hot == 0)
         with self._phase("plan"):
-            dplan = plans.prepare(routing, self.world_size, self.opts.overlap_degree, self.opts.replicate_hot,
-                                 self.group, rows, source, self.rank)
-            plan = plans.finish(dplan)  # the step's only host synchronisation
-            self.last = {"routing": routing, "plan": plan, "kept": plan.kept}
+            plan, dplan = self._step_plan(x2, routing, rows, source)
+            if not is_compiling():  # module state is not part of a compiled graph
+                self.last = {"routing": routing, "plan": plan}
+        if self.world_size == 1 and not plan.hot:
+            return self._local_experts(x2, routing, plan, dplan).reshape(shape)
         return self._experts(x2, routing, plan, dplan).reshape(shape)
+
+    def _step_plan(self, x2, routing, rows, source):
+        """(StepPlan, DevicePlan): without a host read where the shapes are static, else with the
+        step's one host synchronisation (refused inside a CUDA graph capture, with the reason)."""
+        reason = self.static_reason()
+        if reason is None:
+            return plans.static_plan(routing, self.world_size, self.opts.num_local_experts, self.degree, rows, source)
+        if x2.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"MoELayer cannot be captured in a CUDA graph: {reason}")
+        dplan = plans.prepare(routing, self.world_size, self.degree, self.opts.replicate_hot, self.group, rows,
+                              source, self.rank)
+        return plans.finish(dplan), dplan  # the step's only host synchronisation
+
+    def _local_experts(self, x2, routing, plan, dplan):
+        """World size 1 without replication: gather, expert FFN on the send buffer, combine."""
+        send = gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded, dplan.source)
+        with self._phase("experts"):
+            y = expert_ffn(send, (self.w1, self.b1, self.w2, self.b2), plan.offsets_all, self.opts.activation,
+                           self.opts.gemm, self.timer)
+        with self._phase("combine"):  # rows < 0 (dropped) add nothing
+            return _Combine.apply(y, dplan.rows, routing.weights, routing.padded)
 
     def _gate_route(self, x2, with_rows: bool, padded: bool | None = None):
         """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows

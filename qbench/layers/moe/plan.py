@@ -1,8 +1,11 @@
 """The per-step row plan of the all-to-all MoE layer (dispatch, expert segments, combine).
 
-The rows move with transport.A2AExchange. The plan of one step, for W ranks, L local experts, D
-chunks, is built on the device with tensor ops (no loops over experts or chunks) and read to the host
-once (the split sizes NCCL needs):
+The rows move with transport.A2AExchange. Where the step's shapes are static (`static_reason` gives
+None: padded capacity, or world size 1 without capped capacity, and no replication) the split sizes
+are known on the host without looking at the routing, and `static_plan` builds the plan without any
+host synchronisation, so the step can run ahead of the device, compile and graph-capture. Otherwise
+the plan of one step, for W ranks, L local experts, D chunks, is built on the device with tensor ops
+(no loops over experts or chunks) and read to the host once (the split sizes NCCL needs):
   seg[r, l]        rows this rank sends to rank r for its local expert l (0 for replicated experts);
                    one all_to_all of these [W * L] counts tells every rank what it receives
   parts(c, D)      a segment of c rows split into D nearly equal chunk parts
@@ -44,10 +47,17 @@ class ChunkPlan:
 class StepPlan:
     chunks: list[ChunkPlan]
     hot: list[int]  # replicated global expert ids (ordered)
-    kept: list[int]  # [E] kept assignments per expert on this rank
+    kept_counts: Any  # [E] kept assignments per expert on this rank: a host list, or (static plans) a
+    #                   device tensor read on the first use of `kept`, outside the step
     send_rows: int
     recv_rows: int
     offsets_all: Any  # int64 [D * W * L + 1] segment offsets of all chunks in the one receive buffer
+
+    @property
+    def kept(self) -> list[int]:
+        if not isinstance(self.kept_counts, list):
+            self.kept_counts = self.kept_counts.tolist()
+        return self.kept_counts
 
 
 @dataclass
@@ -77,12 +87,12 @@ def chunk_parts(counts, degree: int):
     return c // degree + (i < c % degree)
 
 
-def exchange_counts(seg, group=None):
+def exchange_counts(seg, group=None, world_size: int | None = None):
     """[W * L] rows we send per (rank, local expert) -> [W * L] rows we receive per (source, expert)."""
     import torch
     import torch.distributed as dist
 
-    if dist.get_world_size(group) == 1:
+    if world_size == 1 or dist.get_world_size(group) == 1:
         return seg
     recv = torch.empty_like(seg)
     dist.all_to_all_single(recv, seg, group=group)
@@ -182,9 +192,9 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
         hot_mask = torch.zeros(kept.shape, dtype=torch.bool, device=kept.device).index_fill_(0, hot_ids, True)
         seg = seg.masked_fill(hot_mask, 0)
         hot_r, hot_off = hot_rows(routing, hot_ids)
-    got = exchange_counts(seg, group)
+    got = exchange_counts(seg, group, world_size)
     if use_triton(seg):
-        from kernels.moe_route import plan_offsets
+        from kernels.moe_plan import plan_offsets
 
         splits, offsets, offsets_all = plan_offsets(seg, got, world_size, degree)
     else:
@@ -201,7 +211,7 @@ def _prepare_hot(routing, world_size: int, replicate_hot: int, group, rank: int)
     import torch
 
     from kernels.moe_hot import hot_plan
-    from kernels.moe_route import plan_offsets
+    from kernels.moe_plan import plan_offsets
 
     kept = routing.kept
     counts_all = gather_counts(kept, world_size, group)
@@ -210,6 +220,48 @@ def _prepare_hot(routing, world_size: int, replicate_hot: int, group, rank: int)
     splits, offsets, offsets_all = plan_offsets(hp.seg, hp.got, world_size, 1)
     return DevicePlan(hp.rows, hp.hot_rows, hp.hot_offsets, offsets, offsets_all,
                       torch.cat([splits, kept, hp.hot_ids]), 1, world_size, hp.source, hp.hot_source)
+
+
+def static_reason(capacity_factor: float, replicate_hot: int, world_size: int) -> str | None:
+    """Why a step's shapes depend on its routing, so that the host must read the plan (None: static,
+    and the step can run without a host synchronisation, compile with fullgraph and graph-capture)."""
+    if replicate_hot > 0:
+        return "hot-expert replication picks the replicated experts on the host every step"
+    if capacity_factor < 0:
+        return "capped capacity (capacity factor < 0) sizes the expert buffers from each step's counts"
+    if capacity_factor == 0 and world_size > 1:
+        return ("dropless routing: the host must learn each step's all-to-all split sizes "
+                "(a capacity factor > 0 pads every split to a fixed size)")
+    return None
+
+
+def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=None, source=None):
+    """(StepPlan, DevicePlan) of a step whose shapes do not depend on its routing, without a host read:
+    padded capacity (C rows per expert: every split holds L x C rows, chunk parts of C) or, at world
+    size 1, dropless routing (every one of the k * T assignments kept, k * T rows). rows/source: the
+    routing kernel's send rows and their tokens (one chunk), else built here with tensor ops."""
+    import torch
+
+    from kernels._common import use_triton
+
+    W, L, D, kept = world_size, local_experts, degree, routing.kept
+    cap = routing.capacity if routing.padded else None
+    if cap is None and W > 1:
+        raise ValueError(f"no static plan: {static_reason(0.0, 0, W)}")
+    if use_triton(kept):
+        from kernels.moe_plan import plan_offsets
+
+        _, offsets, offsets_all = plan_offsets(kept, kept, W, D, cap)
+    else:
+        offsets, offsets_all = segment_offsets(chunk_parts(kept if cap is None else torch.full_like(kept, cap), D))
+    if rows is None:
+        seg = kept if cap is None else torch.full_like(kept, cap)
+        rows = send_rows(routing, chunk_parts(seg, D), None)
+    per_rank = [L * p for p in parts(cap, D)] if cap is not None else [routing.flat_e.numel()]
+    chunks = [ChunkPlan([n] * W, [n] * W, offsets[i]) for i, n in enumerate(per_rank)]
+    total = W * sum(per_rank)
+    plan = StepPlan(chunks, [], kept, total, total, offsets_all)
+    return plan, DevicePlan(rows, None, None, offsets, offsets_all, None, D, W, source)
 
 
 def finish(dp: DevicePlan) -> StepPlan:

@@ -141,8 +141,8 @@ def check_layer(layer, x, dy) -> CheckResult:
     for name, p, want in zip(("w1", "b1", "w2", "b2"), (layer.w1, layer.b1, layer.w2, layer.b2), ref_experts):
         errors[name] = rel_error(p.grad, want)
     dropped = int((~routing.keep).sum())
-    hot_rows = sum(layer.last["kept"][e] for e in plan.hot)
-    expected = plan.send_rows + hot_rows if routing.padded else sum(layer.last["kept"])
+    hot_rows = sum(plan.kept[e] for e in plan.hot)
+    expected = plan.send_rows + hot_rows if routing.padded else sum(plan.kept)
     counts = torch.tensor([plan.send_rows, plan.recv_rows, plan.recv_rows + hot_rows, expected], device=x.device)
     if layer.world_size > 1:
         dist.all_reduce(counts, group=layer.group)

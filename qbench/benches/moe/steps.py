@@ -1,0 +1,122 @@
+"""Training steps of `qbench moe` and their timing (every rank runs the same steps).
+
+  make_step   zero_grad, forward, backward, SGD (lr 0); phase(name) wraps the forward and the backward;
+              the step keeps its output (for the finiteness check after timing)
+  time_steps  an eager step in two passes: steps without the layer's phase events (step, forward and
+              backward times), then steps with them (the phase breakdown and step_time_instrumented)
+  time_plain  one pass of any step (compiled: with forward / backward phases; graph replays: none)
+  host_ms     CPU time spent issuing one step (qbench.timing.host_time), the most of any rank
+Samples are per step, in ms, the maximum over ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from qbench.timing import PhaseTimer, host_time, max_over_ranks, time_ranks
+
+PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
+HOST_REPEAT = 20  # steps whose host time is sampled (at most the timed steps)
+
+
+def make_step(config, model, x, dy, phase, out: dict | None = None, reset: bool = True):
+    """One step as the bench times it: zero_grad (unless `reset` is False: a graph capture drops the
+    gradients outside it), forward, backward, SGD (forward only under no_grad in eval); phase(name) is a
+    context manager around the forward and the backward; out["y"] keeps the step's output. The step's
+    optimizer is `step.optimizer`.
+
+    SGD runs with learning rate 0: the same kernels as any SGD step, but the weights stay those that
+    passed the reference check. The output gradient dy is fixed, i.e. the gradient of a linear loss,
+    which no learning rate > 0 keeps bounded: at the seeds' 1e-5 the outputs grow ~40x every 10
+    steps, fp16 overflows after ~70 steps at the seed config, the gate's logits turn NaN and every
+    token goes to one expert (step time x2.3 on 4 x H200, measuring a broken layer)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    out = {} if out is None else out
+
+    def step(i: int) -> None:
+        if config.eval:
+            with torch.no_grad(), phase("forward"):
+                out["y"] = model(x)
+            return
+        if reset:
+            opt.zero_grad(set_to_none=True)
+        with phase("forward"):
+            out["y"] = model(x)
+        with phase("backward"):
+            out["y"].backward(dy)
+        opt.step()
+
+    step.optimizer = opt
+    return step
+
+
+def time_steps(ctx, config, model, moe, x, dy, out: dict) -> dict[str, list[float]]:
+    """Per-step samples (ms, max over ranks) of an eager step: step_time, forward_time, backward_time,
+    <phase>_time and step_time_instrumented. Two passes of config.num_steps steps each: step, forward
+    and backward times come from steps without the layer's phase events, the phase breakdown from a
+    second pass with them. Every phase records two CUDA events and enters a Python context (about 15 a
+    step), host time that lengthens the step wherever the GPU waits on the host; the second pass's
+    step time is kept as step_time_instrumented so that this cost stays visible."""
+    if ctx.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    samples = time_plain(ctx, config, model, moe, x, dy, out)
+    instrumented, timer = _timed_pass(ctx, config, model, moe, x, dy, out, phases=True)
+    samples["step_time_instrumented"] = list(instrumented.samples_ms)
+    for name, values in timer.results_ms().items():
+        if name in ("forward", "backward"):
+            continue
+        samples[f"{name}_time"] = max_over_ranks(values)
+        if name in PER_RANK_PHASES:
+            for r, row in enumerate(_every_rank(values, ctx)):
+                samples[f"{name}_time_rank{r}"] = [round(v, 6) for v in row]  # the seed's precision
+    return samples
+
+
+def time_plain(ctx, config, model, moe, x, dy, out: dict, step=None) -> dict[str, list[float]]:
+    """step_time (and forward_time / backward_time where the step has those phases) of one pass; `step`:
+    a ready step(i) (a graph replay), else make_step's step of `model`."""
+    timing, timer = _timed_pass(ctx, config, model, moe, x, dy, out, phases=False, step=step)
+    samples = {"step_time": list(timing.samples_ms)}
+    for name, values in timer.results_ms().items():  # forward, backward
+        samples[f"{name}_time"] = max_over_ranks(values)
+    return samples
+
+
+def _timed_pass(ctx, config, model, moe, x, dy, out: dict, phases: bool, step=None):
+    """time_ranks over the steps with a PhaseTimer around forward and backward, and inside the layer
+    too when `phases`: (Timing of the steps, the PhaseTimer)."""
+    device = _device_kind(ctx)
+    timer = PhaseTimer(device)
+    moe.timer = timer if phases else None
+    run = step or make_step(config, model, x, dy, timer.phase, out)
+
+    def timed(i: int) -> None:
+        run(i)
+        timer.next_step()
+
+    try:
+        timing = time_ranks(timed, steps=config.num_steps, warmup=config.warmup, device=device,
+                            on_warmup_end=timer.discard)
+    finally:
+        moe.timer = None
+    return timing, timer
+
+
+def host_ms(ctx, config, step) -> float:
+    """Median CPU time (ms) spent issuing one step, the most of any rank (every rank runs as many)."""
+    repeat = max(1, min(config.num_steps, HOST_REPEAT))
+    local = host_time(lambda: step(0), device=_device_kind(ctx), warmup=1, repeat=repeat).median
+    return max(max_over_ranks([local]))
+
+
+def _every_rank(values: list[float], ctx) -> list[list[float]]:
+    """Every rank's per-step list (one all_gather; all ranks time the same number of steps)."""
+    mine = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    out = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]
+
+
+def _device_kind(ctx) -> str:
+    return "cuda" if ctx.device.startswith("cuda") else "cpu"

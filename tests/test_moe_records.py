@@ -1,0 +1,81 @@
+"""Honest `qbench moe` records: the drift rule, non-finite runs, and the execution modes' refusals."""
+
+import pytest
+import torch
+
+from qbench import timing
+from qbench.benches.moe import MoEBenchConfig, modes, plan
+from qbench.benches.moe.rank import record_of
+from qbench.layers.moe import MoELayer, MoEOptions
+
+CONFIG = MoEBenchConfig(world_size=1, backend="gloo", device="cpu", dtype="fp32", model_dim=16, hidden_size=24,
+                        samples=32, num_steps=40, warmup=1, execs=("eager", "compile"))
+CASE = dict(num_local_experts=2, a2a_ffn_overlap_degree=1, replicate_hot=0, routing="randn", gemm="auto",
+            locality=None, system="a2a")
+STATS = {"expert_load_max_over_mean": 1.0, "rank_load_max_over_mean": 1.0, "dropped_tokens": 0.0,
+         "computed_rows": 64.0, "sent_rows": 64.0}
+DETAIL = "max error 1.00e-06 in out (tolerance 0.0001); dropped 0 vs 0; rows {}"
+
+
+def _steps(first: float, last: float, n: int = 40) -> list[float]:
+    """n step times rising linearly from `first` to `last` ms, with a little alternating noise."""
+    return [first + (last - first) * i / (n - 1) + (0.01 if i % 2 else -0.01) for i in range(n)]
+
+
+def _record(samples: list[float], finite: bool = True) -> dict:
+    params = {"exec": "eager", "world_size": 1}
+    extra = {"peak_memory_mb": None, "host_ms": 0.5}
+    return record_of(CONFIG, CASE, params, 1, {"step_time": samples}, dict(STATS), extra, DETAIL, "cpu", finite)
+
+
+def test_drift_compares_the_last_tenth_with_the_first():
+    assert timing.drift(_steps(1.0, 1.0)) == pytest.approx(0.0, abs=0.02)
+    assert timing.drift(_steps(1.0, 1.5)) == pytest.approx(0.45, abs=0.03)  # tenths' medians: ~1.03 and ~1.49
+    assert timing.drift(_steps(1.0, 1.5, n=timing.DRIFT_MIN_SAMPLES - 1)) is None  # too few to tell from noise
+    assert timing.drift_error(_steps(1.0, 1.1)) is None  # 9% slower: within the 20% limit
+    assert "drifted" in timing.drift_error(_steps(1.0, 1.5))
+
+
+def test_a_drifting_run_records_an_error_never_ok():
+    steady = _record(_steps(2.0, 2.1))
+    assert steady["status"] == "ok" and steady["metrics"]["step_time"] > 0 and steady["metrics"]["host_ms"] == 0.5
+    drifting = _record(_steps(2.0, 3.0))
+    assert drifting["status"] == "error", "a run 45% slower at its end was recorded as ok"
+    assert "drifted" in drifting["error"] and drifting["samples"]["step_time"], drifting["error"]
+
+
+def test_a_diverged_run_records_an_error():
+    record = _record(_steps(2.0, 2.0), finite=False)
+    assert record["status"] == "error" and "not finite" in record["error"] and not record["metrics"]
+
+
+def _layer(cf: float, world_size: int, hot: int = 0) -> MoELayer:
+    opts = MoEOptions(16, 24, 2, 2, capacity_factor=cf, replicate_hot=hot)
+    return MoELayer(opts, rank=0, world_size=world_size, dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("mode, cf, world_size, hot, model, words", [
+    ("graph", 0.0, 2, 0, "layer", "dropless routing: the host must learn"),
+    ("graph", -0.5, 1, 0, "layer", "capped capacity"),
+    ("compile", 1.0, 1, 1, "layer", "replication"),
+    ("compile", 1.0, 2, 0, "layer", "world-size-1"),
+    ("graph", 1.0, 1, 0, "attn-moe", "DistributedDataParallel"),
+    ("graph", 1.0, 2, 0, "layer", None),  # fixed capacity: static at any world size
+    ("graph", 0.0, 1, 0, "layer", None),  # world size 1: dropless keeps all k * T rows, static
+    ("compile", 0.5, 1, 0, "layer", None),
+    ("eager", 0.0, 2, 3, "attn-moe", None),
+])
+def test_modes_say_why_they_cannot_run(mode, cf, world_size, hot, model, words):
+    config = MoEBenchConfig(world_size=world_size, backend="gloo", device="cpu", model=model, capacity_factor=cf)
+    reason = modes.refusal(mode, config, _layer(cf, world_size, hot), world_size)
+    if words is None:
+        assert reason is None, reason
+    else:
+        assert reason is not None and words in reason and "\n" not in reason, reason
+
+
+def test_the_plan_has_one_item_per_case_and_mode():
+    items = plan(MoEBenchConfig(world_size=1, backend="gloo", device="cpu", num_local_experts=(2, 4),
+                                execs=("eager", "compile", "graph")))
+    assert [(i["num_local_experts"], i["exec"]) for i in items] == [
+        (L, m) for L in (2, 4) for m in ("eager", "compile", "graph")]

@@ -179,10 +179,12 @@ def device_option(fn):
 EXECS = ("eager", "compile", "graph")
 
 
-def exec_option(fn):
-    """--exec: the ways a layer runs in training (eager, torch.compile, CUDA-graph replay)."""
-    return click.option(
-        "--exec", "execs", callback=callback(parse_names(EXECS)),
-        help="Execution modes, e.g. eager,compile,graph. [default: all the device supports (GPU: all three; "
-             "CPU: eager)]",
-    )(fn)
+def exec_option(fn=None, *, default: str = "all the device supports (GPU: all three; CPU: eager)"):
+    """--exec: the ways a layer runs in training (eager, torch.compile, CUDA-graph replay); `default`
+    says what the bench runs without it."""
+
+    def add(f):
+        return click.option("--exec", "execs", callback=callback(parse_names(EXECS)),
+                            help=f"Execution modes, e.g. eager,compile,graph. [default: {default}]")(f)
+
+    return add(fn) if fn is not None else add

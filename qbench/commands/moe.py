@@ -81,7 +81,7 @@ OPTIONS = [
 
 
 def _options(fn):
-    for option in reversed([*OPTIONS, exec_option, out_options]):
+    for option in reversed([*OPTIONS, exec_option(default="eager (see benches/moe/config.py)"), out_options]):
         fn = option(fn)
     return fn
 

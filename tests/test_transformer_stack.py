@@ -11,7 +11,7 @@ import torch
 from qbench.benches.switchback import model as bench
 from qbench.benches.switchback import model_steps as ms
 from qbench.benches.switchback.model_run import REL_ERROR
-from qbench.commands.switchback_block import BLOCK_VARIANTS
+from qbench.commands.switchback_options import BLOCK_VARIANTS
 from qbench.layers import transformer as tf
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import click
 
-from qbench.commands.switchback_block import KERNEL_VARIANTS, check_flags, variants_of
-from qbench.commands.switchback_options import switchback_options
+from qbench.commands.switchback_options import KERNEL_VARIANTS, check_flags, switchback_options, variants_of
 
 EPILOG = """\b
 Examples:

@@ -1,10 +1,10 @@
-"""The options of `qbench switchback` (the layer bench, --model and --train-check share them)."""
+"""The options of `qbench switchback` (the layer bench, --model and --train-check share them), and the
+checks that keep the layer bench's flags and the block paths' apart."""
 
 from __future__ import annotations
 
 import click
 
-from qbench.commands.switchback_block import KERNEL_VARIANTS, block_options
 from qbench.options import (
     FiniteFloat,
     callback,
@@ -12,10 +12,78 @@ from qbench.options import (
     dtype_option,
     exec_option,
     out_options,
+    parse_names,
     parse_pairs,
     parse_positive_ints,
     repeat_option,
 )
+
+KERNEL_VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "int8_cublas", "module")  # = sweep.VARIANTS
+BLOCK_VARIANTS = ("16bit", "switchback", "fp8", "fp8_all", "torchao")  # = benches.switchback.model.VARIANTS
+MODEL_PRESETS = ("vit-h", "vit-l", "gpt2-xl")  # shown in help; a hidden test size "tiny" exists too
+TRAIN_SIZES = ("lm-small", "lm-tiny")
+
+
+def block_options(fn):
+    """--model, --layers, --train-check, --steps, --format."""
+    for option in reversed((
+        click.option("--model", "models", callback=callback(_split_names),
+                     help=f"Time a training step of a block stack instead of one layer: {', '.join(MODEL_PRESETS)} "
+                          f"(comma list). With --train-check: {', '.join(TRAIN_SIZES)}."),
+        click.option("--layers", type=click.IntRange(min=1),
+                     help="Blocks in the stack. [default: 4 on a GPU (fits, compiles in about a minute), 1 on "
+                          "the CPU; --train-check: the size's own]"),
+        click.option("--train-check", is_flag=True,
+                     help="Train a tiny decoder on a synthetic Markov chain with each variant; report loss curves "
+                          "and the final-loss gap to 16-bit and to the chain's entropy."),
+        click.option("--steps", type=click.IntRange(min=1),
+                     help="--train-check training steps. [default: 600 (lm-small), 60 (lm-tiny)]"),
+        click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
+                     help="'seed' also writes <run>/info.jsonl in the original benchmark's format (layer bench)."),
+    )):
+        fn = option(fn)
+    return fn
+
+
+def _split_names(value):
+    """'vit-h,vit-l' -> ('vit-h', 'vit-l'); the names are checked by the path that uses them."""
+    if value is None or isinstance(value, tuple):
+        return value
+    items = tuple(v.strip() for v in value.split(","))
+    if not all(items):
+        raise click.BadParameter(f"{value!r} has an empty item; give names like vit-h,vit-l")
+    return items
+
+
+def check_flags(flags: dict) -> None:
+    """One-line usage errors for flags that belong to another path."""
+    block = flags["models"] or flags["train_check"]
+    if block and (flags["dims"] or flags["pairs"]):
+        raise click.UsageError("--dims/--pairs size the layer bench; --model/--train-check use presets")
+    if not block and (flags["layers"] or flags["steps"]):
+        raise click.UsageError("--layers and --steps apply to --model or --train-check")
+    if flags["steps"] and not flags["train_check"]:
+        raise click.UsageError("--steps applies to --train-check (--model times steps: use --repeat)")
+    if block and flags["fmt"] == "seed":
+        raise click.UsageError("--format seed writes the layer bench's info.jsonl; drop --model/--train-check")
+    if flags["train_check"] and (flags["execs"] or flags["repeat"]):
+        raise click.UsageError("--train-check trains eagerly and times nothing: drop --exec/--repeat")
+
+
+def variants_of(value: str | None, choices: tuple[str, ...]) -> tuple[str, ...]:
+    if value is None:
+        return choices
+    try:
+        return parse_names(choices)(value)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint="--variants") from None
+
+
+def one_of(names, choices, flag: str) -> tuple[str, ...]:
+    unknown = [n for n in names or () if n not in choices]
+    if unknown:
+        raise click.BadParameter(f"unknown {unknown[0]}; choose from {', '.join(choices)}", param_hint=flag)
+    return names
 
 
 def switchback_options(fn):

@@ -214,6 +214,13 @@ def record_pick(kernel: str, key, config: dict | None) -> None:
         PICKS.note(kernel, key, config)
 
 
+def best_tile(autotuner) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_stages, num_warps) the autotuner picked last."""
+    best = autotuner.best_config
+    bm, bn, bk = (best.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    return bm, bn, bk, best.kwargs["GROUP_M"], best.num_stages, best.num_warps
+
+
 def config_dict(config) -> dict:
     """A triton.Config as a plain dict (its kwargs, num_warps, num_stages)."""
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}

@@ -22,7 +22,16 @@ import triton
 import triton.language as tl
 
 from kernels import switchback_matmul_tma as tma
-from kernels._common import LaunchCache, aligned, dequantize_tile, interpreting, is_compiling, register_op, use_triton
+from kernels._common import (
+    LaunchCache,
+    aligned,
+    best_tile,
+    dequantize_tile,
+    interpreting,
+    is_compiling,
+    register_op,
+    use_triton,
+)
 
 QMAX_SQUARED = 127.0 * 127.0
 
@@ -140,9 +149,7 @@ def _first_launch(args, per_column, has_bias, config):
     if config is None:
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
         compiled = _autotuned[grid](*args, **flags)
-        best = _autotuned.best_config
-        bm, bn, bk = (best.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-        group, stages, warps = best.kwargs["GROUP_M"], best.num_stages, best.num_warps
+        bm, bn, bk, group, stages, warps = best_tile(_autotuned)
     else:
         bm, bn, bk, stages, warps = config
         group = 8

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._common import LaunchCache, aligned, dequantize_tile
+from kernels._common import LaunchCache, aligned, best_tile, dequantize_tile
 
 
 @triton.jit
@@ -122,9 +122,7 @@ def _first_launch(a, b, c, tail, per_column, has_bias, config):
                  TensorDescriptor.from_tensor(c, [1, 8]))
         grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
         compiled = _autotuned[grid](*descs, *tail, **flags)
-        best = _autotuned.best_config
-        bm, bn, bk = (best.kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
-        group, stages, warps = best.kwargs["GROUP_M"], best.num_stages, best.num_warps
+        bm, bn, bk, group, stages, warps = best_tile(_autotuned)
     else:
         bm, bn, bk, stages, warps = config
         group = 8

@@ -69,3 +69,19 @@ def torch_dtype(dtype):
     if name not in ACTIVATION_DTYPES:
         raise ValueError(f"{dtype!r} is not an activation dtype; choose from {', '.join(ACTIVATION_DTYPES)}")
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+# Metric-name conventions shared by the benches: a suffix names the unit, a prefix the kind of ratio.
+_SUFFIXES = (("_ms", MS), ("_mb", MB), ("_tflops", TFLOPS), ("_tops", TOPS), ("_gbps", GBPS))
+_PREFIXES = (("speedup_", SPEEDUP), ("pct_saved_", PERCENT_SAVED), ("relerr_", REL_ERROR))
+
+
+def by_name(name: str) -> str | None:
+    """The unit a metric's name declares by the shared conventions, or None (the bench decides)."""
+    for suffix, unit in _SUFFIXES:
+        if name.endswith(suffix):
+            return unit
+    for prefix, unit in _PREFIXES:
+        if name.startswith(prefix):
+            return unit
+    return None

@@ -136,18 +136,8 @@ def step_flop(case: Case) -> float:
 
 
 def units_of(metrics: dict) -> dict:
-    def unit(name: str) -> str:
-        if name.endswith("_ms"):
-            return units.MS
-        if name.endswith("_mb"):
-            return units.MB
-        if name.startswith("speedup_"):
-            return units.SPEEDUP
-        if name.startswith("relerr_"):
-            return units.REL_ERROR
-        return {"tokens_per_s": units.TOKENS_PER_S, "model_tflops": units.TFLOPS}.get(name, units.SHARE)
-
-    return {name: unit(name) for name in metrics}
+    special = {"tokens_per_s": units.TOKENS_PER_S, "model_tflops": units.TFLOPS}
+    return {name: special.get(name) or units.by_name(name) or units.SHARE for name in metrics}
 
 
 def record(case: Case, config: ModelConfig, variant: str, exec: str, metrics=None, samples=None,

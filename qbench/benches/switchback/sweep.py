@@ -181,20 +181,11 @@ def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig)
 
 
 def units_of(metrics: dict) -> dict:
+    special = {"repeat": units.COUNT, "roofline_fraction": units.FRACTION_OF_ROOFLINE}
+
     def unit(name: str) -> str:
-        for suffix, u in (("_tflops", units.TFLOPS), ("_tops", units.TOPS), ("_gbps", units.GBPS)):
-            if name.endswith(suffix):
-                return u
-        if name.startswith("speedup_"):
-            return units.SPEEDUP
-        if name.startswith("pct_saved_"):
-            return units.PERCENT_SAVED
-        if name.startswith("relerr_"):
-            return units.REL_ERROR
         if name.startswith("module_kernel_ratio_"):
             return units.SPEEDUP
-        if name == "repeat":
-            return units.COUNT
-        return units.FRACTION_OF_ROOFLINE if name == "roofline_fraction" else units.MS
+        return special.get(name) or units.by_name(name) or units.MS
 
     return {name: unit(name) for name in metrics}

@@ -129,3 +129,14 @@ def test_capture_of_a_step_that_reads_its_plan_says_why():
     with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph: capped capacity"):
         with torch.cuda.graph(graph):
             layer(x)
+
+
+def test_layer_keeps_no_autograd_graph_after_its_step():
+    """What the layer keeps of its last step (for the bench's statistics) holds no autograd graph: a kept
+    graph keeps the step's AccumulateGrad nodes, so that the next backward joins their stream (a sync
+    in eager, a failed CUDA-graph capture)."""
+    layer = _layer(1.0, torch.float32)
+    x, dy = _inputs(37, 16, torch.float32)
+    _step(layer, layer, x, dy)
+    assert layer.last["routing"].weights.grad_fn is None
+    assert layer.last["routing"].weights.requires_grad is False

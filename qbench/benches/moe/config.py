@@ -14,9 +14,9 @@ GEMMS = ("auto", "triton", "torch", "reference")  # grouped GEMM backends (kerne
 SYSTEMS = ("a2a", "blocks")
 TRANSPORTS = ("auto", "symm", "symm-fused-ga", "symm-fused", "a2a")  # blocks: qbench/layers/moe/transport.py
 EXECS = ("eager", "compile", "graph")  # execution modes (modes.py); the CPU runs eager and compile only
-# Eager unless asked: on one H200 (torch 2.11) the graph capture of the world-size-1 step failed
-# (cudaErrorStreamCaptureInvalidated) and the compiled step was slower than eager
-# (results/moe-h200-ws1), so a default run must not end in an error record or a slower mode.
+# Eager unless asked: the compiled step was slower than eager on one H200 (results/moe-h200-ws1), and
+# the graph mode, which captures at world size 1 on an H200, has not been run at world size > 1 (where
+# the capture holds NCCL collectives), so a default run must not end in an error record.
 DEFAULT_EXECS = ("eager",)
 KERNEL_BENCHES = ("grouped",)  # --kernels: kernel timings instead of the layer (grouped.py)
 GPU_SIZES = {"model_dim": 1024, "hidden_size": 4096, "num_steps": 100, "warmup": 10}  # the seed config

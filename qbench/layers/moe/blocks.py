@@ -265,7 +265,7 @@ class BlocksMoELayer(MoELayer):
             routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False)
         with self._phase("plan"):
             plan, hot = self._plan(routing, rows, source)
-            self.last = {"routing": routing, "plan": plan}
+            self.last = {"routing": routing.detached(), "plan": plan}
         weights = (self.w1, self.b1, self.w2, self.b2)
         replicas = self._start_replicas(plan.hot)  # first: the broadcast runs beside what follows
         into = getattr(self.transport, "source_buffer", None)  # symm: gather straight into the pull buffer

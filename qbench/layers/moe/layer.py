@@ -93,7 +93,7 @@ class MoELayer(nn.Module):
         with self._phase("plan"):
             plan, dplan = self._step_plan(x2, routing, rows, source)
             if not is_compiling():  # module state is not part of a compiled graph
-                self.last = {"routing": routing, "plan": plan}
+                self.last = {"routing": routing.detached(), "plan": plan}
         if self.world_size == 1 and not plan.hot:
             return self._local_experts(x2, routing, plan, dplan).reshape(shape)
         return self._experts(x2, routing, plan, dplan).reshape(shape)

@@ -21,7 +21,7 @@ drawn other rank, the expert uniform within that rank (among those the token has
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +156,13 @@ class Routing:
     kept: Any  # [E] assignments per expert after capacity
     capacity: int | None  # rows per expert (None: dropless)
     padded: bool  # buffers padded to `capacity` (cf > 0)
+
+    def detached(self) -> "Routing":
+        """The same routing with weights cut from the autograd graph: what a layer may keep after its
+        step. Kept with its graph, it would keep the step's AccumulateGrad nodes alive, and the next
+        backward would then join their (earlier) stream: an eager step pays a sync, and a CUDA-graph
+        capture fails ("operation would make the legacy stream depend on a capturing blocking stream")."""
+        return replace(self, weights=self.weights.detach())
 
 
 def route(logits, k: int, capacity_factor: float, forced=None) -> Routing:

@@ -157,7 +157,7 @@ class Routing:
     capacity: int | None  # rows per expert (None: dropless)
     padded: bool  # buffers padded to `capacity` (cf > 0)
 
-    def detached(self) -> "Routing":
+    def detached(self) -> Routing:
         """The same routing with weights cut from the autograd graph: what a layer may keep after its
         step. Kept with its graph, it would keep the step's AccumulateGrad nodes alive, and the next
         backward would then join their (earlier) stream: an eager step pays a sync, and a CUDA-graph

@@ -200,7 +200,7 @@ def _call(name: str, eager, *args):
 
 def quantize_rowwise(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
     """X [M, K] -> (Xq [M, K], s [M] fp32)."""
-    return _call("rowwise", _op_rowwise, x, format)
+    return _OPS["rowwise"](x, format) if is_compiling() else _quantize_rowwise(x, format)
 
 
 def quantize_global(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,7 +216,7 @@ def quantize_global_transpose(w: torch.Tensor, format: str = "int8") -> tuple[to
 def quantize_global_both(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """W [N, K] -> (Wq [N, K], Wq^T [K, N], s [1]) from one read of W: the forward's and the
     grad-input's operands of a SwitchBack-global training step."""
-    return _call("global_both", _op_global_both, w, format)
+    return _OPS["global_both"](w, format) if is_compiling() else _op_global_both(w, format)
 
 
 def quantize_columnwise_transpose(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,6 +18,8 @@ the write of W^T are coalesced. At least 5 bytes per element cross HBM when W do
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -111,7 +113,7 @@ def _strip_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, N, K, P, ROWS_PER_PROGR
 # ---------------------------------------------------------------------------------------- launchers
 
 _SM_COUNTS: dict[int, int] = {}
-_PLANS: dict[tuple, tuple] = {}
+_PLANS: dict[tuple, _Plan] = {}
 _PHASE1 = LaunchCache("switchback_weight_absmax")
 _PHASE2 = LaunchCache("switchback_weight_strips")
 
@@ -126,9 +128,24 @@ def sm_count(device: torch.device) -> int:
     return _SM_COUNTS[index]
 
 
-def _plan(N: int, K: int, per_column: bool, transposed: bool, sms: int) -> tuple:
-    """(block_n, block_k, strips, splits, rows per program, phase-1 parts). Transposed outputs use
-    128 x 64 tiles (128-byte rows of W^T written, 128-byte rows of W read), the plain layout 32 x 128."""
+class _Plan(NamedTuple):
+    """The launch geometry of one weight shape, computed once (triton.cdiv and friends cost host time
+    on every call): phase-2 tiles and programs, and phase 1's partial maxima."""
+
+    block_n: int
+    block_k: int
+    strips: int  # column strips of phase 2 (grid dim 0)
+    splits: int  # row splits of phase 2 (grid dim 1)
+    rows: int  # rows per phase-2 program
+    parts: int  # partial maxima phase 1 writes: [parts] (global) or [parts, K] (per column)
+    block_p: int  # next power of two of parts (phase 2 reduces them in one tile)
+    grid1: tuple  # phase 1's grid
+    per_program: int  # global phase 1: ABSMAX_BLOCK blocks per program
+
+
+def _plan(N: int, K: int, per_column: bool, transposed: bool, sms: int) -> _Plan:
+    """Transposed outputs use 128 x 64 tiles (128-byte rows of W^T written, 128-byte rows of W read), the
+    plain layout 32 x 128."""
     key = (N, K, per_column, transposed, sms)
     if key not in _PLANS:
         block_n, block_k = (128, 64) if transposed else (32, 128)
@@ -138,29 +155,32 @@ def _plan(N: int, K: int, per_column: bool, transposed: bool, sms: int) -> tuple
         splits = max(1, min(triton.cdiv(N, block_n), triton.cdiv(PROGRAMS_PER_SM * sms, strips)))
         rows = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
         splits = triton.cdiv(N, rows)
-        parts = splits if per_column else min(2 * sms, triton.cdiv(N * K, ABSMAX_BLOCK))
-        _PLANS[key] = (block_n, block_k, strips, splits, rows, parts)
+        if per_column:
+            parts, grid1, per_program = splits, (strips, splits), 0
+        else:
+            blocks = triton.cdiv(N * K, ABSMAX_BLOCK)
+            per_program = triton.cdiv(blocks, min(2 * sms, blocks))
+            parts = triton.cdiv(blocks, per_program)  # rounding can leave fewer programs than 2 * sms
+            grid1 = (parts,)
+        _PLANS[key] = _Plan(block_n, block_k, strips, splits, rows, parts, triton.next_power_of_2(parts), grid1,
+                            per_program)
     return _PLANS[key]
 
 
-def _partial_maxima(w: torch.Tensor, per_column: bool, plan: tuple) -> torch.Tensor:
-    """Phase 1: [P] fp32 maxima (global) or [splits, K] (columnwise)."""
+def _partial_maxima(w: torch.Tensor, per_column: bool, plan: _Plan) -> torch.Tensor:
+    """Phase 1: [parts] fp32 maxima (global) or [splits, K] (columnwise)."""
     N, K = w.shape
-    block_n, block_k, strips, splits, rows, parts = plan
     if per_column:
-        part = torch.empty((splits, K), dtype=torch.float32, device=w.device)
-        args, consts, grid = (w, part, N, K, rows), (min(64, block_n), block_k), (strips, splits)
-        kernel = _colmax_kernel
+        part = torch.empty((plan.parts, K), dtype=torch.float32, device=w.device)
+        args, consts, kernel = (w, part, N, K, plan.rows), (min(64, plan.block_n), plan.block_k), _colmax_kernel
     else:
-        blocks = triton.cdiv(N * K, ABSMAX_BLOCK)
-        per_program = triton.cdiv(blocks, parts)
-        grid = (triton.cdiv(blocks, per_program),)  # rounding can leave fewer programs than `parts`
-        part = torch.empty(grid[0], dtype=torch.float32, device=w.device)
-        args, consts, kernel = (w, part, N * K), (ABSMAX_BLOCK, per_program), _absmax_kernel
+        part = torch.empty(plan.parts, dtype=torch.float32, device=w.device)
+        args, consts, kernel = (w, part, N * K), (ABSMAX_BLOCK, plan.per_program), _absmax_kernel
 
     def first():
         warps = 4 if per_column else 8
-        return kernel[grid](*args, *consts, num_warps=warps), grid, consts, {"grid": list(grid), "num_warps": warps}
+        compiled = kernel[plan.grid1](*args, *consts, num_warps=warps)
+        return compiled, plan.grid1, consts, {"grid": list(plan.grid1), "num_warps": warps}
 
     _PHASE1.launch((N, K, per_column, w.dtype, aligned(w, part), w.device), args, first)
     return part
@@ -177,15 +197,14 @@ def quantize_strips(w: torch.Tensor, per_column: bool, plain: bool, transposed: 
         return q, qt, s.zero_()
     plan = _plan(N, K, per_column, transposed, sm_count(w.device))
     part = _partial_maxima(w, per_column, plan)
-    block_n, block_k, strips, splits, rows, _ = plan
-    p = part.shape[0]
-    args = (w, part, s, q if plain else s, qt if transposed else s, N, K, p, rows)
-    consts = (block_n, block_k, triton.next_power_of_2(p), per_column, plain, transposed, *format_consts(format))
+    args = (w, part, s, q if plain else s, qt if transposed else s, N, K, plan.parts, plan.rows)
 
     def first():
-        warps = 8 if block_n * block_k >= 8192 else 4
-        compiled = _strip_kernel[(strips, splits)](*args, *consts, num_warps=warps)
-        return compiled, (strips, splits), consts, {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps}
+        consts = (plan.block_n, plan.block_k, plan.block_p, per_column, plain, transposed, *format_consts(format))
+        grid = (plan.strips, plan.splits)
+        warps = 8 if plan.block_n * plan.block_k >= 8192 else 4
+        compiled = _strip_kernel[grid](*args, *consts, num_warps=warps)
+        return compiled, grid, consts, {"BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k, "num_warps": warps}
 
     key = (N, K, per_column, plain, transposed, format, w.dtype, aligned(w, part, s, q, qt), w.device)
     _PHASE2.launch(key, args, first)

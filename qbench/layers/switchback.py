@@ -36,7 +36,13 @@ VARIANTS = ("global", "vectorwise", "global_memeff")
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1, t.shape[-1])
+    """[M, last] view of t (a 2-D t as it is: a reshape costs host time on every call)."""
+    return t if t.dim() == 2 else t.reshape(-1, t.shape[-1])
+
+
+def _unflat(t: torch.Tensor, lead: tuple, last: int) -> torch.Tensor:
+    """[*lead, last] view of a 2-D t (as it is when lead has one dimension)."""
+    return t if len(lead) == 1 else t.reshape(*lead, last)
 
 
 def _grads(ctx, g2, x2, dx_fn):
@@ -63,7 +69,7 @@ def _global_forward(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 def _global_backward(g2: torch.Tensor, x2: torch.Tensor, wtq: torch.Tensor, sw: torch.Tensor, need_x: bool,
                      need_w: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]) of the global variant; an input that needs none gets an empty tensor."""
-    empty = g2.new_empty(0)
+    empty = None if need_x and need_w and need_b else g2.new_empty(0)
     dx = empty
     if need_x:
         gq, sg = quantize_rowwise(g2)
@@ -96,16 +102,21 @@ class SwitchBackGlobalFn(torch.autograd.Function):
         y, wtq, sw = (_FORWARD_OP if is_compiling() else _global_forward)(x2, w, bias)
         ctx.save_for_backward(x2, wtq, sw)
         _remember(ctx, x, w, bias)
-        return y.reshape(*x.shape[:-1], w.shape[0])
+        return _unflat(y, x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, g):
         x2, wtq, sw = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        need_b = need_b and ctx.has_bias
         dx, dw, db = (_BACKWARD_OP if is_compiling() else _global_backward)(
-            _flat(g), x2, wtq, sw, need_x, need_w, need_b and ctx.has_bias)
-        return (dx.reshape(*ctx.lead, x2.shape[1]) if need_x else None, dw.to(ctx.w_dtype) if need_w else None,
-                db.to(ctx.w_dtype) if need_b and ctx.has_bias else None)
+            _flat(g), x2, wtq, sw, need_x, need_w, need_b)
+        return (_unflat(dx, ctx.lead, x2.shape[1]) if need_x else None, _as(dw, ctx.w_dtype) if need_w else None,
+                _as(db, ctx.w_dtype) if need_b else None)
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 class SwitchBackVectorwiseFn(torch.autograd.Function):

@@ -20,6 +20,8 @@ kernels per shape (kernels._common.LaunchCache); under torch.compile they are cu
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -97,7 +99,9 @@ def _selector_grad_kernel(x_ptr, dscore_ptr, ds_ptr, B, N, F, stride_x, BLOCK_B:
 # ---------------------------------------------------------------------------------------- launchers
 
 
+@functools.cache
 def _blocks(n: int, f: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_F) of a selector [n, f] (cached: triton.next_power_of_2 costs host time per call)."""
     return triton.next_power_of_2(n), triton.next_power_of_2(f)
 
 
@@ -161,10 +165,11 @@ def _selector_grad(x, dscore, s):
     b = x.shape[0]
     n, f = s.shape
     ds = torch.empty_like(s)
-    block_f = min(triton.next_power_of_2(f), 256)
-    args, grid, consts = (x, dscore, ds, b, n, f, x.stride(0)), (n, triton.cdiv(f, block_f)), (16, block_f)
+    args = (x, dscore, ds, b, n, f, x.stride(0))
 
-    def first():
+    def first():  # the tile is worked out here only: triton.cdiv and friends cost host time per call
+        block_f = min(triton.next_power_of_2(f), 256)
+        grid, consts = (n, triton.cdiv(f, block_f)), (16, block_f)
         return _selector_grad_kernel[grid](*args, *consts, num_warps=4), grid, consts, {"BLOCK_F": block_f}
 
     _SELECTOR.launch((b, n, f, x.stride(0), x.dtype, s.dtype, aligned(x, dscore, ds), x.device), args, first)

@@ -79,3 +79,13 @@ def test_the_plan_has_one_item_per_case_and_mode():
                                 execs=("eager", "compile", "graph")))
     assert [(i["num_local_experts"], i["exec"]) for i in items] == [
         (L, m) for L in (2, 4) for m in ("eager", "compile", "graph")]
+
+
+@pytest.mark.parametrize("dtype, refused", [(torch.float16, True), (torch.float32, True), (torch.bfloat16, False)])
+def test_graph_refuses_torch_grouped_mm_where_it_reads_offsets_on_the_host(dtype, refused):
+    opts = MoEOptions(16, 24, 2, 2, capacity_factor=1.0, gemm="torch")
+    layer = MoELayer(opts, rank=0, world_size=1, dtype=dtype, device="cpu")
+    config = MoEBenchConfig(world_size=1, backend="gloo", device="cpu", capacity_factor=1.0)
+    reason = modes.refusal("graph", config, layer, 1)
+    assert (reason is not None and "torch._grouped_mm" in reason) == refused, reason
+    assert modes.refusal("eager", config, layer, 1) is None

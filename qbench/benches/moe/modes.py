@@ -34,6 +34,10 @@ def refusal(mode: str, config, moe, world_size: int) -> str | None:
     if mode == "compile" and world_size > 1:
         return ("compile traces the world-size-1 layer: at world size > 1 the all-to-all runs eager "
                 "(graph mode captures a static step)")
+    if mode == "graph" and moe.opts.gemm == "torch" and moe.w1.dtype != torch.bfloat16:
+        # its CUTLASS kernel takes bf16; other dtypes run its fallback, which copies the offsets to the host
+        return ("graph: torch._grouped_mm (--gemm torch) reads its group offsets on the host for "
+                f"{str(moe.w1.dtype).removeprefix('torch.')} (its fallback path), which a CUDA graph cannot capture")
     reason = moe.static_reason()
     return None if reason is None else f"{mode} needs static shapes: {reason}"
 

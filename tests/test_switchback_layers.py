@@ -165,33 +165,6 @@ def test_compiled_fullgraph_matches_eager(variant):
     _assert_same(_step(compiled, x, g), _step(layer, x, g), f"compiled {variant}")
 
 
-def test_compiled_global_layer_leaves_x_and_g_quantizers_to_inductor():
-    """Under torch.compile the rowwise quantizers of X and G are plain torch ops in the traced graphs
-    (so inductor can fuse them into the ops that produce X and G); W's quantizer and the int8 matmuls
-    stay custom ops."""
-    from functorch.compile import make_boxed_func
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    torch._dynamo.reset()
-    x, layer, g = _case((3, 7, 48), 40, torch.float16, "global")
-    graphs = []
-
-    def record(gm, inputs):
-        def keep(fx, _):
-            graphs.append(fx)
-            return make_boxed_func(fx.forward)
-        return aot_module_simplified(gm, inputs, fw_compiler=keep, bw_compiler=keep)
-
-    _step(torch.compile(layer, fullgraph=True, backend=record), x, g)
-    ops = [{str(n.target) for n in fx.graph.nodes if n.op == "call_function"} for fx in graphs]
-    assert len(ops) == 2, "one forward and one backward graph"
-    forward, backward = ops
-    assert "qbench.switchback_global_forward_quantized.default" in forward
-    assert "qbench.sb_int8_matmul.default" in backward
-    assert not any("sb_quantize_rowwise" in op for op in forward | backward)
-    assert any("amax" in op for op in forward) and any("amax" in op for op in backward)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_graph_replay_matches_eager_without_syncs(variant):

@@ -30,7 +30,6 @@ from kernels.switchback_quantize import (
     quantize_global,
     quantize_global_both,
     quantize_rowwise,
-    quantize_rowwise_reference,
 )
 
 VARIANTS = ("global", "vectorwise", "global_memeff")
@@ -63,37 +62,34 @@ def _global_forward(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(Y [M, N], Wq^T [K, N] int8, s_w [1]) of the global variant: X rowwise, W once into both layouts."""
     xq, sx = quantize_rowwise(x2)
-    return _global_forward_quantized(xq, sx, w, bias, x2.dtype)
-
-
-def _global_forward_quantized(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-                              out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """_global_forward from the rowwise-quantized X (Xq [M, K] int8, s_x [M])."""
     wq, wtq, sw = quantize_global_both(w)
-    return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, out_dtype), wtq, sw
+    return int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x2.dtype), wtq, sw
 
 
 def _global_backward(g2: torch.Tensor, x2: torch.Tensor, wtq: torch.Tensor, sw: torch.Tensor, need_x: bool,
-                     need_w: bool, need_b: bool, quantize=quantize_rowwise
-                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(dX [M, K], dW [N, K], db [N]), None for an input that needs none; quantize: G's rowwise quantizer."""
-    dx = None
+                     need_w: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dX [M, K], dW [N, K], db [N]) of the global variant; an input that needs none gets an empty tensor."""
+    empty = None if need_x and need_w and need_b else g2.new_empty(0)
+    dx = empty
     if need_x:
-        gq, sg = quantize(g2)
+        gq, sg = quantize_rowwise(g2)
         dx = int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g2.dtype)  # Wq^T [K, N]: K-major for G W
-    dw = g2.t() @ x2 if need_w else None  # 16-bit grad-weight: the "switch back"
-    return dx, dw, g2.sum(dim=0) if need_b else None
+    dw = g2.t() @ x2 if need_w else empty  # 16-bit grad-weight: the "switch back"
+    return dx, dw, g2.sum(dim=0) if need_b else empty
 
 
-# While torch.compile traces, X and G are quantized by their plain-torch twin (bit-identical math), so
-# that inductor generates that kernel itself and can fuse it into the op that produced X or G (a
-# LayerNorm, an activation, a residual's backward) instead of reading X or G once more; the weight
-# quantizer and the int8 matmuls stay one custom op each way.
+# One torch custom op per direction: a compiled graph dispatches two ops per step instead of eight
+# kernel ops (each dispatch costs ~11-20 us of host time on an H200 host); eager calls the functions.
 _FORWARD_OP = register_op(
-    "switchback_global_forward_quantized", _global_forward_quantized,
-    lambda xq, sx, w, bias, out_dtype: (xq.new_empty((xq.shape[0], w.shape[0]), dtype=out_dtype),
-                                        w.new_empty((w.shape[1], w.shape[0]), dtype=torch.int8),
-                                        w.new_empty(1, dtype=torch.float32)))
+    "switchback_global_forward", _global_forward,
+    lambda x2, w, bias: (x2.new_empty((x2.shape[0], w.shape[0])), w.new_empty((w.shape[1], w.shape[0]),
+                                                                               dtype=torch.int8),
+                         w.new_empty(1, dtype=torch.float32)))
+_BACKWARD_OP = register_op(
+    "switchback_global_backward", _global_backward,
+    lambda g2, x2, wtq, sw, nx, nw, nb: (x2.new_empty(x2.shape if nx else 0),
+                                         g2.new_empty((g2.shape[1], x2.shape[1]) if nw else 0),
+                                         g2.new_empty(g2.shape[1] if nb else 0)))
 
 
 class SwitchBackGlobalFn(torch.autograd.Function):
@@ -103,10 +99,7 @@ class SwitchBackGlobalFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, bias):
         x2 = _flat(x)
-        if is_compiling():
-            y, wtq, sw = _FORWARD_OP(*quantize_rowwise_reference(x2), w, bias, x2.dtype)
-        else:
-            y, wtq, sw = _global_forward(x2, w, bias)
+        y, wtq, sw = (_FORWARD_OP if is_compiling() else _global_forward)(x2, w, bias)
         ctx.save_for_backward(x2, wtq, sw)
         _remember(ctx, x, w, bias)
         return _unflat(y, x.shape[:-1], w.shape[0])
@@ -116,8 +109,8 @@ class SwitchBackGlobalFn(torch.autograd.Function):
         x2, wtq, sw = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         need_b = need_b and ctx.has_bias
-        quantize = quantize_rowwise_reference if is_compiling() else quantize_rowwise
-        dx, dw, db = _global_backward(_flat(g), x2, wtq, sw, need_x, need_w, need_b, quantize)
+        dx, dw, db = (_BACKWARD_OP if is_compiling() else _global_backward)(
+            _flat(g), x2, wtq, sw, need_x, need_w, need_b)
         return (_unflat(dx, ctx.lead, x2.shape[1]) if need_x else None, _as(dw, ctx.w_dtype) if need_w else None,
                 _as(db, ctx.w_dtype) if need_b else None)
 

@@ -10,6 +10,9 @@ Backward, given du, dv [B, in]:
     dp_f = <du_f - dv_f, x_f>,  dscore = p * (dp - <p, dp>)            (soft only; argmax has no gradient)
     dx_f = du_f p_f + dv_f (1 - p_f) + dscore_f S_f                     (the last term soft only)
     dS_f = sum_b dscore[b, f] x[b, f]                                   (soft only)
+The selector's gradient alone (soft; x needs no gradient), given the expert path's per-fragment
+outputs z [N, B, out] (z_f = x_f W_f, so <du_f, x_f> = <dy, z_f> and du = dy W^T is never formed):
+    dp_f = <dy, z_f> - <dv_f, x_f>,  dscore and dS as above           (selector_gradient)
 Shapes: x [B, in] (row stride free, unit column stride), S [N, F] -> u, v [B, in] in x.dtype, p [B, N]
 fp32, idx [B] int64 (hard only); dx [B, in] in x.dtype, dS [N, F] in S.dtype. One program per row
 holds the whole row as an [N, F] tile (forward, and the row part of backward); dS takes a second
@@ -81,6 +84,28 @@ def _select_scale_backward_kernel(x_ptr, s_ptr, p_ptr, du_ptr, dv_ptr, dx_ptr, d
 
 
 @triton.jit
+def _selector_dscore_kernel(x_ptr, p_ptr, dv_ptr, z_ptr, dy_ptr, dscore_ptr, B, N, F, OUT, stride_x, stride_dy,
+                            BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_O: tl.constexpr):
+    """One row b: dscore [N] from dp_f = <dy_b, z[f, b]> - <dv_f, x_f> (z [N, B, OUT] contiguous)."""
+    row = tl.program_id(0).to(tl.int64)
+    ns = tl.arange(0, BLOCK_N)
+    fs = tl.arange(0, BLOCK_F)
+    mask = (ns[:, None] < N) & (fs[None, :] < F)
+    offs = ns[:, None] * F + fs[None, :]
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    dv = tl.load(dv_ptr + row * N * F + offs, mask=mask, other=0.0).to(tl.float32)
+    dp = -tl.sum(dv * x, axis=1)  # [BLOCK_N]
+    z_rows = z_ptr + ns[:, None].to(tl.int64) * B * OUT + row * OUT
+    for o0 in range(0, OUT, BLOCK_O):
+        os = o0 + tl.arange(0, BLOCK_O)
+        d = tl.load(dy_ptr + row * stride_dy + os, mask=os < OUT, other=0.0).to(tl.float32)
+        z = tl.load(z_rows + os[None, :], mask=(ns[:, None] < N) & (os[None, :] < OUT), other=0.0)
+        dp += tl.sum(z.to(tl.float32) * d[None, :], axis=1)
+    p = tl.load(p_ptr + row * N + ns, mask=ns < N, other=0.0)
+    tl.store(dscore_ptr + row * N + ns, p * (dp - tl.sum(p * dp, axis=0)), mask=ns < N)
+
+
+@triton.jit
 def _selector_grad_kernel(x_ptr, dscore_ptr, ds_ptr, B, N, F, stride_x, BLOCK_B: tl.constexpr,
                           BLOCK_F: tl.constexpr):
     """dS[n, f block] = sum_b dscore[b, n] x[b, n, f block]: program (n, f block) walks the rows."""
@@ -113,6 +138,7 @@ def _fits(x, s) -> bool:
 _FORWARD = LaunchCache("fragmented_select_scale")
 _BACKWARD = LaunchCache("fragmented_select_scale_backward")
 _SELECTOR = LaunchCache("fragmented_selector_grad")
+_DSCORE = LaunchCache("fragmented_selector_dscore")
 
 
 def _row_launch(cache, kernel, key, args, grid, n, f, hard):
@@ -161,6 +187,29 @@ def _select_scale_backward(x, s, p, du, dv, hard: bool):
     return dx, _selector_grad(x, dscore, s)
 
 
+def _selector_gradient(x, s, p, dv, z, dy):
+    if not _fits(x, s):
+        return selector_gradient_reference(x, s, p, dv, z, dy)
+    b = x.shape[0]
+    n, f = s.shape
+    out = z.shape[2]
+    dv, z = dv.contiguous(), z.contiguous()
+    dscore = torch.empty((b, n), dtype=torch.float32, device=x.device)
+    args = (x, p, dv, z, dy, dscore, b, n, f, out, x.stride(0), dy.stride(0))
+
+    def first():
+        block_n, block_f = _blocks(n, f)
+        block_o = max(16, min(triton.next_power_of_2(out), 4096 // block_n))  # z tiles of <= 4096 elements
+        consts, warps = (block_n, block_f, block_o), 8 if block_n * block_f >= 4096 else 4
+        compiled = _selector_dscore_kernel[(b,)](*args, *consts, num_warps=warps)
+        return compiled, (b,), consts, {"BLOCK_N": block_n, "BLOCK_F": block_f, "BLOCK_O": block_o, "num_warps": warps}
+
+    key = (b, n, f, out, x.stride(0), dy.stride(0), x.dtype, dv.dtype, z.dtype, dy.dtype,
+           aligned(x, p, dv, z, dy, dscore), x.device)
+    _DSCORE.launch(key, args, first)
+    return _selector_grad(x, dscore, s)
+
+
 def _selector_grad(x, dscore, s):
     b = x.shape[0]
     n, f = s.shape
@@ -200,8 +249,15 @@ def _fake_backward(x, s, p, du, dv, hard):
     return x.new_empty((x.shape[0], s.numel())), s.new_empty(0 if hard else s.shape)
 
 
+def _op_selector_gradient(x: torch.Tensor, s: torch.Tensor, p: torch.Tensor, dv: torch.Tensor, z: torch.Tensor,
+                          dy: torch.Tensor) -> torch.Tensor:
+    return _selector_gradient(x, s, p, dv, z, dy)
+
+
 _OPS = {"forward": register_op("fragmented_select_scale", _op_forward, _fake_forward),
-        "backward": register_op("fragmented_select_scale_backward", _op_backward, _fake_backward)}
+        "backward": register_op("fragmented_select_scale_backward", _op_backward, _fake_backward),
+        "selector": register_op("fragmented_selector_gradient", _op_selector_gradient,
+                                lambda x, s, p, dv, z, dy: torch.empty_like(s))}
 
 
 def select_scale(x, s, hard: bool):
@@ -215,6 +271,13 @@ def select_scale_backward(x, s, p, du, dv, hard: bool):
     if is_compiling():
         return _OPS["backward"](x, s, p, du, dv, hard)
     return _select_scale_backward(x, s, p, du, dv, hard)
+
+
+def selector_gradient(x, s, p, dv, z, dy):
+    """dS [N, F] in S.dtype of the soft selection when x needs no gradient: from the expert path's
+    per-fragment outputs z [N, B, out] (z_f = x_f W_f) and dy [B, out], with dv [B, in] of the
+    low-rank path (see the module docstring); no dy W^T is formed."""
+    return _OPS["selector"](x, s, p, dv, z, dy) if is_compiling() else _selector_gradient(x, s, p, dv, z, dy)
 
 
 # ---------------------------------------------------------------------------------------- references
@@ -249,3 +312,12 @@ def select_scale_backward_reference(x, s, p, du, dv, hard: bool):
     dscore = p * (dp - (p * dp).sum(1, keepdim=True))
     dx = dx + dscore[:, :, None] * s.float()
     return dx.to(x.dtype).reshape(x.shape), torch.einsum("bn,bnf->nf", dscore, xf).to(s.dtype)
+
+
+def selector_gradient_reference(x, s, p, dv, z, dy):
+    """Plain torch, same math as selector_gradient (fp32 inside)."""
+    b, (n, f) = x.shape[0], s.shape
+    xf = x.reshape(b, n, f).float()
+    dp = torch.einsum("nbo,bo->bn", z.float(), dy.float()) - (dv.reshape(b, n, f).float() * xf).sum(-1)
+    dscore = p * (dp - (p * dp).sum(1, keepdim=True))
+    return torch.einsum("bn,bnf->nf", dscore, xf).to(s.dtype)

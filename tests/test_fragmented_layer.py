@@ -209,17 +209,24 @@ def direct_autograd(layer, x, hard):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(96, 40, 3, 5, 7), (64, 33, 64, 2, 1), (120, 24, 5, 3, 2)])
 @pytest.mark.parametrize("hard", [False, True])
-def test_gradients_match_reference(shape, hard, device):
+@pytest.mark.parametrize("x_grad", [True, False], ids=["x-grad", "x-data"])
+def test_gradients_match_reference(shape, hard, x_grad, device, monkeypatch):
+    """x-data (x needs no gradient, batch <= F): the soft layer takes the selector's gradient from the
+    per-fragment outputs z, never from dy W^T (the general backward is made to fail to prove it)."""
     layer, x = make(shape, "fp32", bias=True, seed=3, device=device)
     layer.train(not hard)
     leaves, xd, ref = direct_autograd(layer, x, hard)
     weight = torch.randn_like(ref)
     (ref * weight).sum().backward()
+    if not x_grad and not hard and x.shape[0] <= layer.fragment_size:
+        import qbench.layers.fragmented as module
+
+        monkeypatch.setattr(module, "select_scale_backward", lambda *a: pytest.fail("dy W^T was formed"))
     paths = ("dense", "grouped") if hard else ("auto",)
     for path in paths:
         layer.eval_path = path
         layer.zero_grad(set_to_none=True)
-        xr = x.clone().requires_grad_()
+        xr = x.clone().requires_grad_(x_grad)
         (layer(xr) * weight.float()).sum().backward()
         got = dict(layer.named_parameters())
         for name, leaf in leaves.items():
@@ -228,7 +235,7 @@ def test_gradients_match_reference(shape, hard, device):
                 continue
             err = relerr(got[name].grad, leaf.grad)
             assert err <= 1e-5, f"{path} d{name}: rel err {err:.2e}"
-        assert relerr(xr.grad, xd.grad) <= 1e-5, f"{path} dx"
+        assert (relerr(xr.grad, xd.grad) <= 1e-5) if x_grad else xr.grad is None, f"{path} dx"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -302,23 +309,53 @@ def test_select_scale_backward_kernels_match_torch(n, f, b, dtype, device):
             assert relerr(a, e) <= tol, f"{name} hard={hard}: rel err {relerr(a, e):.2e}"
 
 
-def _train_step(layer, x, g):
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n,f,b,out", [(3, 7, 5, 9), (1, 33, 1, 4), (16, 2, 2, 40), (8, 64, 3, 700)])
+def test_selector_gradient_kernel_matches_torch(n, f, b, out, dtype, device):
+    """dS from the per-fragment outputs z (x needs no gradient) against the plain-torch formula, and
+    against the general backward given du = dy W^T (the same quantity reached the other way)."""
+    from kernels.fragmented import select_scale_backward_reference, selector_gradient, selector_gradient_reference
+
+    torch.manual_seed(n + 7 * f + b + out)
+    x = torch.randn(b, n * f, dtype=DTYPES[dtype], device=device)
+    s = torch.randn(n, f, dtype=DTYPES[dtype], device=device)
+    w = torch.randn(n, f, out, dtype=DTYPES[dtype], device=device) / f**0.5
+    dy, dv = torch.randn(b, out, dtype=x.dtype, device=device), torch.randn_like(x)
+    p = select_scale(x, s, False)[2]
+    z = torch.bmm(x.view(b, n, f).transpose(0, 1).float(), w.float()).to(x.dtype)  # [N, B, out]
+    got, want = selector_gradient(x, s, p, dv, z, dy), selector_gradient_reference(x, s, p, dv, z, dy)
+    assert got.dtype == s.dtype and got.shape == s.shape
+    tol = 1e-2 if dtype != "fp32" else 1e-5
+    if n == 1:  # one fragment: p = 1, dscore = 0
+        assert not got.any()
+        return
+    assert relerr(got, want) <= tol, f"rel err {relerr(got, want):.2e}"
+    if dtype == "fp32":
+        du = dy @ w.view(n * f, out).t()
+        general = select_scale_backward_reference(x, s, p, du, dv, False)[1]
+        assert relerr(got, general) <= 1e-4
+
+
+def _train_step(layer, x, g, x_grad=True):
     layer.zero_grad(set_to_none=True)
-    x = x.detach().clone().requires_grad_(True)
+    x = x.detach().clone().requires_grad_(x_grad)
     y = layer(x)
     y.backward(g)
-    return [y.detach(), x.grad] + [p.grad for p in layer.parameters()]
+    return [y.detach()] + ([x.grad] if x_grad else []) + [p.grad for p in layer.parameters()]
 
 
-def test_compiled_fullgraph_train_step_matches_eager():
+@pytest.mark.parametrize("x_grad", [True, False], ids=["x-grad", "x-data"])
+def test_compiled_fullgraph_train_step_matches_eager(x_grad):
     """torch.compile(fullgraph=True) of the training-mode layer (kernels as custom ops; on the CPU the
-    Triton kernels run through the interpreter) gives the eager output and gradients."""
+    Triton kernels run through the interpreter) gives the eager output and gradients, with and
+    without a gradient for x (the second keeps the per-fragment outputs)."""
     torch._dynamo.reset()
     layer, x = make((96, 40, 3, 5, 7), "fp32", bias=True, seed=5, device="cuda" if torch.cuda.is_available() else "cpu")
     g = torch.randn(x.shape[0], 40, device=x.device)
     backend = "inductor" if x.is_cuda else "aot_eager"
-    got = _train_step(torch.compile(layer, fullgraph=True, backend=backend), x, g)
-    for i, (a, e) in enumerate(zip(got, _train_step(layer, x, g))):
+    got = _train_step(torch.compile(layer, fullgraph=True, backend=backend), x, g, x_grad)
+    for i, (a, e) in enumerate(zip(got, _train_step(layer, x, g, x_grad))):
         assert relerr(a, e) <= 1e-5, f"tensor {i}: rel err {relerr(a, e):.2e}"
 
 

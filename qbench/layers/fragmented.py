@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.fragmented import select_scale, select_scale_backward
+from kernels.fragmented import select_scale, select_scale_backward, selector_gradient
 from kernels.grouped_gemm import grouped_matmul
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
@@ -138,26 +138,42 @@ class SoftFragmentedFn(torch.autograd.Function):
         (u, v, p) = select_scale(x, S);  c = v C^T;  y = u W_flat + c E^T     (W_flat = W as [in, out])
     Backward: dW = u^T dy, dE = dy^T c, dc = dy E, dC = dc^T v, du = dy W_flat^T, dv = dc C, then
     (dx, dS) from the selector's backward kernel: six matmuls and two kernels, one node for the
-    autograd engine to walk instead of five."""
+    autograd engine to walk instead of five.
+    When x needs no gradient (the layer's input is data), the forward keeps the per-fragment outputs
+    z [N, B, out] (z_f = x_f W_f, one batched matmul that reads W once, as u W_flat does) and sums
+    y's expert part as sum_f p_f z_f; the selector's gradient then takes <du_f, x_f> as <dy, z_f>, so
+    backward never reads W for du = dy W_flat^T (the one big matmul a dense layer's backward does not
+    have). Only while z is no larger than W (B <= F)."""
 
     @staticmethod
     def forward(ctx, x, s, w, c_w, e_w):
         u, v, p, _ = select_scale(x, s, False)  # x * p, x * (1 - p)
         c = v @ c_w.t()  # [B, c]
-        y = torch.addmm(u @ w.view(-1, w.shape[-1]), c, e_w.t())
-        ctx.save_for_backward(x, s, p, u, v, c, w, c_w, e_w)
+        n, f = s.shape
+        keep_z = not ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and x.shape[0] <= f
+        z = None
+        if keep_z:
+            z = torch.bmm(x.view(x.shape[0], n, f).transpose(0, 1), w)  # [N, B, out]
+            expert = torch.bmm(p.to(x.dtype).unsqueeze(1), z.transpose(0, 1)).squeeze(1)  # [B, out]
+        else:
+            expert = u @ w.view(-1, w.shape[-1])
+        y = torch.addmm(expert, c, e_w.t())
+        ctx.save_for_backward(x, s, p, u, v, c, w, c_w, e_w, z)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, s, p, u, v, c, w, c_w, e_w = ctx.saved_tensors
+        x, s, p, u, v, c, w, c_w, e_w, z = ctx.saved_tensors
+        need_x, need_s, need_w, need_c, need_e = ctx.needs_input_grad
         w_flat = w.view(-1, w.shape[-1])
-        dw = (u.t() @ dy).view(w.shape) if ctx.needs_input_grad[2] else None
-        de = dy.t() @ c if ctx.needs_input_grad[4] else None
+        dw = (u.t() @ dy).view(w.shape) if need_w else None
+        de = dy.t() @ c if need_e else None
         dc = dy @ e_w  # [B, c]
-        dcw = dc.t() @ v if ctx.needs_input_grad[3] else None
+        dcw = dc.t() @ v if need_c else None
+        if z is not None:  # x needs no gradient: the selector's alone, from z
+            return None, selector_gradient(x, s, p, dc @ c_w, z, dy), dw, dcw, de
         dx, ds = select_scale_backward(x, s, p, dy @ w_flat.t(), dc @ c_w, False)
-        return dx, ds if ctx.needs_input_grad[1] else None, dw, dcw, de
+        return dx if need_x else None, ds if need_s else None, dw, dcw, de
 
 
 class SelectScale(torch.autograd.Function):

@@ -263,6 +263,44 @@ def time_fn(
     return Timing(tuple(clock.elapsed_ms() for clock in clocks), device)
 
 
+def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None = None, warmup: int = 3,
+                     repeat: int | None = None, budget_ms: float | None = None, flush_l2: bool = True
+                     ) -> dict[str, Timing]:
+    """Time several calls against each other: one sample of each per round, in an order that rotates
+    every round, so that a drift of the machine over the run (clocks, power, temperature, a busy host)
+    falls on every call alike and their ratios (speed-ups) stay put. Same rules as time_fn (warm-up
+    calls untimed, the L2 flushed before every sample, not gpu_only); `repeat` or `budget_ms` sets the
+    rounds, the budget split between the calls."""
+    device = resolve_device(device)
+    names = list(fns)
+    for name in names:
+        for _ in range(max(1, warmup)):
+            fns[name]()
+    _synchronize(device)
+    flush = _make_flush(device, flush_l2)
+    probe = {}
+    for name in names:  # one timed call each: the round's length, for the repeat count
+        probe[name] = _Clock(device)
+        flush()
+        probe[name].start()
+        fns[name]()
+        probe[name].stop()
+    _synchronize(device)
+    rounds = _repeat_count(sum(c.elapsed_ms() for c in probe.values()), repeat, budget_ms)
+    clocks: dict[str, list[_Clock]] = {name: [] for name in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            clock = _Clock(device)
+            flush()
+            clock.start()
+            fns[name]()
+            clock.stop()
+            clocks[name].append(clock)
+    _synchronize(device)
+    return {name: Timing(tuple(c.elapsed_ms() for c in clocks[name]), device) for name in names}
+
+
 def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: int = 3, repeat: int = 20) -> Timing:
     """CPU time (ms) spent issuing one call of fn: the device is synchronized before each call,
     outside the measured span, so a full launch queue never holds the host back and the sample is

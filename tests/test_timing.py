@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,23 @@ def test_gpu_only_timing_leaves_out_the_hosts_issue_time():
     wall = time_fn(slow_to_issue, device="cuda", repeat=20, flush_l2=False).median
     gpu = time_fn(slow_to_issue, device="cuda", repeat=20, flush_l2=False, gpu_only=True).median
     assert wall >= 0.25 and gpu < 0.1, (wall, gpu)
+
+
+def test_time_interleaved_rotates_the_order_and_times_each_call():
+    """One sample of each call per round, the first call of a round rotating, each sample its own call's
+    time (a slow and a fast call keep their ratio)."""
+    order = []
+
+    def make(name, seconds):
+        def call():
+            order.append(name)
+            time.sleep(seconds)
+        return call
+
+    result = timing.time_interleaved({"slow": make("slow", 0.004), "fast": make("fast", 0.001)}, device="cpu",
+                                     warmup=1, repeat=6)
+    timed = order[4:]  # after one warm-up and one probe call each
+    assert len(timed) == 12 and all(sorted(timed[2 * r:2 * r + 2]) == ["fast", "slow"] for r in range(6))
+    assert timed[0:2] == ["slow", "fast"] and timed[2:4] == ["fast", "slow"]
+    assert len(result["slow"].samples_ms) == len(result["fast"].samples_ms) == 6
+    assert result["slow"].median > 2.5 * result["fast"].median

@@ -94,7 +94,6 @@ def _prepare(mode: str, layer, x, g):
     from qbench.timing import graph_replay
 
     if mode == "compile":
-        torch._dynamo.reset()
         layer = torch.compile(layer, fullgraph=True, dynamic=False)
     out: dict = {}
     step = _step(layer, x, g, out)
@@ -112,7 +111,9 @@ def _prepare(mode: str, layer, x, g):
 def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str | None]:
     """(metrics, samples, first failure or None) of the module steps in each execution mode. Eager
     results are taken first: SwitchBack against nn.Linear, then every mode against eager."""
-    from qbench.timing import host_time, time_fn
+    import torch
+
+    from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved
 
     x = ops.x.detach().requires_grad_(True)
     layers = _layers(ops, variants)
@@ -124,16 +125,22 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
             return {}, {}, f"{name} layer vs nn.Linear: {failure}"
     metrics, samples = {}, {}
     for mode in execs:
+        if mode == "compile":
+            torch._dynamo.reset()  # fresh caches once per mode: every layer's compiled step stays valid
+        steps = {}
         for name, layer in layers.items():
-            step, got = _prepare(mode, layer, x, ops.g)
+            steps[name], got = _prepare(mode, layer, x, ops.g)
             failure = _mismatch(got, eager[name], SAME_KERNELS_REL_ERROR)
             if failure:
                 return metrics, samples, f"{mode} {name} differs from eager: {failure}"
-            timing = time_fn(step, device=ops.device, repeat=repeat, budget_ms=budget_ms, flush_l2=True)
+        # the layers' steps interleaved, so their speed-ups do not move with the machine's drift
+        timings = time_interleaved(steps, device=ops.device, repeat=repeat,
+                                   budget_ms=(budget_ms or DEFAULT_BUDGET_MS) * len(steps))
+        for name, timing in timings.items():
             key = f"module_{name}_ms" if mode == "eager" else f"module_{name}_{mode}_ms"
             metrics[key], samples[key] = timing.median, list(timing.samples_ms)
-            metrics[f"host_{name}_{mode}_ms"] = host_time(step, device=ops.device).median
-            del step
+            metrics[f"host_{name}_{mode}_ms"] = host_time(steps[name], device=ops.device).median
+        del steps
     return metrics, samples, None
 
 

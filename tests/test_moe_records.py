@@ -89,3 +89,13 @@ def test_graph_refuses_torch_grouped_mm_where_it_reads_offsets_on_the_host(dtype
     reason = modes.refusal("graph", config, layer, 1)
     assert (reason is not None and "torch._grouped_mm" in reason) == refused, reason
     assert modes.refusal("eager", config, layer, 1) is None
+
+
+def test_default_modes_are_every_mode_the_device_runs(monkeypatch):
+    from qbench import dist
+    from qbench.benches.moe.config import EXECS, resolve
+
+    assert resolve(MoEBenchConfig(world_size=1, backend="gloo", device="cpu")).execs == ("eager",)
+    monkeypatch.setattr(dist, "visible_gpus", lambda: 1)
+    assert resolve(MoEBenchConfig(world_size=1, backend="auto", device="cuda")).execs == EXECS
+    assert resolve(MoEBenchConfig(world_size=1, backend="gloo", device="cpu", execs=("graph",))).execs == ("graph",)

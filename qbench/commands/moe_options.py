@@ -72,6 +72,6 @@ OPTIONS = [
 
 def moe_options(fn):
     """Every option of `qbench moe`, in --help order."""
-    for option in reversed([*OPTIONS, exec_option(default="eager (see benches/moe/config.py)"), out_options]):
+    for option in reversed([*OPTIONS, exec_option(), out_options]):
         fn = option(fn)
     return fn

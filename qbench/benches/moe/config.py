@@ -14,10 +14,10 @@ GEMMS = ("auto", "triton", "torch", "reference")  # grouped GEMM backends (kerne
 SYSTEMS = ("a2a", "blocks")
 TRANSPORTS = ("auto", "symm", "symm-fused-ga", "symm-fused", "a2a")  # blocks: qbench/layers/moe/transport.py
 EXECS = ("eager", "compile", "graph")  # execution modes (modes.py); the CPU runs eager and compile only
-# Eager unless asked: the compiled step was slower than eager on one H200 (results/moe-h200-ws1), and
-# the graph mode, which captures at world size 1 on an H200, has not been run at world size > 1 (where
-# the capture holds NCCL collectives), so a default run must not end in an error record.
-DEFAULT_EXECS = ("eager",)
+# Every mode the device runs: on a GPU all three (a configuration a mode cannot run is a `skipped`
+# record with the reason: compile at world size > 1, graph where the shapes follow the routing), on
+# the CPU eager (compile there is a smoke test, asked for with --exec).
+DEFAULT_EXECS = {"cuda": EXECS, "cpu": ("eager",)}
 KERNEL_BENCHES = ("grouped",)  # --kernels: kernel timings instead of the layer (grouped.py)
 GPU_SIZES = {"model_dim": 1024, "hidden_size": 4096, "num_steps": 100, "warmup": 10}  # the seed config
 CPU_SIZES = {"model_dim": 64, "hidden_size": 128, "samples": 256, "num_steps": 10, "warmup": 2}
@@ -55,7 +55,7 @@ class MoEBenchConfig:
     localities: tuple[float | None, ...] = (None,)  # None: the routing kind alone decides
     transport: str = "auto"  # blocks: auto (symm where available, else a2a) | symm[-fused-ga|-fused] | a2a
     kernels: str | None = None  # "grouped": time the grouped GEMM kernels instead of the layer
-    execs: tuple[str, ...] | None = None  # eager | compile | graph (modes.py); None: DEFAULT_EXECS
+    execs: tuple[str, ...] | None = None  # eager | compile | graph (modes.py); None: DEFAULT_EXECS[device]
 
 
 def resolve(config: MoEBenchConfig) -> MoEBenchConfig:
@@ -73,7 +73,7 @@ def resolve(config: MoEBenchConfig) -> MoEBenchConfig:
     sizes = {name: value for name, value in defaults.items() if getattr(config, name) is None}
     return replace(config, device=device, backend=backend, world_size=_world_size(config.world_size, device, gpus),
                    dtype=config.dtype or ("fp32" if device == "cpu" else "fp16"),
-                   execs=config.execs or DEFAULT_EXECS, **sizes)
+                   execs=config.execs or DEFAULT_EXECS[device], **sizes)
 
 
 def _world_size(given: int | None, device: str, gpus: int) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from qbench.env import autotune_mark, autotune_picks, own_source_hash
-from qbench.errors import QbenchUsageError
+from qbench.errors import QbenchUsageError, read_text
 
 SCHEMA_VERSION = 1
 ENV_FILE = "env.json"
@@ -329,12 +329,7 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def _run_text(file: Path) -> str:
     """The text of a run's file; a binary or unreadable file is named as corrupt, not a traceback."""
-    try:
-        return file.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise QbenchUsageError(f"{file} is not UTF-8 text; the run is corrupt") from None
-    except OSError as exc:
-        raise QbenchUsageError(f"cannot read {file} ({exc.strerror})") from None
+    return read_text(file, not_text="is not UTF-8 text; the run is corrupt")
 
 
 def find_runs(path: str | Path) -> list[Path]:

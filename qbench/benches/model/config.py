@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qbench import errors
 from qbench.model import hardware
 from qbench.model.deepflow import config as deepflow_config
 from qbench.model.deepflow.config import ConfigError
@@ -38,12 +39,7 @@ def resolve(path: str | Path) -> Path:
 
 def read_text(path: Path, what: str) -> str:
     """The text of a file the model reads, or a ConfigError naming it (a binary or unreadable file)."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not a text file; give a {what} (YAML text)") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path} ({exc.strerror})") from None
+    return errors.read_text(path, ConfigError, f"is not a text file; give a {what} (YAML text)")
 
 
 def read_yaml(path: str | Path) -> dict:

@@ -237,30 +237,10 @@ def time_fn(
     timed as the training loop sees it.
     """
     device = resolve_device(device)
-    for _ in range(max(1, warmup)):
-        fn()
-    _synchronize(device)
-    before = _spin(device, gpu_only)
+    _warm_up({"fn": fn}, device, warmup)
     call = _graph_of(fn) if (cuda_graph and device == "cuda") else fn
-    flush = _make_flush(device, flush_l2)
-    probe = _Clock(device)
-    flush()
-    before()
-    probe.start()
-    call()
-    probe.stop()
-    _synchronize(device)
     ahead = HOST_AHEAD_MS if gpu_only and device == "cuda" else 0.0  # each repeat's spin counts against the budget
-    count = _repeat_count(probe.elapsed_ms() + ahead, repeat, budget_ms)
-    clocks = [_Clock(device) for _ in range(count)]
-    for clock in clocks:
-        flush()
-        before()
-        clock.start()
-        call()
-        clock.stop()
-    _synchronize(device)
-    return Timing(tuple(clock.elapsed_ms() for clock in clocks), device)
+    return _sample({"fn": call}, device, repeat, budget_ms, flush_l2, _spin(device, gpu_only), ahead)["fn"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None = None, warmup: int = 3,
@@ -272,31 +252,42 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None
     calls untimed, the L2 flushed before every sample, not gpu_only); `repeat` or `budget_ms` sets the
     rounds, the budget split between the calls."""
     device = resolve_device(device)
-    names = list(fns)
-    for name in names:
+    _warm_up(fns, device, warmup)
+    return _sample(fns, device, repeat, budget_ms, flush_l2, lambda: None, 0.0)
+
+
+def _warm_up(fns: dict, device: str, warmup: int) -> None:
+    """warmup untimed calls of each (at least one: JIT compilation and autotuning stay out of the numbers)."""
+    for fn in fns.values():
         for _ in range(max(1, warmup)):
-            fns[name]()
+            fn()
     _synchronize(device)
+
+
+def _sample(fns: dict, device: str, repeat, budget_ms, flush_l2: bool, before, ahead_ms: float) -> dict[str, Timing]:
+    """The timed samples of warmed-up calls: a probe round sets the round count (repeat, or budget_ms over
+    the round's length, ahead_ms of `before` per call included); then per round one sample of each call,
+    the order rotating every round, each after an L2 flush and before()."""
+    names = list(fns)
     flush = _make_flush(device, flush_l2)
-    probe = {}
-    for name in names:  # one timed call each: the round's length, for the repeat count
-        probe[name] = _Clock(device)
+
+    def timed(name: str) -> _Clock:
+        clock = _Clock(device)
         flush()
-        probe[name].start()
+        before()
+        clock.start()
         fns[name]()
-        probe[name].stop()
+        clock.stop()
+        return clock
+
+    probe = [timed(name) for name in names]
     _synchronize(device)
-    rounds = _repeat_count(sum(c.elapsed_ms() for c in probe.values()), repeat, budget_ms)
+    rounds = _repeat_count(sum(c.elapsed_ms() + ahead_ms for c in probe), repeat, budget_ms)
     clocks: dict[str, list[_Clock]] = {name: [] for name in names}
     for r in range(rounds):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
-            clock = _Clock(device)
-            flush()
-            clock.start()
-            fns[name]()
-            clock.stop()
-            clocks[name].append(clock)
+            clocks[name].append(timed(name))
     _synchronize(device)
     return {name: Timing(tuple(c.elapsed_ms() for c in clocks[name]), device) for name in names}
 

@@ -194,10 +194,6 @@ _OPS = {
 }
 
 
-def _call(name: str, eager, *args):
-    return _OPS[name](*args) if is_compiling() else eager(*args)
-
-
 def quantize_rowwise(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
     """X [M, K] -> (Xq [M, K], s [M] fp32)."""
     return _OPS["rowwise"](x, format) if is_compiling() else _quantize_rowwise(x, format)
@@ -205,12 +201,12 @@ def quantize_rowwise(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tenso
 
 def quantize_global(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
     """W [N, K] -> (Wq [N, K], s [1] fp32)."""
-    return _call("global", _op_global, w, format)
+    return _OPS["global"](w, format) if is_compiling() else _op_global(w, format)
 
 
 def quantize_global_transpose(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
     """W [N, K] -> (Wq^T [K, N] contiguous, s [1] fp32)."""
-    return _call("global_t", _op_global_transpose, w, format)
+    return _OPS["global_t"](w, format) if is_compiling() else _op_global_transpose(w, format)
 
 
 def quantize_global_both(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -221,12 +217,12 @@ def quantize_global_both(w: torch.Tensor, format: str = "int8") -> tuple[torch.T
 
 def quantize_columnwise_transpose(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
     """W [N, K] -> (Wq^T [K, N] contiguous, s [K] fp32 with s[k] from max_n |W[n, k]|)."""
-    return _call("columnwise_t", _op_columnwise_transpose, w, format)
+    return _OPS["columnwise_t"](w, format) if is_compiling() else _op_columnwise_transpose(w, format)
 
 
 def dequantize_rowwise(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(Xq [M, K] int8, s [M]) -> Xq * s / 127 as [M, K] in dtype."""
-    return _call("dequantize", _op_dequantize, q, s, dtype)
+    return _OPS["dequantize"](q, s, dtype) if is_compiling() else _op_dequantize(q, s, dtype)
 
 
 # ---------------------------------------------------------------------------------------- references

@@ -308,10 +308,9 @@ def select_scale_backward_reference(x, s, p, du, dv, hard: bool):
     dx = du * pe + dv * (1 - pe)
     if hard:
         return dx.to(x.dtype).reshape(x.shape), s.new_zeros(0)
-    dp = ((du - dv) * xf).sum(-1)  # [B, N]
-    dscore = p * (dp - (p * dp).sum(1, keepdim=True))
+    dscore, ds = _selector_reference(p, ((du - dv) * xf).sum(-1), xf, s.dtype)
     dx = dx + dscore[:, :, None] * s.float()
-    return dx.to(x.dtype).reshape(x.shape), torch.einsum("bn,bnf->nf", dscore, xf).to(s.dtype)
+    return dx.to(x.dtype).reshape(x.shape), ds
 
 
 def selector_gradient_reference(x, s, p, dv, z, dy):
@@ -319,5 +318,11 @@ def selector_gradient_reference(x, s, p, dv, z, dy):
     b, (n, f) = x.shape[0], s.shape
     xf = x.reshape(b, n, f).float()
     dp = torch.einsum("nbo,bo->bn", z.float(), dy.float()) - (dv.reshape(b, n, f).float() * xf).sum(-1)
+    return _selector_reference(p, dp, xf, s.dtype)[1]
+
+
+def _selector_reference(p, dp, xf, dtype):
+    """(dscore [B, N], dS [N, F] in dtype) from the gradient dp [B, N] of the selection p (softmax's
+    backward) and the fragments xf [B, N, F] (fp32)."""
     dscore = p * (dp - (p * dp).sum(1, keepdim=True))
-    return torch.einsum("bn,bnf->nf", dscore, xf).to(s.dtype)
+    return dscore, torch.einsum("bn,bnf->nf", dscore, xf).to(dtype)

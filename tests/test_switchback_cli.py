@@ -58,6 +58,15 @@ def test_cpu_run_writes_seed_compatible_records(tmp_path):
         assert rec["units"]["speedup_global"] == "x" and rec["units"]["global_fwd_tops"] == "TOP/s"
         assert len(rec["samples"]["time_global"]) == 3 and rec["device"] == "cpu"
         assert m["module_switchback_ms"] > 0 and m["module_linear_ms"] > 0
+        modes = [mode for mode in ("eager", "compile", "graph") if f"host_switchback_{mode}_ms" in m]
+        assert "eager" in modes
+        for mode in modes:  # the kernel chains timed with each mode's module steps
+            assert m[f"chain_standard_{mode}_ms"] > 0 and m[f"chain_global_{mode}_ms"] > 0
+            assert math.isclose(m[f"speedup_chain_{mode}"],
+                                m[f"chain_standard_{mode}_ms"] / m[f"chain_global_{mode}_ms"], rel_tol=1e-12)
+            module = m["speedup_module" + ("" if mode == "eager" else f"_{mode}")]
+            assert math.isclose(m[f"module_chain_ratio_{mode}"], module / m[f"speedup_chain_{mode}"], rel_tol=1e-12)
+            assert rec["units"][f"module_chain_ratio_{mode}"] == "x"
 
 
 def test_pairs_json_and_bf16(tmp_path):

@@ -69,8 +69,9 @@ def memory_note(shape, config) -> str | None:
     import torch
 
     M, K, N = shape.batch_size, shape.dim_in, shape.dim_out
-    # X, G, their int8 copies and 16-bit outputs, cuBLAS int8's int32 + fp32 epilogue, module grads
-    need = M * (K + N) * 6 + M * max(K, N) * 12 + N * K * 24
+    # X, G, their int8 copies and 16-bit outputs, cuBLAS int8's int32 + fp32 epilogue, module grads,
+    # the kernel chains' kept outputs (16-bit Y and dX of two chains, int8 X and G)
+    need = M * (K + N) * 11 + M * max(K, N) * 12 + N * K * 24
     free, _ = torch.cuda.mem_get_info()
     if need > 0.9 * free:
         return f"needs about {need / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free: skipped"

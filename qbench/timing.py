@@ -250,10 +250,14 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None
     every round, so that a drift of the machine over the run (clocks, power, temperature, a busy host)
     falls on every call alike and their ratios (speed-ups) stay put. Same rules as time_fn (warm-up
     calls untimed, the L2 flushed before every sample, not gpu_only); `repeat` or `budget_ms` sets the
-    rounds, the budget split between the calls."""
+    rounds, the budget split between the calls.
+    Each sample starts on an idle device (synchronized after the flush, outside the timed span): a call
+    whose host issues its launches slower than the GPU runs them would otherwise get a head start from
+    the GPU work its neighbour left queued (a CUDA-graph replay returns at once) and look faster than
+    its host allows."""
     device = resolve_device(device)
     _warm_up(fns, device, warmup)
-    return _sample(fns, device, repeat, budget_ms, flush_l2, lambda: None, 0.0)
+    return _sample(fns, device, repeat, budget_ms, flush_l2, functools.partial(_synchronize, device), 0.0)
 
 
 def _warm_up(fns: dict, device: str, warmup: int) -> None:

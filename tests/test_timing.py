@@ -116,3 +116,35 @@ def test_time_interleaved_rotates_the_order_and_times_each_call():
     assert timed[0:2] == ["slow", "fast"] and timed[2:4] == ["fast", "slow"]
     assert len(result["slow"].samples_ms) == len(result["fast"].samples_ms) == 6
     assert result["slow"].median > 2.5 * result["fast"].median
+
+
+def test_time_interleaved_starts_every_sample_on_a_synchronized_device(monkeypatch):
+    """The device is synchronized right before each timed call (after the flush), so no sample inherits
+    a head start from GPU work its neighbour left queued."""
+    events = []
+    monkeypatch.setattr(timing, "_synchronize", lambda device: events.append("sync"))
+    calls = {name: (lambda name=name: events.append(name)) for name in ("a", "b")}
+    timing.time_interleaved(calls, device="cpu", warmup=1, repeat=3)
+    timed = events[events.index("sync") + 1:]  # from the first sync after the warm-up on
+    assert timed.count("a") == timed.count("b") == 4  # one probe sample and three rounds each
+    assert all(timed[i - 1] == "sync" for i, e in enumerate(timed) if e != "sync")
+
+
+@pytest.mark.gpu
+def test_time_interleaved_gives_a_host_bound_call_no_head_start():
+    """A host-bound call (0.3 ms asleep before its kernel) next to a CUDA-graph-like neighbour that leaves
+    5 ms of GPU work queued and returns at once still takes the host's time."""
+    import time as _time
+
+    import torch
+
+    x = torch.randn(1024, device="cuda")
+    cycles = int(5e-3 * timing._sm_clock_hz())
+
+    def slow_to_issue():
+        _time.sleep(3e-4)
+        x.add_(1.0)
+
+    got = timing.time_interleaved({"busy": lambda: torch.cuda._sleep(cycles), "slow": slow_to_issue},
+                                  device="cuda", repeat=10, flush_l2=False)
+    assert got["slow"].median >= 0.25 and got["busy"].median >= 2.0, (got["slow"].median, got["busy"].median)

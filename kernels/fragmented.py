@@ -14,11 +14,12 @@ The selector's gradient alone (soft; x needs no gradient), given the expert path
 outputs z [N, B, out] (z_f = x_f W_f, so <du_f, x_f> = <dy, z_f> and du = dy W^T is never formed):
     dp_f = <dy, z_f> - <dv_f, x_f>,  dscore and dS as above           (selector_gradient)
 Shapes: x [B, in] (row stride free, unit column stride), S [N, F] -> u, v [B, in] in x.dtype, p [B, N]
-fp32, idx [B] int64 (hard only); dx [B, in] in x.dtype, dS [N, F] in S.dtype. One program per row
-holds the whole row as an [N, F] tile (forward, and the row part of backward); dS takes a second
-launch with one program per fragment, summing over the rows. Rows wider than MAX_TILE padded
-elements use the torch references (same math). Eager calls launch directly and replay compiled
-kernels per shape (kernels._common.LaunchCache); under torch.compile they are custom ops.
+fp32, idx [B] int64 (hard only); dx [B, in] in x.dtype, dS [N, F] in S.dtype. One program per row holds
+the whole row as an [N, F] tile (forward, and the row part of backward); dS takes a second launch with
+one program per fragment, summing over the rows. selector_gradient splits each row's dp into S pieces (B
+x S programs: its z pass reads N x B x out values) and works out dscore in the dS pass. Rows wider than
+MAX_TILE padded elements use the torch references (same math). Eager calls launch directly and replay
+compiled kernels per shape (kernels._common.LaunchCache); under torch.compile they are custom ops.
 """
 
 from __future__ import annotations
@@ -84,25 +85,54 @@ def _select_scale_backward_kernel(x_ptr, s_ptr, p_ptr, du_ptr, dv_ptr, dx_ptr, d
 
 
 @triton.jit
-def _selector_dscore_kernel(x_ptr, p_ptr, dv_ptr, z_ptr, dy_ptr, dscore_ptr, B, N, F, OUT, stride_x, stride_dy,
-                            BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_O: tl.constexpr):
-    """One row b: dscore [N] from dp_f = <dy_b, z[f, b]> - <dv_f, x_f> (z [N, B, OUT] contiguous)."""
+def _selector_partial_kernel(x_ptr, dv_ptr, z_ptr, dy_ptr, part_ptr, B, N, F, OUT, CHUNK_O, CHUNK_F, stride_x,
+                             stride_dy, BLOCK_N: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_F: tl.constexpr):
+    """Program (b, s): part[s, b, :N] = sum over output chunk s of dy[b, o] z[:, b, o] minus the sum
+    over feature chunk s of dv[b, :, f] x[b, :, f] (z [N, B, OUT] contiguous): dp of row b in S pieces,
+    so that B x S programs share the work (one program per row left most SMs idle)."""
     row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
     ns = tl.arange(0, BLOCK_N)
-    fs = tl.arange(0, BLOCK_F)
-    mask = (ns[:, None] < N) & (fs[None, :] < F)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    z_rows = z_ptr + ns[:, None].to(tl.int64) * B * OUT + row * OUT
+    o_end = tl.minimum(s * CHUNK_O + CHUNK_O, OUT)
+    for o0 in range(s * CHUNK_O, o_end, BLOCK_O):
+        os = o0 + tl.arange(0, BLOCK_O)
+        d = tl.load(dy_ptr + row * stride_dy + os, mask=os < o_end, other=0.0).to(tl.float32)
+        z = tl.load(z_rows + os[None, :], mask=(ns[:, None] < N) & (os[None, :] < o_end), other=0.0)
+        acc += tl.sum(z.to(tl.float32) * d[None, :], axis=1)
+    fs = s * CHUNK_F + tl.arange(0, BLOCK_F)
+    mask = (ns[:, None] < N) & (fs[None, :] < tl.minimum(s * CHUNK_F + CHUNK_F, F))
     offs = ns[:, None] * F + fs[None, :]
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     dv = tl.load(dv_ptr + row * N * F + offs, mask=mask, other=0.0).to(tl.float32)
-    dp = -tl.sum(dv * x, axis=1)  # [BLOCK_N]
-    z_rows = z_ptr + ns[:, None].to(tl.int64) * B * OUT + row * OUT
-    for o0 in range(0, OUT, BLOCK_O):
-        os = o0 + tl.arange(0, BLOCK_O)
-        d = tl.load(dy_ptr + row * stride_dy + os, mask=os < OUT, other=0.0).to(tl.float32)
-        z = tl.load(z_rows + os[None, :], mask=(ns[:, None] < N) & (os[None, :] < OUT), other=0.0)
-        dp += tl.sum(z.to(tl.float32) * d[None, :], axis=1)
-    p = tl.load(p_ptr + row * N + ns, mask=ns < N, other=0.0)
-    tl.store(dscore_ptr + row * N + ns, p * (dp - tl.sum(p * dp, axis=0)), mask=ns < N)
+    acc -= tl.sum(dv * x, axis=1)
+    tl.store(part_ptr + (s * B + row) * N + ns, acc, mask=ns < N)
+
+
+@triton.jit
+def _selector_grad_partials_kernel(x_ptr, part_ptr, p_ptr, ds_ptr, B, N, F, S, stride_x, BLOCK_S: tl.constexpr,
+                                   BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
+    """dS[n, f block] = sum_b dscore[b, n] x[b, n, f block], with dscore = p * (dp - <p, dp>) worked out
+    here from dp = the S partial sums part[:, b, :] (program (n, f block) walks the rows)."""
+    n = tl.program_id(0)
+    fs = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    ss = tl.arange(0, BLOCK_S)
+    ns = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_F], dtype=tl.float32)
+    for b0 in range(0, B, BLOCK_B):
+        bs = b0 + tl.arange(0, BLOCK_B)
+        parts = part_ptr + (ss[:, None, None] * B + bs[None, :, None]) * N + ns[None, None, :]
+        inside = (ss[:, None, None] < S) & (bs[None, :, None] < B) & (ns[None, None, :] < N)
+        dp = tl.sum(tl.load(parts, mask=inside, other=0.0), axis=0)  # [BLOCK_B, BLOCK_N]
+        rows = (bs[:, None] < B) & (ns[None, :] < N)
+        p = tl.load(p_ptr + bs[:, None].to(tl.int64) * N + ns[None, :], mask=rows, other=0.0)
+        dscore = p * (dp - tl.sum(p * dp, axis=1)[:, None])
+        d = tl.sum(tl.where(ns[None, :] == n, dscore, 0.0), axis=1)  # [BLOCK_B]: column n
+        m = (bs[:, None] < B) & (fs[None, :] < F)
+        x = tl.load(x_ptr + bs[:, None].to(tl.int64) * stride_x + n * F + fs[None, :], mask=m, other=0.0)
+        acc += tl.sum(x.to(tl.float32) * d[:, None], axis=0)
+    tl.store(ds_ptr + n * F + fs, acc.to(ds_ptr.dtype.element_ty), mask=fs < F)
 
 
 @triton.jit
@@ -138,7 +168,8 @@ def _fits(x, s) -> bool:
 _FORWARD = LaunchCache("fragmented_select_scale")
 _BACKWARD = LaunchCache("fragmented_select_scale_backward")
 _SELECTOR = LaunchCache("fragmented_selector_grad")
-_DSCORE = LaunchCache("fragmented_selector_dscore")
+_PARTIAL = LaunchCache("fragmented_selector_partial")
+_FROM_PARTIALS = LaunchCache("fragmented_selector_grad_partials")
 
 
 def _row_launch(cache, kernel, key, args, grid, n, f, hard):
@@ -194,20 +225,52 @@ def _selector_gradient(x, s, p, dv, z, dy):
     n, f = s.shape
     out = z.shape[2]
     dv, z = dv.contiguous(), z.contiguous()
-    dscore = torch.empty((b, n), dtype=torch.float32, device=x.device)
-    args = (x, p, dv, z, dy, dscore, b, n, f, out, x.stride(0), dy.stride(0))
-
-    def first():
-        block_n, block_f = _blocks(n, f)
-        block_o = max(16, min(triton.next_power_of_2(out), 4096 // block_n))  # z tiles of <= 4096 elements
-        consts, warps = (block_n, block_f, block_o), 8 if block_n * block_f >= 4096 else 4
-        compiled = _selector_dscore_kernel[(b,)](*args, *consts, num_warps=warps)
-        return compiled, (b,), consts, {"BLOCK_N": block_n, "BLOCK_F": block_f, "BLOCK_O": block_o, "num_warps": warps}
-
+    tile = _partial_tile(b, n, f, out)
+    chunk_o, chunk_f, pieces = tile[:3]
+    part = torch.empty((pieces, b, n), dtype=torch.float32, device=x.device)
+    args = (x, dv, z, dy, part, b, n, f, out, chunk_o, chunk_f, x.stride(0), dy.stride(0))
     key = (b, n, f, out, x.stride(0), dy.stride(0), x.dtype, dv.dtype, z.dtype, dy.dtype,
-           aligned(x, p, dv, z, dy, dscore), x.device)
-    _DSCORE.launch(key, args, first)
-    return _selector_grad(x, dscore, s)
+           aligned(x, dv, z, dy, part), x.device)
+    _PARTIAL.launch(key, args, lambda: _first_partial(args, tile))
+    ds = torch.empty_like(s)
+    args = (x, part, p, ds, b, n, f, pieces, x.stride(0))
+    key = (b, n, f, pieces, x.stride(0), x.dtype, s.dtype, aligned(x, part, p, ds), x.device)
+    _FROM_PARTIALS.launch(key, args, lambda: _first_from_partials(args, tile))
+    return ds
+
+
+PARTIAL_PROGRAMS = 512  # programs of the partial dp pass to aim for (a few per SM)
+
+
+@functools.cache
+def _partial_tile(b: int, n: int, f: int, out: int) -> tuple[int, ...]:
+    """(CHUNK_O, CHUNK_F, S pieces per row, BLOCK_N, BLOCK_O, BLOCK_F, BLOCK_S, BLOCK_B) of the selector's
+    two passes: rows split into S pieces so that about PARTIAL_PROGRAMS programs share the z pass."""
+    block_n = triton.next_power_of_2(n)
+    block_o = max(16, min(triton.next_power_of_2(out), 2048 // block_n, 256))
+    pieces = max(1, min(triton.cdiv(PARTIAL_PROGRAMS, b), triton.cdiv(out, block_o), 4096 // block_n))
+    chunk_o = triton.cdiv(triton.cdiv(out, pieces), block_o) * block_o
+    pieces = triton.cdiv(out, chunk_o)
+    chunk_f = triton.cdiv(f, pieces)
+    block_s = triton.next_power_of_2(pieces)
+    block_b = max(1, min(16, 4096 // (block_s * block_n)))
+    return chunk_o, chunk_f, pieces, block_n, block_o, triton.next_power_of_2(chunk_f), block_s, block_b
+
+
+def _first_partial(args, tile):
+    chunk_o, chunk_f, pieces, block_n, block_o, block_f = tile[:6]
+    grid, consts = (args[5], pieces), (block_n, block_o, block_f)
+    compiled = _selector_partial_kernel[grid](*args, *consts, num_warps=4)
+    return compiled, grid, consts, {"S": pieces, "BLOCK_N": block_n, "BLOCK_O": block_o, "BLOCK_F": block_f}
+
+
+def _first_from_partials(args, tile):
+    n, f = args[5], args[6]
+    block_n, block_s, block_b = tile[3], tile[6], tile[7]
+    block_f = min(triton.next_power_of_2(f), 256)
+    grid, consts = (n, triton.cdiv(f, block_f)), (block_s, block_b, block_n, block_f)
+    compiled = _selector_grad_partials_kernel[grid](*args, *consts, num_warps=4)
+    return compiled, grid, consts, {"BLOCK_S": block_s, "BLOCK_B": block_b, "BLOCK_F": block_f}
 
 
 def _selector_grad(x, dscore, s):

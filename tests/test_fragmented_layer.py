@@ -311,7 +311,8 @@ def test_select_scale_backward_kernels_match_torch(n, f, b, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("n,f,b,out", [(3, 7, 5, 9), (1, 33, 1, 4), (16, 2, 2, 40), (8, 64, 3, 700)])
+@pytest.mark.parametrize("n,f,b,out", [(3, 7, 5, 9), (1, 33, 1, 4), (16, 2, 2, 40), (8, 64, 3, 700), (5, 24, 2, 1000),
+                                       (128, 3, 2, 50)])
 def test_selector_gradient_kernel_matches_torch(n, f, b, out, dtype, device):
     """dS from the per-fragment outputs z (x needs no gradient) against the plain-torch formula, and
     against the general backward given du = dy W^T (the same quantity reached the other way)."""
@@ -335,6 +336,27 @@ def test_selector_gradient_kernel_matches_torch(n, f, b, out, dtype, device):
         du = dy @ w.view(n * f, out).t()
         general = select_scale_backward_reference(x, s, p, du, dv, False)[1]
         assert relerr(got, general) <= 1e-4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("n,f,b,out", [(3, 7, 5, 9), (1, 33, 1, 4), (8, 64, 16, 100), (5, 40, 17, 33), (2, 8, 65, 20)])
+def test_fragment_outputs_kernel_matches_torch(n, f, b, out, dtype, device):
+    """z = x_f W_f per fragment and y = sum_f p_f z_f from one kernel against the plain-torch formula
+    (17 rows: a padded row block; 65 rows: beyond the kernel's row limit, the torch path)."""
+    from kernels.fragmented_experts import fragment_outputs, fragment_outputs_reference
+
+    torch.manual_seed(n + 3 * f + b + out)
+    x = torch.randn(b, n * f, dtype=DTYPES[dtype], device=device)
+    w = torch.randn(n, f, out, dtype=DTYPES[dtype], device=device) / f**0.5
+    p = torch.softmax(torch.randn(b, n, device=device), dim=1)
+    (z, y), (z_want, y_want) = fragment_outputs(x, w, p), fragment_outputs_reference(x, w, p)
+    assert z.shape == (n, b, out) and y.shape == (b, out) and z.dtype == y.dtype == x.dtype
+    exact = torch.bmm(x.double().view(b, n, f).transpose(0, 1), w.double())
+    tol = 1e-2 if dtype != "fp32" else 1e-5
+    for name, got, want in (("z", z, z_want), ("y", y, y_want), ("z exact", z, exact),
+                            ("y exact", y, torch.einsum("bn,nbo->bo", p.double(), exact))):
+        assert relerr(got, want) <= tol, f"{name}: rel err {relerr(got, want):.2e}"
 
 
 def _train_step(layer, x, g, x_grad=True):

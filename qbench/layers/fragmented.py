@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fragmented import select_scale, select_scale_backward, selector_gradient
+from kernels.fragmented_experts import fragment_outputs
 from kernels.grouped_gemm import grouped_matmul
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
@@ -140,10 +141,10 @@ class SoftFragmentedFn(torch.autograd.Function):
     (dx, dS) from the selector's backward kernel: six matmuls and two kernels, one node for the
     autograd engine to walk instead of five.
     When x needs no gradient (the layer's input is data), the forward keeps the per-fragment outputs
-    z [N, B, out] (z_f = x_f W_f, one batched matmul that reads W once, as u W_flat does) and sums
-    y's expert part as sum_f p_f z_f; the selector's gradient then takes <du_f, x_f> as <dy, z_f>, so
-    backward never reads W for du = dy W_flat^T (the one big matmul a dense layer's backward does not
-    have). Only while z is no larger than W (B <= F)."""
+    z [N, B, out] (z_f = x_f W_f) and y's expert part sum_f p_f z_f, both from one read of W
+    (kernels/fragmented_experts.py), as u W_flat reads it; the selector's gradient then takes
+    <du_f, x_f> as <dy, z_f>, so backward never reads W for du = dy W_flat^T (the one big matmul a dense
+    layer's backward does not have). Only while z is no larger than W (B <= F)."""
 
     @staticmethod
     def forward(ctx, x, s, w, c_w, e_w):
@@ -153,8 +154,7 @@ class SoftFragmentedFn(torch.autograd.Function):
         keep_z = not ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and x.shape[0] <= f
         z = None
         if keep_z:
-            z = torch.bmm(x.view(x.shape[0], n, f).transpose(0, 1), w)  # [N, B, out]
-            expert = torch.bmm(p.to(x.dtype).unsqueeze(1), z.transpose(0, 1)).squeeze(1)  # [B, out]
+            z, expert = fragment_outputs(x, w, p)  # [N, B, out], [B, out]: W read once for both
         else:
             expert = u @ w.view(-1, w.shape[-1])
         y = torch.addmm(expert, c, e_w.t())

@@ -64,7 +64,8 @@ def _fragment_outputs_kernel(x_ptr, w_ptr, p_ptr, z_ptr, y_ptr, B, N, F, OUT, st
 
 # (BLOCK_O, BLOCK_K, num_stages, num_warps): W streams through [BLOCK_K, BLOCK_O] tiles; narrow column
 # blocks give every SM a program or two, deep pipelines keep enough of W in flight per SM
-_CONFIGS = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 5, 4), (128, 64, 4, 4), (32, 256, 3, 4)]
+_CONFIGS = [(32, 128, 4, 4), (64, 128, 4, 4), (64, 64, 5, 4), (128, 64, 4, 4), (32, 256, 3, 4), (32, 256, 4, 4),
+            (64, 256, 3, 8), (128, 128, 3, 8)]
 _INTERPRETER_CONFIG = (32, 32, 1, 4)  # one small tile: autotuning the interpreter would only slow the tests
 
 _autotuned = triton.autotune(

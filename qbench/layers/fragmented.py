@@ -25,6 +25,7 @@ torch is imported at module level: this module is only imported by benches and t
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -149,14 +150,17 @@ class SoftFragmentedFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, s, w, c_w, e_w):
         u, v, p, _ = select_scale(x, s, False)  # x * p, x * (1 - p)
-        c = v @ c_w.t()  # [B, c]
         n, f = s.shape
         keep_z = not ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and x.shape[0] <= f
         z = None
+        side = _fork(x)
+        with _on(side):  # the low-rank path's small matmul beside the pass over W
+            c = v @ c_w.t()  # [B, c]
         if keep_z:
             z, expert = fragment_outputs(x, w, p)  # [N, B, out], [B, out]: W read once for both
         else:
             expert = u @ w.view(-1, w.shape[-1])
+        _join(side)
         y = torch.addmm(expert, c, e_w.t())
         ctx.save_for_backward(x, s, p, u, v, c, w, c_w, e_w, z)
         return y
@@ -165,15 +169,47 @@ class SoftFragmentedFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, s, p, u, v, c, w, c_w, e_w, z = ctx.saved_tensors
         need_x, need_s, need_w, need_c, need_e = ctx.needs_input_grad
-        w_flat = w.view(-1, w.shape[-1])
+        side = _fork(dy)
+        with _on(side):  # the low-rank path's small matmuls (and the selector's, with z) beside dW = u^T dy
+            de = dy.t() @ c if need_e else None
+            dc = dy @ e_w  # [B, c]
+            dcw = dc.t() @ v if need_c else None
+            dv = dc @ c_w
+            ds = selector_gradient(x, s, p, dv, z, dy) if z is not None else None
         dw = (u.t() @ dy).view(w.shape) if need_w else None
-        de = dy.t() @ c if need_e else None
-        dc = dy @ e_w  # [B, c]
-        dcw = dc.t() @ v if need_c else None
+        du = None if z is not None else dy @ w.view(-1, w.shape[-1]).t()
+        _join(side)
         if z is not None:  # x needs no gradient: the selector's alone, from z
-            return None, selector_gradient(x, s, p, dc @ c_w, z, dy), dw, dcw, de
-        dx, ds = select_scale_backward(x, s, p, dy @ w_flat.t(), dc @ c_w, False)
+            return None, ds, dw, dcw, de
+        dx, ds = select_scale_backward(x, s, p, du, dv, False)
         return dx if need_x else None, ds if need_s else None, dw, dcw, de
+
+
+_SIDE_STREAMS: dict = {}  # one high-priority side stream per device, reused
+
+
+def _fork(t: torch.Tensor):
+    """A side stream that waits for the current one (CUDA tensors, eager or inside a graph capture), so
+    that small latency-bound kernels run beside a bandwidth-bound one instead of after it; None elsewhere
+    (CPU, and while torch.compile traces: inductor orders the graph itself)."""
+    if not t.is_cuda or torch.compiler.is_compiling():
+        return None
+    side = _SIDE_STREAMS.get(t.device)
+    if side is None:  # high priority: its blocks take SMs as the big kernel's free up
+        side = _SIDE_STREAMS[t.device] = torch.cuda.Stream(t.device, priority=-1)
+    side.wait_stream(torch.cuda.current_stream(t.device))
+    return side
+
+
+def _on(side):
+    return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
+
+
+def _join(side) -> None:
+    """The current stream waits for the side stream's work (every tensor made there is then safe to use,
+    and the side stream's next fork orders its reuse of their memory after this stream's reads)."""
+    if side is not None:
+        torch.cuda.current_stream(side.device).wait_stream(side)
 
 
 class SelectScale(torch.autograd.Function):

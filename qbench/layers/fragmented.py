@@ -153,13 +153,13 @@ class SoftFragmentedFn(torch.autograd.Function):
         n, f = s.shape
         keep_z = not ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and x.shape[0] <= f
         z = None
-        side = _fork(x)
-        with _on(side):  # the low-rank path's small matmul beside the pass over W
-            c = v @ c_w.t()  # [B, c]
+        side = _fork(x)  # the pass over W is issued first, so an eager host never holds it back
         if keep_z:
             z, expert = fragment_outputs(x, w, p)  # [N, B, out], [B, out]: W read once for both
         else:
             expert = u @ w.view(-1, w.shape[-1])
+        with _on(side):  # the low-rank path's small matmul beside the pass over W
+            c = v @ c_w.t()  # [B, c]
         _join(side)
         y = torch.addmm(expert, c, e_w.t())
         ctx.save_for_backward(x, s, p, u, v, c, w, c_w, e_w, z)
@@ -169,15 +169,15 @@ class SoftFragmentedFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, s, p, u, v, c, w, c_w, e_w, z = ctx.saved_tensors
         need_x, need_s, need_w, need_c, need_e = ctx.needs_input_grad
-        side = _fork(dy)
+        side = _fork(dy)  # the big matmuls are issued first, so an eager host never holds them back
+        dw = (u.t() @ dy).view(w.shape) if need_w else None
+        du = None if z is not None else dy @ w.view(-1, w.shape[-1]).t()
         with _on(side):  # the low-rank path's small matmuls (and the selector's, with z) beside dW = u^T dy
             de = dy.t() @ c if need_e else None
             dc = dy @ e_w  # [B, c]
             dcw = dc.t() @ v if need_c else None
             dv = dc @ c_w
             ds = selector_gradient(x, s, p, dv, z, dy) if z is not None else None
-        dw = (u.t() @ dy).view(w.shape) if need_w else None
-        du = None if z is not None else dy @ w.view(-1, w.shape[-1]).t()
         _join(side)
         if z is not None:  # x needs no gradient: the selector's alone, from z
             return None, ds, dw, dcw, de

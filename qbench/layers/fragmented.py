@@ -191,9 +191,10 @@ _SIDE_STREAMS: dict = {}  # one high-priority side stream per device, reused
 def _fork(t: torch.Tensor):
     """A side stream that waits for the current one while a CUDA graph is being captured, so that small
     latency-bound kernels run beside a bandwidth-bound one instead of after it; None otherwise. Eager
-    steps stay on one stream: switching streams and the two event waits cost an H200 host ~0.4 ms per
-    forward + backward (host_fwd_bwd_ms 0.91-1.21 -> 1.32-1.43 at batch 16, fp32), more than the overlap
-    saves; a graph pays them once, at capture. While torch.compile traces, inductor orders the graph."""
+    steps stay on one stream: an eager step of this layer is host-bound on an H200 host (its host time
+    per forward + backward exceeds the GPU time), so overlap would save GPU time the step does not
+    spend, while the stream switches and event waits add host calls; a graph pays those once, at
+    capture. While torch.compile traces, inductor orders the graph."""
     if not t.is_cuda or torch.compiler.is_compiling() or not torch.cuda.is_current_stream_capturing():
         return None
     side = _SIDE_STREAMS.get(t.device)

@@ -19,9 +19,9 @@ Metrics (ms; eager keeps the historic names):
                             module steps' regime
   module_chain_ratio_<m>    speedup_module_<m> / speedup_chain_<m>
 Why the chains: the components are timed one at a time with the GPU idling in between, the module steps
-back to back. Sustained int8 matmuls run slower than isolated ones (an H200 at 32768 x 4096 -> 16384:
-3.40 ms isolated, 4.16 ms back to back; the 16-bit GEMM 5.72 -> 6.39), so module_kernel_ratio mixes the
-layer's own overhead with the GPU's clocks under load; module_chain_ratio compares like with like.
+back to back, and an H200 runs the int8 kernels markedly slower under sustained load than isolated (the
+16-bit ones less so; README, switchback section), so module_kernel_ratio mixes the layer's own overhead
+with the GPU's clocks under load; module_chain_ratio compares like with like.
 Before a mode is timed its step is checked: eager SwitchBack against nn.Linear (relative error of the
 output and of dX within the int8 bound), compiled and graphed against eager (same kernels).
 """

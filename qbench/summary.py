@@ -39,6 +39,7 @@ class SummaryOptions:
     pattern: str | None = None
     by: str | None = None
     across_runs: str | None = None
+    ratio_to: str | None = None  # PARAM=REF: each record over its PARAM=REF counterpart (qbench.ratios)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class Summary:
     left_out: list[str] = field(default_factory=list)  # records not ok, as 'bench/case: status error'
     replaced: int = 0  # records replaced by a later record of the same configuration in the same run
     column_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)  # pivot key -> parameters tied to it
+    ratio_to: str | None = None  # PARAM=REF when the cells are ratios to those records (qbench.ratios)
 
 
 def record_cell(record: dict[str, Any], metric: str) -> Cell | None:
@@ -232,7 +234,14 @@ def summarize(paths: Sequence[str], options: SummaryOptions) -> Summary:
     """Load the runs (run directories, or seed files imported on the fly) and summarize them."""
     if options.across_runs is not None and options.across_runs not in ACROSS_RUNS:
         raise QbenchUsageError(f"--across-runs {options.across_runs}: choose from {', '.join(ACROSS_RUNS)}")
-    return build([load_any(p) for p in paths], options)
+    runs = [load_any(p) for p in paths]
+    if not options.ratio_to:
+        return build(runs, options)
+    from qbench.ratios import ratio_runs
+
+    result = build(ratio_runs(runs, options.ratio_to), options)
+    result.ratio_to = options.ratio_to
+    return result
 
 
 # ---- printing: a rich table, a Markdown table to paste, or JSON --------------------------------------
@@ -293,6 +302,9 @@ def legend(summary: Summary) -> list[str]:
                      f"{', '.join(summary.labels)}; spread = (max - min) / median")
     elif any(c.samples for c in cells):
         lines.append("median [p20, p80]: the stored median, and p20-p80 of the stored samples")
+    if summary.ratio_to:
+        lines.append(f"ratios: each record's stored median over that of its {summary.ratio_to} counterpart in "
+                     "the same run (no samples)")
     if any(not c.samples and c.runs is None for c in cells):
         lines.append(f"{STORED_ONLY} the stored median alone: the record keeps no samples of this metric")
     if any(c.off_samples for c in cells):

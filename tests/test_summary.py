@@ -152,6 +152,37 @@ def test_failed_records_are_left_out_and_named(tmp_path):
     assert any("left out, not ok: 1 records" in line for line in summary.legend(result))
 
 
+def _layers(scale):
+    """A toy fragmented-style run: two layers (fragments tied to layer) at two batch sizes, two modes."""
+    return [_record({"layer": layer, "fragments": frags, "batch": b, "exec": ex},
+                    time=scale * base * b * (2.0 if ex == "eager" else 1.0), samples=[1.0] * 3)
+            for layer, frags, base in (("linear", 0, 1.0), ("fragmented", 8, 1.5))
+            for b in (1, 16) for ex in ("eager", "graph")]
+
+
+def test_ratio_to_divides_each_record_by_its_reference_in_the_same_run(tmp_path):
+    """--ratio-to layer=linear: every fragmented record over the linear record of the same batch and mode
+    (fragments, tied to layer, left out of the match); with --across-runs the median of each run's ratio."""
+    slow = _layers(1.0)
+    slow[5]["metrics"]["time"] *= 2  # fragmented, batch 1, graph: twice as slow in this run only
+    result = _summary(tmp_path, _layers(1.0), slow, _layers(3.0), metrics=("time",), ratio_to="layer=linear",
+                      across_runs="median")
+    assert result.fixed == {"layer": "fragmented", "fragments": 8} and result.units == {"time": units.RATIO}
+    cells = _cells(result, "time")
+    assert result.row_params == ["exec", "batch"]
+    assert set(cells) == {(ex, b) for b in (1, 16) for ex in ("eager", "graph")}
+    assert cells[("eager", 16)].runs == pytest.approx((1.5, 1.5, 1.5))
+    assert cells[("graph", 1)].runs == pytest.approx((1.5, 3.0, 1.5)) and cells[("graph", 1)].value == 1.5
+    assert any("over that of its layer=linear counterpart" in line for line in summary.legend(result))
+
+
+def test_ratio_to_usage_errors(tmp_path):
+    for spec, fragment in (("layer", "must be PARAM=REF"), ("layer=conv", "no record of .* has layer=conv"),
+                           ("nosuch=1", "has nosuch=1")):
+        with pytest.raises(QbenchUsageError, match=fragment):
+            _summary(tmp_path / spec.replace("=", "_"), _layers(1.0), metrics=("time",), ratio_to=spec)
+
+
 def test_usage_errors(tmp_path):
     run = [_sweep()]
     for options, fragment in [

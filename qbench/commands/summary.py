@@ -12,6 +12,8 @@ Examples:
   qbench summary run-a run-b --metric step_time --by run                 # runs side by side
   qbench summary run-a run-b run-c --metric step_time --across-runs median   # median of 3 runs
   qbench summary results/fragmented-h200-targets-fp32 --metric forward_ms --json
+  qbench summary results/fragmented-h200-modes/run{1,2,3} --metric fwd_bwd_ms --ratio-to layer=linear \
+      --across-runs median                                          # fragmented over dense, median of 3
 """
 
 
@@ -25,11 +27,14 @@ Examples:
 @click.option("--across-runs", type=click.Choice(("median",)), default=None,
               help="Combine repeats of one command: the median over the runs of each run's value, "
                    "with the runs' values and their spread.")
+@click.option("--ratio-to", default=None, metavar="PARAM=REF",
+              help="Divide each record's metrics by those of the record with PARAM=REF in the same run and "
+                   "otherwise the same configuration (e.g. layer=linear: fragmented over dense).")
 @click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True,
               help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
-def command(runs, metrics, pattern, by, across_runs, digits, fmt) -> None:
+def command(runs, metrics, pattern, by, across_runs, ratio_to, digits, fmt) -> None:
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)
     where the record keeps no samples. Speed-ups are the ratios of medians the records store.
@@ -38,5 +43,5 @@ def command(runs, metrics, pattern, by, across_runs, digits, fmt) -> None:
     run directories or seed files (imported on the fly)."""
     from qbench import summary
 
-    options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs)
+    options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs, ratio_to)
     summary.show(summary.summarize(runs, options), fmt, digits)

@@ -332,12 +332,13 @@ def text_rows(summary: Summary, digits: int) -> tuple[list[str], list[list[str]]
     return [*summary.row_params, *(h for h, _, _ in columns)], rows
 
 
-def table(summary: Summary, digits: int):
+def table(summary: Summary, digits: int, notes: Sequence[str] = ()):
     from rich.table import Table
     from rich.text import Text
 
     headers, rows = text_rows(summary, digits)  # Text: '[p20, p80]' is data, not rich markup
-    out = Table(header_style="bold", caption=Text("\n".join(legend(summary))), caption_justify="left")
+    caption = Text("\n".join([*legend(summary), *notes]))
+    out = Table(header_style="bold", caption=caption, caption_justify="left")
     for i, header in enumerate(headers):
         out.add_column(Text(header), justify="right", style="cyan" if i < len(summary.row_params) else None)
     for row in rows:
@@ -345,15 +346,15 @@ def table(summary: Summary, digits: int):
     return out
 
 
-def markdown(summary: Summary, digits: int) -> str:
-    """A Markdown table to paste, the legend below it (one line each)."""
+def markdown(summary: Summary, digits: int, notes: Sequence[str] = ()) -> str:
+    """A Markdown table to paste, the legend (and notes) below it (one line each)."""
     headers, rows = text_rows(summary, digits)
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in legend(summary))
+    return "\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in [*legend(summary), *notes])
 
 
-def as_json(summary: Summary) -> str:
+def as_json(summary: Summary, targets: Sequence[dict] = ()) -> str:
     """One object per (row, metric, pivot value), unpivoted, every number as stored."""
     out = []
     for values, cells in summary.rows:
@@ -365,15 +366,20 @@ def as_json(summary: Summary) -> str:
             fields = {**cell.__dict__, "spread_pct": cell.spread_pct} if cell else {"value": None}
             out.append({"params": params, "metric": metric, "unit": summary.units.get(metric), **fields})
     payload = {"runs": summary.labels, "across_runs": summary.across_runs, "fixed": summary.fixed,
-               "left_out": summary.left_out, "rows": out}
+               "left_out": summary.left_out, "rows": out, "targets": list(targets)}
     return json.dumps(payload, indent=2, default=str) + "\n"
 
 
-def show(summary: Summary, fmt: str | None, digits: int) -> None:
-    """Print the summary on stdout: a rich table (default), --markdown or --json."""
+def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] = ()) -> None:
+    """Print the summary on stdout: a rich table (default), --markdown or --json; with each --target's
+    verdict on the printed values (qbench.targets)."""
+    from qbench import targets as target_checks
+
+    results = target_checks.check(summary, [target_checks.parse(t) for t in targets], digits)
+    notes = target_checks.lines(results)
     if fmt == "markdown":
-        sys.stdout.write(markdown(summary, digits))
+        sys.stdout.write(markdown(summary, digits, notes))
     elif fmt == "json":
-        sys.stdout.write(as_json(summary))
+        sys.stdout.write(as_json(summary, results))
     else:
-        report.stdout_console().print(table(summary, digits))
+        report.stdout_console().print(table(summary, digits, notes))

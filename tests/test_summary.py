@@ -183,6 +183,28 @@ def test_ratio_to_usage_errors(tmp_path):
             _summary(tmp_path / spec.replace("=", "_"), _layers(1.0), metrics=("time",), ratio_to=spec)
 
 
+def test_targets_are_judged_on_the_printed_values(tmp_path):
+    """--target counts the cells that meet it, judged on each cell as printed: 1.30004 prints as 1.30004
+    (never rounded onto 1.300) and misses '<= 1.3'; 1.3 meets it."""
+    from qbench import targets
+
+    recs = [_record({"m": m}, time=t, samples=[t] * 3) for m, t in ((1, 1.2), (2, 1.3), (3, 1.30004), (4, 2.0))]
+    result = _summary(tmp_path, recs, metrics=("time",))
+    (got,) = targets.check(result, [targets.parse("time:..1.3")], 4)
+    assert (got["cells"], got["met"]) == (4, 2) and got["missed"] == [("m=3", "1.30004"), ("m=4", "2.000")]
+    assert targets.lines([got])[0].startswith("target time <= 1.3: 2 of 4 cells met; missed: m=3: 1.30004")
+    (band,) = targets.check(result, [targets.parse("time:1.25..1.5")], 4)
+    assert band["met"] == 2 and band["target"] == "time in [1.25, 1.5]"
+    assert targets.parse("time:1.15..") == targets.Target("time", 1.15, None)
+    for spec, fragment in (("time", "must be METRIC:LO..HI"), ("time:1.3", "must be"), ("time:..", "must be"),
+                           ("time:a..b", "must be numbers"), ("time:2..1", "lower one first"),
+                           ("time:..inf", "finite")):
+        with pytest.raises(QbenchUsageError, match=fragment):
+            targets.parse(spec)
+    with pytest.raises(QbenchUsageError, match="add --metric speedup"):
+        targets.check(result, [targets.parse("speedup:1..")], 4)
+
+
 def test_usage_errors(tmp_path):
     run = [_sweep()]
     for options, fragment in [
@@ -211,7 +233,11 @@ def test_cli_outputs_and_exit_codes(tmp_path):
     assert len(payload["rows"]) == 4 and payload["rows"][0]["samples"] == 7
     lines = [line for line in _cli(run, "--markdown", "--by", "dim_in").stdout.splitlines() if line.startswith("|")]
     assert len({line.count("|") for line in lines}) == 1 and len(lines) == 2 + 2  # dim_out is tied to dim_in
-    for args in ([run, "--metric", "nosuch"], [tmp_path / "missing"], [run, "--digits", "0"], [run, "--by", "x"]):
+    judged = json.loads(_cli(run, "--json", "--metric", "time", "--target", "time:..1e9").stdout)["targets"]
+    assert judged[0]["cells"] == judged[0]["met"] == 4
+    for args in ([run, "--metric", "nosuch"], [tmp_path / "missing"], [run, "--digits", "0"], [run, "--by", "x"],
+                 [run, "--target", "time"], [run, "--metric", "time", "--target", "speedup:1.."],
+                 [run, "--ratio-to", "layer"]):
         result = _cli(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

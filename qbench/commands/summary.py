@@ -14,6 +14,8 @@ Examples:
   qbench summary results/fragmented-h200-targets-fp32 --metric forward_ms --json
   qbench summary results/fragmented-h200-modes/run{1,2,3} --metric fwd_bwd_ms --ratio-to layer=linear \
       --across-runs median                                          # fragmented over dense, median of 3
+  qbench summary results/switchback-h200-modes/run{1,2,3} --metric module_kernel_ratio_graph \
+      --across-runs median --target module_kernel_ratio_graph:0.95..1.05   # how many cells meet it
 """
 
 
@@ -30,11 +32,14 @@ Examples:
 @click.option("--ratio-to", default=None, metavar="PARAM=REF",
               help="Divide each record's metrics by those of the record with PARAM=REF in the same run and "
                    "otherwise the same configuration (e.g. layer=linear: fragmented over dense).")
+@click.option("--target", "targets", multiple=True, metavar="METRIC:LO..HI",
+              help="Judge every cell of METRIC against a target on its printed value (repeatable; either "
+                   "bound may be left out: fwd_bwd_ms:..1.3, speedup_step:1.15..) and count the cells met.")
 @click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True,
               help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
-def command(runs, metrics, pattern, by, across_runs, ratio_to, digits, fmt) -> None:
+def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, digits, fmt) -> None:
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)
     where the record keeps no samples. Speed-ups are the ratios of medians the records store.
@@ -44,4 +49,4 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, digits, fmt) -> N
     from qbench import summary
 
     options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs, ratio_to)
-    summary.show(summary.summarize(runs, options), fmt, digits)
+    summary.show(summary.summarize(runs, options), fmt, digits, targets)

@@ -1,0 +1,83 @@
+"""`qbench summary --target METRIC:LO..HI`: whether each cell of a metric meets a target, judged on the
+value as printed (a target is met or missed by the printed value, never by unrounded digits or by
+rounding it up), and how many cells do. Either bound may be left out: `fwd_bwd_ms:..1.3` is "at most
+1.3", `speedup_step:1.15..` "at least 1.15", `module_kernel_ratio_graph:0.95..1.05` a band."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from qbench import join, report
+from qbench.errors import QbenchUsageError
+
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    low: float | None
+    high: float | None
+
+    def text(self) -> str:
+        if self.low is None:
+            return f"{self.metric} <= {self.high:g}"
+        if self.high is None:
+            return f"{self.metric} >= {self.low:g}"
+        return f"{self.metric} in [{self.low:g}, {self.high:g}]"
+
+    def met(self, value: float) -> bool:
+        return (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+
+
+def parse(spec: str) -> Target:
+    """'M:LO..HI' (either bound optional) -> Target."""
+    metric, sep, band = (part.strip() for part in spec.rpartition(":"))
+    low_text, dots, high_text = (part.strip() for part in band.partition(".."))
+    if not sep or not metric or not dots or not (low_text or high_text):
+        raise QbenchUsageError(f"--target {spec!r} must be METRIC:LO..HI, METRIC:..HI or METRIC:LO.., "
+                               "e.g. --target fwd_bwd_ms:..1.3")
+    try:
+        low, high = (float(t) if t else None for t in (low_text, high_text))
+    except ValueError:
+        raise QbenchUsageError(f"--target {spec!r}: the bounds must be numbers") from None
+    if any(b is not None and not math.isfinite(b) for b in (low, high)) or (
+            low is not None and high is not None and low > high):
+        raise QbenchUsageError(f"--target {spec!r}: the bounds must be finite, the lower one first")
+    return Target(metric, low, high)
+
+
+def check(summary, targets: list[Target], digits: int) -> list[dict[str, Any]]:
+    """Per target: {'target', 'cells', 'met', 'missed': [(case text, printed value)]} over every cell of
+    its metric that has a value (see the module docstring)."""
+    from qbench.summary import columns_of, param_text
+
+    results = []
+    for target in targets:
+        if target.metric not in summary.metrics:
+            raise QbenchUsageError(f"--target {target.metric}: not among the metrics shown; add --metric "
+                                   f"{target.metric}")
+        cells, missed = 0, []
+        for values, row in summary.rows:
+            for _, metric, column in columns_of(summary):
+                cell = row.get((metric, join.value_key(column) if summary.by else ""))
+                if metric != target.metric or cell is None or cell.value is None:
+                    continue
+                cells += 1
+                printed = report.format_sig(cell.value, digits)
+                if not target.met(float(printed)):
+                    case = [f"{k}={param_text(v)}" for k, v in zip(summary.row_params, values)]
+                    case += [f"{summary.by}={param_text(column)}"] if summary.by else []
+                    missed.append((", ".join(case), printed))
+        results.append({"target": target.text(), "cells": cells, "met": cells - len(missed), "missed": missed})
+    return results
+
+
+def lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per target: how many cells meet it, and the ones that miss it."""
+    out = []
+    for r in results:
+        missed = "; ".join(f"{case}: {value}" for case, value in r["missed"])
+        out.append(f"target {r['target']}: {r['met']} of {r['cells']} cells met"
+                   + (f"; missed: {missed}" if missed else ""))
+    return out

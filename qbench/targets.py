@@ -68,7 +68,7 @@ def check(summary, targets: list[Target], digits: int) -> list[dict[str, Any]]:
                 if not target.met(float(printed)):
                     case = [f"{k}={param_text(v)}" for k, v in zip(summary.row_params, values)]
                     case += [f"{summary.by}={param_text(column)}"] if summary.by else []
-                    missed.append((", ".join(case), printed))
+                    missed.append((", ".join(case) or "the one case", printed))
         results.append({"target": target.text(), "cells": cells, "met": cells - len(missed), "missed": missed})
     return results
 

@@ -3,6 +3,7 @@
 #   scripts/gpu_switchback.sh tests    GPU tests: kernels, layers (compiled, graphed, sync-free), fp8, timer
 #   scripts/gpu_switchback.sh modes    the execution-mode command of results/switchback-h200-modes, RUNS times
 #   scripts/gpu_switchback.sh model    transformer block stacks (--model) and the training check
+#   scripts/gpu_switchback.sh vit-h    the command of results/switchback-h200-model/vit-h-compile-3runs, RUNS times
 #   scripts/gpu_switchback.sh ncu      DRAM bytes of the weight quantizers read by ncu (clocks left alone)
 source "$(dirname "$0")/gpu_prelude.sh"
 PAIRS=1024x4096,4096x1024,2048x8192,8192x2048,4096x16384,16384x4096
@@ -20,6 +21,12 @@ model)
   qbench switchback --model vit-h --batch-sizes 256 --out "$OUT/runs/model-vit-h" | tail -12
   qbench switchback --train-check --out "$OUT/runs/train-check" | tail -8
   pack_runs ;;
+vit-h)
+  for i in $(seq "${RUNS:-3}"); do
+    qbench switchback --model vit-h --batch-sizes 256 --exec compile --variants 16bit,switchback \
+      --out "$OUT/runs/vit-h-compile-run$i" | tail -1
+  done
+  pack_runs ;;
 ncu)
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   timeout 240 "$NCU" --clock-control none --csv \
@@ -32,5 +39,5 @@ for name in ('quantize_global', 'quantize_global_transpose', 'quantize_columnwis
     getattr(sq, name)(w)
 torch.cuda.synchronize()" > "$OUT/ncu_quantizers.csv" 2> "$OUT/ncu_stderr.txt"
   echo "ncu rc=$?" ;;
-*) echo "unknown part $1: tests, modes, model or ncu" >&2; exit 2 ;;
+*) echo "unknown part $1: tests, modes, model, vit-h or ncu" >&2; exit 2 ;;
 esac

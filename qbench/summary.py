@@ -282,6 +282,19 @@ def columns_of(summary: Summary) -> list[tuple[str, str, Any]]:
     return out
 
 
+def metric_cells(summary: Summary) -> dict[str, list[tuple[str, float]]]:
+    """metric -> (case text 'k=v, ...', value) of every cell of the metric that has a value."""
+    out: dict[str, list[tuple[str, float]]] = {metric: [] for metric in summary.metrics}
+    for values, row in summary.rows:
+        for _, metric, column in columns_of(summary):
+            cell = row.get((metric, join.value_key(column) if summary.by else ""))
+            if cell is not None and cell.value is not None:
+                case = [f"{k}={param_text(v)}" for k, v in zip(summary.row_params, values)]
+                case += [f"{summary.by}={param_text(column)}"] if summary.by else []
+                out[metric].append((", ".join(case), cell.value))
+    return out
+
+
 def param_text(value: Any) -> str:
     """A parameter value as a case id spells it: 8192, not 8,192 (the text -k matches)."""
     if isinstance(value, float) and value.is_integer():
@@ -375,7 +388,7 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
     verdict on the printed values (qbench.targets)."""
     from qbench import targets as target_checks
 
-    results = target_checks.check(summary, [target_checks.parse(t) for t in targets], digits)
+    results = target_checks.check([target_checks.parse(t) for t in targets], metric_cells(summary), digits)
     notes = target_checks.lines(results)
     if fmt == "markdown":
         sys.stdout.write(markdown(summary, digits, notes))

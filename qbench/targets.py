@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from qbench import join, report
+from qbench import report
 from qbench.errors import QbenchUsageError
 
 
@@ -47,29 +47,21 @@ def parse(spec: str) -> Target:
     return Target(metric, low, high)
 
 
-def check(summary, targets: list[Target], digits: int) -> list[dict[str, Any]]:
-    """Per target: {'target', 'cells', 'met', 'missed': [(case text, printed value)]} over every cell of
-    its metric that has a value (see the module docstring)."""
-    from qbench.summary import columns_of, param_text
-
+def check(targets: list[Target], cells: dict[str, list[tuple[str, float]]], digits: int) -> list[dict[str, Any]]:
+    """Per target: {'target', 'cells', 'met', 'missed': [(case text, printed value)]}. cells: metric ->
+    (case text, value) of every cell of that metric that has a value (the metrics shown)."""
     results = []
     for target in targets:
-        if target.metric not in summary.metrics:
+        if target.metric not in cells:
             raise QbenchUsageError(f"--target {target.metric}: not among the metrics shown; add --metric "
                                    f"{target.metric}")
-        cells, missed = 0, []
-        for values, row in summary.rows:
-            for _, metric, column in columns_of(summary):
-                cell = row.get((metric, join.value_key(column) if summary.by else ""))
-                if metric != target.metric or cell is None or cell.value is None:
-                    continue
-                cells += 1
-                printed = report.format_sig(cell.value, digits)
-                if not target.met(float(printed)):
-                    case = [f"{k}={param_text(v)}" for k, v in zip(summary.row_params, values)]
-                    case += [f"{summary.by}={param_text(column)}"] if summary.by else []
-                    missed.append((", ".join(case) or "the one case", printed))
-        results.append({"target": target.text(), "cells": cells, "met": cells - len(missed), "missed": missed})
+        missed = []
+        for case, value in cells[target.metric]:
+            printed = report.format_sig(value, digits)
+            if not target.met(float(printed)):
+                missed.append((case or "the one case", printed))
+        results.append({"target": target.text(), "cells": len(cells[target.metric]),
+                        "met": len(cells[target.metric]) - len(missed), "missed": missed})
     return results
 
 

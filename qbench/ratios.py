@@ -36,6 +36,9 @@ def ratio_runs(runs: Sequence[Run], spec: str) -> list[Run]:
         if ref not in groups:
             values = ", ".join(groups) or "none"
             raise QbenchUsageError(f"--ratio-to {spec}: no record of {run.label} has {param}={ref} (values: {values})")
+        if len(groups) < 2:
+            raise QbenchUsageError(f"--ratio-to {spec}: every record of {run.label} has {param}={ref}; "
+                                   "nothing to divide by it")
         tied = join.tied_params(groups)
         base = {_key(rec, tied): rec for rec in groups[ref] if rec.get("status") == "ok"}
         records = []

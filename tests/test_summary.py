@@ -181,6 +181,9 @@ def test_ratio_to_usage_errors(tmp_path):
                            ("nosuch=1", "has nosuch=1")):
         with pytest.raises(QbenchUsageError, match=fragment):
             _summary(tmp_path / spec.replace("=", "_"), _layers(1.0), metrics=("time",), ratio_to=spec)
+    dense_only = [rec for rec in _layers(1.0) if rec["params"]["layer"] == "linear"]
+    with pytest.raises(QbenchUsageError, match="every record of .* has layer=linear; nothing to divide by it"):
+        _summary(tmp_path / "dense", dense_only, metrics=("time",), ratio_to="layer=linear")
 
 
 def test_targets_are_judged_on_the_printed_values(tmp_path):

@@ -290,7 +290,7 @@ def across_param(runs: Sequence[Run], spec: str, cross_env: bool = False) -> lis
     if not groups:
         raise QbenchUsageError(f"--across {param}: no record of these runs has a parameter {param!r}")
     if ref:
-        ref = join.value_key(join.join_params({param: ref})[param])  # as split_by spells it: fp16, 8192
+        ref = join.param_key(param, ref)
     else:
         default = join.PARAM_DEFAULTS.get(param)
         ref = default if default in groups else next(iter(groups))

@@ -37,6 +37,11 @@ def value_key(value: Any) -> str:
     return str(value).lower()
 
 
+def param_key(param: str, value: Any) -> str:
+    """A value of `param` given on the command line, spelt as split_by spells its groups (fp16, 8192)."""
+    return value_key(join_params({param: value})[param])
+
+
 def join_keys(record_sets: list[list[dict[str, Any]]], bench: str) -> list[str]:
     """Parameter names every record set knows for this bench (the join key)."""
     key_sets = []

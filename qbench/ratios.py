@@ -24,7 +24,7 @@ def parse(spec: str) -> tuple[str, str]:
     param, sep, ref = (part.strip() for part in spec.partition("="))
     if not sep or not param or not ref:
         raise QbenchUsageError(f"--ratio-to {spec!r} must be PARAM=REF, e.g. --ratio-to layer=linear")
-    return param, join.value_key(join.join_params({param: ref})[param])
+    return param, join.param_key(param, ref)
 
 
 def ratio_runs(runs: Sequence[Run], spec: str) -> list[Run]:

@@ -342,20 +342,30 @@ def test_selector_gradient_kernel_matches_torch(n, f, b, out, dtype, device):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("n,f,b,out", [(3, 7, 5, 9), (1, 33, 1, 4), (8, 64, 16, 100), (5, 40, 17, 33), (2, 8, 65, 20)])
 def test_fragment_outputs_kernel_matches_torch(n, f, b, out, dtype, device):
-    """z = x_f W_f per fragment and y = sum_f p_f z_f from one kernel against the plain-torch formula
-    (17 rows: a padded row block; 65 rows: beyond the kernel's row limit, the torch path)."""
-    from kernels.fragmented_experts import fragment_outputs, fragment_outputs_reference
+    """z = x_f W_f per fragment, then y = sum_f p_f z_f + c E^T from z, each kernel against its plain-torch
+    formula and float64 (17 rows: a padded row block; 65 rows: beyond the kernels' row limit, the torch
+    path; rank 70: two chunks of the low-rank product, the second ragged)."""
+    from kernels.fragmented_experts import (
+        expert_sum,
+        expert_sum_reference,
+        fragment_outputs,
+        fragment_outputs_reference,
+    )
 
     torch.manual_seed(n + 3 * f + b + out)
     x = torch.randn(b, n * f, dtype=DTYPES[dtype], device=device)
     w = torch.randn(n, f, out, dtype=DTYPES[dtype], device=device) / f**0.5
     p = torch.softmax(torch.randn(b, n, device=device), dim=1)
-    (z, y), (z_want, y_want) = fragment_outputs(x, w, p), fragment_outputs_reference(x, w, p)
+    c = torch.randn(b, 70, dtype=x.dtype, device=device)
+    e = torch.randn(out, 70, dtype=x.dtype, device=device) / 70**0.5
+    z = fragment_outputs(x, w)
+    y = expert_sum(z, p, c, e)
     assert z.shape == (n, b, out) and y.shape == (b, out) and z.dtype == y.dtype == x.dtype
     exact = torch.bmm(x.double().view(b, n, f).transpose(0, 1), w.double())
+    y_exact = torch.einsum("bn,nbo->bo", p.double(), z.double()) + c.double() @ e.double().t()
     tol = 1e-2 if dtype != "fp32" else 1e-5
-    for name, got, want in (("z", z, z_want), ("y", y, y_want), ("z exact", z, exact),
-                            ("y exact", y, torch.einsum("bn,nbo->bo", p.double(), exact))):
+    for name, got, want in (("z", z, fragment_outputs_reference(x, w)), ("y", y, expert_sum_reference(z, p, c, e)),
+                            ("z exact", z, exact), ("y exact", y, y_exact)):
         assert relerr(got, want) <= tol, f"{name}: rel err {relerr(got, want):.2e}"
 
 
@@ -411,3 +421,21 @@ def test_cuda_graph_train_step_matches_eager_without_syncs(dtype):
     torch.cuda.synchronize()
     for i, (a, e) in enumerate(zip([y, xs.grad] + [p.grad for p in layer.parameters()], want)):
         assert relerr(a, e) <= 1e-2, f"tensor {i}: rel err {relerr(a, e):.2e}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("b,n_in,out", [(5, 70, 33), (1, 64, 160), (16, 96, 40), (17, 33, 65), (65, 24, 20)])
+def test_expert_weight_grad_matches_torch(b, n_in, out, dtype, device):
+    """dW = u^T dy from the persistent kernel (a few programs walking many tiles, ragged edges, 17 rows: a
+    second row chunk; 65 rows: the torch path) against torch and float64."""
+    from kernels.fragmented_experts import expert_weight_grad, expert_weight_grad_reference
+
+    torch.manual_seed(b + 3 * n_in + out)
+    u = torch.randn(b, n_in, dtype=DTYPES[dtype], device=device)
+    dy = torch.randn(b, out, dtype=DTYPES[dtype], device=device)
+    got = expert_weight_grad(u, dy)
+    assert got.shape == (n_in, out) and got.dtype == u.dtype
+    tol = 1e-2 if dtype != "fp32" else 1e-6
+    assert relerr(got, expert_weight_grad_reference(u, dy)) <= tol
+    assert relerr(got, u.double().t() @ dy.double()) <= tol

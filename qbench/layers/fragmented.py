@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fragmented import select_scale, select_scale_backward, selector_gradient
-from kernels.fragmented_experts import fragment_outputs
+from kernels.fragmented_experts import expert_sum, expert_weight_grad, fragment_outputs
 from kernels.grouped_gemm import grouped_matmul
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
@@ -140,10 +140,11 @@ class SoftFragmentedFn(torch.autograd.Function):
         (u, v, p) = select_scale(x, S);  c = v C^T;  y = u W_flat + c E^T     (W_flat = W as [in, out])
     Backward: dW = u^T dy, dE = dy^T c, dc = dy E, dC = dc^T v, du = dy W_flat^T, dv = dc C, then
     (dx, dS) from the selector's backward kernel: six matmuls and two kernels, one node for the
-    autograd engine to walk instead of five.
+    autograd engine to walk instead of five. dW, a rank-B outer product at the layer's batches, is a
+    persistent kernel that streams its tiles out (kernels.fragmented_experts.expert_weight_grad).
     When x needs no gradient (the layer's input is data), the forward keeps the per-fragment outputs
-    z [N, B, out] (z_f = x_f W_f) and y's expert part sum_f p_f z_f, both from one read of W
-    (kernels/fragmented_experts.py), as u W_flat reads it; the selector's gradient then takes
+    z [N, B, out] (z_f = x_f W_f), from one read of W as u W_flat reads it, and forms y = sum_f p_f z_f +
+    c E^T from z in one light pass (kernels/fragmented_experts.py); the selector's gradient then takes
     <du_f, x_f> as <dy, z_f>, so backward never reads W for du = dy W_flat^T (the one big matmul a dense
     layer's backward does not have). Only while z is no larger than W (B <= F)."""
 
@@ -152,16 +153,17 @@ class SoftFragmentedFn(torch.autograd.Function):
         u, v, p, _ = select_scale(x, s, False)  # x * p, x * (1 - p)
         n, f = s.shape
         keep_z = not ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and x.shape[0] <= f
-        z = None
+        z = expert = None
         side = _fork(x)  # the pass over W is issued first: the side stream's work never delays it
         if keep_z:
-            z, expert = fragment_outputs(x, w, p)  # [N, B, out], [B, out]: W read once for both
+            z = fragment_outputs(x, w)  # [N, B, out]: W read once
         else:
             expert = u @ w.view(-1, w.shape[-1])
         with _on(side):  # the low-rank path's small matmul beside the pass over W
             c = v @ c_w.t()  # [B, c]
         _join(side)
-        y = torch.addmm(expert, c, e_w.t())
+        # y = sum_f p_f z_f + c E^T in one pass over z, or the expert output plus c E^T
+        y = expert_sum(z, p, c, e_w) if keep_z else torch.addmm(expert, c, e_w.t())
         ctx.save_for_backward(x, s, p, u, v, c, w, c_w, e_w, z)
         return y
 
@@ -170,7 +172,7 @@ class SoftFragmentedFn(torch.autograd.Function):
         x, s, p, u, v, c, w, c_w, e_w, z = ctx.saved_tensors
         need_x, need_s, need_w, need_c, need_e = ctx.needs_input_grad
         side = _fork(dy)  # the big matmuls are issued first: the side stream's work never delays them
-        dw = (u.t() @ dy).view(w.shape) if need_w else None
+        dw = expert_weight_grad(u, dy).view(w.shape) if need_w else None  # u^T dy, streamed out by tiles
         du = None if z is not None else dy @ w.view(-1, w.shape[-1]).t()
         with _on(side):  # the low-rank path's small matmuls (and the selector's, with z) beside dW = u^T dy
             de = dy.t() @ c if need_e else None

@@ -226,9 +226,9 @@ def _weight_grad_kernel(u_ptr, dy_ptr, dw_ptr, B, IN, OUT, stride_u, stride_dy, 
                  mask=(rm[:, None] < IN) & (rn[None, :] < OUT))
 
 
-# (BLOCK_M, BLOCK_N, num_warps): the probe's fastest tiles for the bf16 8192 x 8192 case
+# (BLOCK_M, BLOCK_N, num_warps): the probe's fastest tiles for the bf16 8192 x 8192 case, two programs per SM
 _GRAD_CONFIGS = [(64, 128, 4), (64, 128, 8), (128, 128, 4), (128, 128, 8), (64, 256, 4)]
-_GRAD_PROGRAMS_PER_SM = 1  # one per SM leaves room on every SM for the small kernels of a side stream
+_GRAD_PROGRAMS_PER_SM = 2
 
 
 def _prune_grad(configs, named_args, **kwargs):

@@ -171,40 +171,20 @@ class SoftFragmentedFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, s, p, u, v, c, w, c_w, e_w, z = ctx.saved_tensors
         need_x, need_s, need_w, need_c, need_e = ctx.needs_input_grad
-        side = _fork(dy)
-        if z is not None:  # x needs no gradient: the selector's alone, from z
-            with _on(side):  # issued first: these small kernels take SMs beside dW's persistent programs
-                de, dc, dcw, dv = _low_rank_grads(dy, c, v, e_w, c_w, need_e, need_c)
-                ds = selector_gradient(x, s, p, dv, z, dy)
-            dw = expert_weight_grad(u, dy).view(w.shape) if need_w else None  # u^T dy, streamed out by tiles
-            _join(side)
-            return None, ds, dw, dcw, de
-        dw = expert_weight_grad(u, dy).view(w.shape) if need_w else None
-        du = dy @ w.view(-1, w.shape[-1]).t()
-        with _on(side):  # the low-rank path's small matmuls beside the big ones
+        side = _fork(dy)  # the big matmuls are issued first: the side stream's work never delays them
+        dw = expert_weight_grad(u, dy).view(w.shape) if need_w else None  # u^T dy, streamed out by tiles
+        du = None if z is not None else dy @ w.view(-1, w.shape[-1]).t()
+        with _on(side):  # the low-rank path's small matmuls (and the selector's, with z) beside dW = u^T dy
             de = dy.t() @ c if need_e else None
             dc = dy @ e_w  # [B, c]
             dcw = dc.t() @ v if need_c else None
             dv = dc @ c_w
+            ds = selector_gradient(x, s, p, dv, z, dy) if z is not None else None
         _join(side)
+        if z is not None:  # x needs no gradient: the selector's alone, from z
+            return None, ds, dw, dcw, de
         dx, ds = select_scale_backward(x, s, p, du, dv, False)
         return dx if need_x else None, ds if need_s else None, dw, dcw, de
-
-
-def _low_rank_grads(dy, c, v, e_w, c_w, need_e: bool, need_c: bool):
-    """(dE [out, r], dc [B, r], dC [r, in], dv [B, in]) of y += c E^T, c = v C^T, for dy [B, out], through
-    the layer's own skinny kernels: the rank-B outer products dE = dy^T c and dC = dc^T v as dW's kernel,
-    dv = dc C as one fragment pass, dc = dy E as a pass over 8 slices of E summed (each slice's product
-    rounded to dy's dtype, then summed in fp32). cuBLAS would run these as thread-block-cluster kernels
-    on an H200, which wait for whole groups of SMs and so never start beside dW's persistent kernel
-    (graph timelines, probe); these start on any SM with room."""
-    out, r = e_w.shape
-    splits = 8 if out % 8 == 0 else 1
-    dc = fragment_outputs(dy, e_w.view(splits, out // splits, r)).sum(dim=0)  # [B, r]
-    de = expert_weight_grad(dy, c) if need_e else None
-    dcw = expert_weight_grad(dc, v) if need_c else None
-    dv = fragment_outputs(dc, c_w.view(1, *c_w.shape))[0]  # [B, in]
-    return de, dc, dcw, dv
 
 
 _SIDE_STREAMS: dict = {}  # one high-priority side stream per device, reused

@@ -1,5 +1,4 @@
-"""FragmentedLinear's expert path when the layer keeps its per-fragment outputs (x needs no gradient),
-and its weight gradient.
+"""FragmentedLinear's expert path when the layer keeps its per-fragment outputs (x needs no gradient).
 
 For x [B, in] viewed as N fragments x_f [B, F] (F = in/N), W [N, F, out], selection p [B, N] (fp32),
 the low-rank path's code c [B, r] and its expansion E [out, r]:
@@ -13,10 +12,7 @@ layer's forward needs no separate addmm. Both serve skinny batches (B <= MAX_ROW
 W read once is the whole cost); larger batches, and devices Triton cannot run on, use the torch references
 (same math). Eager calls replay compiled kernels per shape; under torch.compile these are custom ops.
 
-The layer's weight gradient dW = u^T dy (u = x scaled by p, [B, in]; dy [B, out]) is, at such batches, an
-outer product of rank B that writes as many bytes as W has and reads next to nothing: `expert_weight_grad`
-runs it as a persistent kernel that streams tiles of dW out (same H200 case: 35.8 us against 46.0 us for
-cuBLAS's u^T @ dy, probe), with the same torch fallback.
+The backward's kernels are in kernels/fragmented_backward.py.
 """
 
 from __future__ import annotations
@@ -200,88 +196,3 @@ def expert_sum(z: torch.Tensor, p: torch.Tensor, c: torch.Tensor, e: torch.Tenso
 def expert_sum_reference(z: torch.Tensor, p: torch.Tensor, c: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """Plain torch, same math: the fp32 p-weighted sum of the rounded z plus the fp32 low-rank product."""
     return (torch.einsum("bn,nbo->bo", p.float(), z.float()) + c.float() @ e.float().t()).to(z.dtype)
-
-
-@triton.jit
-def _weight_grad_kernel(u_ptr, dy_ptr, dw_ptr, B, IN, OUT, stride_u, stride_dy, PROGRAMS: tl.constexpr,
-                        IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_B: tl.constexpr):
-    """dW [IN, OUT] = u^T dy: PROGRAMS programs walk the [BLOCK_M, BLOCK_N] tiles of dW in row-major order
-    (neighbouring programs write neighbouring columns), each tile a sum over B in BLOCK_B row chunks."""
-    tiles_n = tl.cdiv(OUT, BLOCK_N)
-    tiles = tl.cdiv(IN, BLOCK_M) * tiles_n
-    chunk = tl.arange(0, BLOCK_B)
-    for t in tl.range(tl.program_id(0), tiles, PROGRAMS):
-        rm = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = (t % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for b0 in range(0, B, BLOCK_B):
-            rb = b0 + chunk
-            a = tl.load(u_ptr + rb[None, :].to(tl.int64) * stride_u + rm[:, None],
-                        mask=(rb[None, :] < B) & (rm[:, None] < IN), other=0.0)  # u^T tile [BLOCK_M, BLOCK_B]
-            d = tl.load(dy_ptr + rb[:, None].to(tl.int64) * stride_dy + rn[None, :],
-                        mask=(rb[:, None] < B) & (rn[None, :] < OUT), other=0.0)
-            acc = dot_accumulate(a, d, acc, IEEE, UPCAST)
-        tl.store(dw_ptr + rm[:, None].to(tl.int64) * OUT + rn[None, :], acc.to(dw_ptr.dtype.element_ty),
-                 mask=(rm[:, None] < IN) & (rn[None, :] < OUT))
-
-
-# (BLOCK_M, BLOCK_N, num_warps): the probe's fastest tiles for the bf16 8192 x 8192 case, two programs per SM
-_GRAD_CONFIGS = [(64, 128, 4), (64, 128, 8), (128, 128, 4), (128, 128, 8), (64, 256, 4)]
-_GRAD_PROGRAMS_PER_SM = 2
-
-
-def _prune_grad(configs, named_args, **kwargs):
-    if named_args["u_ptr"].dtype != torch.float32:
-        return configs
-    return [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FP32_LARGEST_TILE]
-
-
-_grad_autotuned = triton.autotune(
-    configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_stages=2, num_warps=w) for m, n, w in _GRAD_CONFIGS],
-    key=["B", "IN", "OUT"], prune_configs_by={"early_config_prune": _prune_grad},
-)(_weight_grad_kernel)
-
-_GRAD_LAUNCHES = LaunchCache("expert_weight_grad")
-_INTERPRETER_GRAD = (32, 32, 3)  # (BLOCK_M, BLOCK_N, programs): a few programs, each walking several tiles
-
-
-def _expert_weight_grad(u: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    b, n_in = u.shape
-    out = dy.shape[1]
-    if not (use_triton(u, dy) and 0 < b <= MAX_ROWS and u.stride(1) == 1 and dy.stride(1) == 1
-            and u.dtype == dy.dtype):
-        return expert_weight_grad_reference(u, dy)
-    dw = torch.empty((n_in, out), dtype=dy.dtype, device=dy.device)
-    args = (u, dy, dw, b, n_in, out, u.stride(0), dy.stride(0))
-    key = (b, n_in, out, u.stride(0), dy.stride(0), u.dtype, aligned(u, dy, dw), u.device)
-    _GRAD_LAUNCHES.launch(key, args, lambda: _first_grad_launch(args, u))
-    return dw
-
-
-def _first_grad_launch(args, u: torch.Tensor):
-    """Launch through Triton, autotuning on a GPU; (compiled, grid, constexprs, config for the record)."""
-    flags = (ieee(u.dtype), upcast(u.dtype))
-    if interpreting():
-        block_m, block_n, programs = _INTERPRETER_GRAD
-        consts = (programs, *flags, block_m, block_n, 16)
-        compiled = _weight_grad_kernel[(programs,)](*args, *consts)
-        return compiled, (programs,), consts, {"BLOCK_M": block_m, "BLOCK_N": block_n, "PROGRAMS": programs}
-    programs = _GRAD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(u.device).multi_processor_count
-    compiled = _grad_autotuned[(programs,)](*args, programs, *flags, BLOCK_B=16)
-    best = _grad_autotuned.best_config
-    consts = (programs, *flags, best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], 16)
-    return compiled, (programs,), consts, {**config_dict(best), "PROGRAMS": programs, "BLOCK_B": 16}
-
-
-_GRAD_OP = register_op("expert_weight_grad", _expert_weight_grad,
-                       lambda u, dy: u.new_empty((u.shape[1], dy.shape[1])))
-
-
-def expert_weight_grad(u: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """dW [in, out] = u^T dy for u [B, in], dy [B, out] (one dtype); see the module docstring."""
-    return _GRAD_OP(u, dy) if is_compiling() else _expert_weight_grad(u, dy)
-
-
-def expert_weight_grad_reference(u: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    return u.t() @ dy

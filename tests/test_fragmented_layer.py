@@ -212,7 +212,8 @@ def direct_autograd(layer, x, hard):
 @pytest.mark.parametrize("x_grad", [True, False], ids=["x-grad", "x-data"])
 def test_gradients_match_reference(shape, hard, x_grad, device, monkeypatch):
     """x-data (x needs no gradient, batch <= F): the soft layer takes the selector's gradient from the
-    per-fragment outputs z, never from dy W^T (the general backward is made to fail to prove it)."""
+    per-fragment outputs z, never from dy W^T, and the low-rank gradients from dW's pass (the general
+    backward and the unfused one are made to fail to prove it)."""
     layer, x = make(shape, "fp32", bias=True, seed=3, device=device)
     layer.train(not hard)
     leaves, xd, ref = direct_autograd(layer, x, hard)
@@ -222,6 +223,7 @@ def test_gradients_match_reference(shape, hard, x_grad, device, monkeypatch):
         import qbench.layers.fragmented as module
 
         monkeypatch.setattr(module, "select_scale_backward", lambda *a: pytest.fail("dy W^T was formed"))
+        monkeypatch.setattr(module, "expert_weight_grad", lambda *a: pytest.fail("the unfused low-rank backward ran"))
     paths = ("dense", "grouped") if hard else ("auto",)
     for path in paths:
         layer.eval_path = path
@@ -429,7 +431,7 @@ def test_cuda_graph_train_step_matches_eager_without_syncs(dtype):
 def test_expert_weight_grad_matches_torch(b, n_in, out, dtype, device):
     """dW = u^T dy from the persistent kernel (a few programs walking many tiles, ragged edges, 17 rows: a
     second row chunk; 65 rows: the torch path) against torch and float64."""
-    from kernels.fragmented_experts import expert_weight_grad, expert_weight_grad_reference
+    from kernels.fragmented_backward import expert_weight_grad, expert_weight_grad_reference
 
     torch.manual_seed(b + 3 * n_in + out)
     u = torch.randn(b, n_in, dtype=DTYPES[dtype], device=device)
@@ -439,3 +441,39 @@ def test_expert_weight_grad_matches_torch(b, n_in, out, dtype, device):
     tol = 1e-2 if dtype != "fp32" else 1e-6
     assert relerr(got, expert_weight_grad_reference(u, dy)) <= tol
     assert relerr(got, u.double().t() @ dy.double()) <= tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("b,n_in,out,r", [(5, 70, 33, 9), (1, 64, 160, 70), (17, 96, 40, 64), (65, 24, 20, 3)])
+def test_expert_backward_and_low_rank_input_grad_match_torch(b, n_in, out, r, dtype, device):
+    """dW = u^T dy with dE = dy^T c and dc = dy E from one persistent pass (a few programs, ragged tiles, rank
+    70: a ragged second chunk; 17 rows: a second row chunk; 65 rows: the torch path), then dv = dc C and
+    dC = dc^T v from one pass, against torch and float64."""
+    from kernels.fragmented_backward import (
+        expert_backward,
+        expert_backward_reference,
+        low_rank_input_grad,
+        low_rank_input_grad_reference,
+    )
+
+    torch.manual_seed(b + 3 * n_in + out + 7 * r)
+    dt = DTYPES[dtype]
+    u, v = torch.randn(b, n_in, dtype=dt, device=device), torch.randn(b, n_in, dtype=dt, device=device)
+    dy, c = torch.randn(b, out, dtype=dt, device=device), torch.randn(b, r, dtype=dt, device=device)
+    e, cw = torch.randn(out, r, dtype=dt, device=device), torch.randn(r, n_in, dtype=dt, device=device)
+    dw, de, dc = expert_backward(u, dy, c, e)
+    assert dw.shape == (n_in, out) and de.shape == (out, r) and dc.shape == (b, r) and dc.dtype == torch.float32
+    dv, dcw = low_rank_input_grad(dc, cw, v)
+    assert dv.shape == (b, n_in) and dcw.shape == (r, n_in) and dv.dtype == dcw.dtype == dt
+    tol = 1e-2 if dtype != "fp32" else 1e-5
+    d64 = dy.double()
+    dc64 = d64 @ e.double()
+    for name, got, want, exact in (
+            ("dW", dw, expert_backward_reference(u, dy, c, e)[0], u.double().t() @ d64),
+            ("dE", de, expert_backward_reference(u, dy, c, e)[1], d64.t() @ c.double()),
+            ("dc", dc, expert_backward_reference(u, dy, c, e)[2], dc64),
+            ("dv", dv, low_rank_input_grad_reference(dc, cw, v)[0], dc64 @ cw.double()),
+            ("dC", dcw, low_rank_input_grad_reference(dc, cw, v)[1], dc64.t() @ v.double())):
+        assert relerr(got, want) <= tol, f"{name}: rel err {relerr(got, want):.2e}"
+        assert relerr(got, exact) <= tol, f"{name} exact: rel err {relerr(got, exact):.2e}"

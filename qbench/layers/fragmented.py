@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fragmented import select_scale, select_scale_backward, selector_gradient
-from kernels.fragmented_experts import expert_sum, expert_weight_grad, fragment_outputs
+from kernels.fragmented_backward import expert_backward, expert_weight_grad, low_rank_input_grad
+from kernels.fragmented_experts import expert_sum, fragment_outputs
 from kernels.grouped_gemm import grouped_matmul
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
@@ -141,7 +142,9 @@ class SoftFragmentedFn(torch.autograd.Function):
     Backward: dW = u^T dy, dE = dy^T c, dc = dy E, dC = dc^T v, du = dy W_flat^T, dv = dc C, then
     (dx, dS) from the selector's backward kernel: six matmuls and two kernels, one node for the
     autograd engine to walk instead of five. dW, a rank-B outer product at the layer's batches, is a
-    persistent kernel that streams its tiles out (kernels.fragmented_experts.expert_weight_grad).
+    persistent kernel that streams its tiles out (kernels/fragmented_backward.py); when x needs no gradient
+    the same pass forms dE and dc, and one light pass dv and dC, so the low-rank path's four small matmuls
+    no longer run one after another after dW.
     When x needs no gradient (the layer's input is data), the forward keeps the per-fragment outputs
     z [N, B, out] (z_f = x_f W_f), from one read of W as u W_flat reads it, and forms y = sum_f p_f z_f +
     c E^T from z in one light pass (kernels/fragmented_experts.py); the selector's gradient then takes
@@ -171,6 +174,10 @@ class SoftFragmentedFn(torch.autograd.Function):
     def backward(ctx, dy):
         x, s, p, u, v, c, w, c_w, e_w, z = ctx.saved_tensors
         need_x, need_s, need_w, need_c, need_e = ctx.needs_input_grad
+        if z is not None and need_w and need_c and need_e:  # x needs no gradient: the selector's alone, from z
+            dw, de, dc = expert_backward(u, dy, c, e_w)  # dW = u^T dy with dE = dy^T c and dc = dy E (fp32)
+            dv, dcw = low_rank_input_grad(dc, c_w, v)  # dc C and dc^T v in one pass
+            return None, selector_gradient(x, s, p, dv, z, dy), dw.view(w.shape), dcw, de
         side = _fork(dy)  # the big matmuls are issued first: the side stream's work never delays them
         dw = expert_weight_grad(u, dy).view(w.shape) if need_w else None  # u^T dy, streamed out by tiles
         du = None if z is not None else dy @ w.view(-1, w.shape[-1]).t()

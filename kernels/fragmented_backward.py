@@ -7,9 +7,10 @@ Shapes: u = x scaled by p [B, in], dy [B, out], the low-rank path c = v C^T [B, 
   as many bytes as W has and reads next to nothing, run as a persistent kernel that streams tiles of dW out
   (on an H200, bf16, 8192 x 8192, B = 16: 35.8 us against 46.0 us for cuBLAS's u^T @ dy, probe).
 - `expert_backward(u, dy, c, E)`: the same pass also forms the low-rank path's dE = dy^T c [out, r] and
-  dc = dy E [B, r] (fp32): the programs that hold the first row of dW tiles read each column block of dy
-  once anyway, so they add its share of both. dc sums those shares with fp32 atomics, so its last bits
-  depend on their order; under torch.use_deterministic_algorithms(True) the torch reference runs instead.
+  dc = dy E [B, r] (fp32): the programs that hold the first rows of dW tiles read column blocks of dy
+  anyway, so they add those columns' share of both, one rank chunk per row of tiles (the rows' tiles fall
+  on different programs: the extra work is spread). dc sums the shares with fp32 atomics, so its last
+  bits depend on their order; under torch.use_deterministic_algorithms(True) the torch reference runs.
 - `low_rank_input_grad(dc, C, v)`: dv = dc C [B, in] and dC = dc^T v [r, in] in one pass over C, dc rounded
   to v's dtype first (as the unfused dc = dy E would be).
 Together they replace five small cuBLAS matmuls, which ran one after another after dW (about 30 us of
@@ -41,31 +42,31 @@ MAX_ROWS = 64  # the batches these kernels serve (rows summed per dW tile in chu
 
 
 @triton.jit
-def _low_rank_share(dy_ptr, c_ptr, e_ptr, de_ptr, dc_ptr, rn, B, OUT, R, stride_dy, stride_c,
+def _low_rank_share(dy_ptr, c_ptr, e_ptr, de_ptr, dc_ptr, rn, r0, B, OUT, R, stride_dy, stride_c,
                     IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                     BLOCK_R: tl.constexpr):
-    """For the dy columns rn [BLOCK_N]: dE[rn] = dy[:, rn]^T c, and dc += dy[:, rn] E[rn] (fp32 atomics)."""
+    """For the dy columns rn [BLOCK_N] and the rank chunk r0 + [0, BLOCK_R): dE[rn, chunk] = dy[:, rn]^T c[:, chunk],
+    and dc[:, chunk] += dy[:, rn] E[rn, chunk] (fp32 atomics)."""
     chunk = tl.arange(0, BLOCK_B)
     col_in = rn < OUT
-    for r0 in range(0, R, BLOCK_R):
-        rr = r0 + tl.arange(0, BLOCK_R)
-        r_in = rr < R
-        e = tl.load(e_ptr + rn[:, None].to(tl.int64) * R + rr[None, :], mask=col_in[:, None] & r_in[None, :],
-                    other=0.0)  # E tile [BLOCK_N, BLOCK_R]
-        de = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
-        for b0 in range(0, B, BLOCK_B):
-            rb = b0 + chunk
-            row_in = rb < B
-            d = tl.load(dy_ptr + rb[:, None].to(tl.int64) * stride_dy + rn[None, :],
-                        mask=row_in[:, None] & col_in[None, :], other=0.0)  # [BLOCK_B, BLOCK_N]
-            cc = tl.load(c_ptr + rb[:, None].to(tl.int64) * stride_c + rr[None, :],
-                         mask=row_in[:, None] & r_in[None, :], other=0.0)  # [BLOCK_B, BLOCK_R]
-            de = dot_accumulate(tl.trans(d), cc, de, IEEE, UPCAST)
-            share = dot_accumulate(d, e, tl.zeros([BLOCK_B, BLOCK_R], dtype=tl.float32), IEEE, UPCAST)
-            tl.atomic_add(dc_ptr + rb[:, None] * R + rr[None, :], share, mask=row_in[:, None] & r_in[None, :],
-                          sem="relaxed")
-        tl.store(de_ptr + rn[:, None].to(tl.int64) * R + rr[None, :], de.to(de_ptr.dtype.element_ty),
-                 mask=col_in[:, None] & r_in[None, :])
+    rr = r0 + tl.arange(0, BLOCK_R)
+    r_in = rr < R
+    e = tl.load(e_ptr + rn[:, None].to(tl.int64) * R + rr[None, :], mask=col_in[:, None] & r_in[None, :],
+                other=0.0)  # E tile [BLOCK_N, BLOCK_R]
+    de = tl.zeros([BLOCK_N, BLOCK_R], dtype=tl.float32)
+    for b0 in range(0, B, BLOCK_B):
+        rb = b0 + chunk
+        row_in = rb < B
+        d = tl.load(dy_ptr + rb[:, None].to(tl.int64) * stride_dy + rn[None, :],
+                    mask=row_in[:, None] & col_in[None, :], other=0.0)  # [BLOCK_B, BLOCK_N]
+        cc = tl.load(c_ptr + rb[:, None].to(tl.int64) * stride_c + rr[None, :],
+                     mask=row_in[:, None] & r_in[None, :], other=0.0)  # [BLOCK_B, BLOCK_R]
+        de = dot_accumulate(tl.trans(d), cc, de, IEEE, UPCAST)
+        share = dot_accumulate(d, e, tl.zeros([BLOCK_B, BLOCK_R], dtype=tl.float32), IEEE, UPCAST)
+        tl.atomic_add(dc_ptr + rb[:, None] * R + rr[None, :], share, mask=row_in[:, None] & r_in[None, :],
+                      sem="relaxed")
+    tl.store(de_ptr + rn[:, None].to(tl.int64) * R + rr[None, :], de.to(de_ptr.dtype.element_ty),
+             mask=col_in[:, None] & r_in[None, :])
 
 
 @triton.jit
@@ -75,9 +76,11 @@ def _weight_grad_kernel(u_ptr, dy_ptr, dw_ptr, c_ptr, e_ptr, de_ptr, dc_ptr, B, 
                         BLOCK_R: tl.constexpr):
     """dW [IN, OUT] = u^T dy: PROGRAMS programs walk the [BLOCK_M, BLOCK_N] tiles of dW in row-major order
     (neighbouring programs write neighbouring columns), each tile a sum over B in BLOCK_B row chunks; with
-    LOW_RANK the first row of tiles also adds its columns' share of dE and dc (_low_rank_share)."""
+    LOW_RANK the tiles of row k also add their columns' share of dE and dc for rank chunks k, k + rows, ...
+    (_low_rank_share): the first rows' tiles fall on different programs, so the extra work is spread."""
     tiles_n = tl.cdiv(OUT, BLOCK_N)
-    tiles = tl.cdiv(IN, BLOCK_M) * tiles_n
+    rows = tl.cdiv(IN, BLOCK_M)
+    tiles = rows * tiles_n
     chunk = tl.arange(0, BLOCK_B)
     for t in tl.range(tl.program_id(0), tiles, PROGRAMS):
         rm = (t // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -93,8 +96,8 @@ def _weight_grad_kernel(u_ptr, dy_ptr, dw_ptr, c_ptr, e_ptr, de_ptr, dc_ptr, B, 
         tl.store(dw_ptr + rm[:, None].to(tl.int64) * OUT + rn[None, :], acc.to(dw_ptr.dtype.element_ty),
                  mask=(rm[:, None] < IN) & (rn[None, :] < OUT))
         if LOW_RANK:
-            if t < tiles_n:
-                _low_rank_share(dy_ptr, c_ptr, e_ptr, de_ptr, dc_ptr, rn, B, OUT, R, stride_dy, stride_c, IEEE,
+            for r0 in range((t // tiles_n) * BLOCK_R, R, rows * BLOCK_R):
+                _low_rank_share(dy_ptr, c_ptr, e_ptr, de_ptr, dc_ptr, rn, r0, B, OUT, R, stride_dy, stride_c, IEEE,
                                 UPCAST, BLOCK_N, BLOCK_B, BLOCK_R)
 
 

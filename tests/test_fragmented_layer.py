@@ -445,7 +445,8 @@ def test_expert_weight_grad_matches_torch(b, n_in, out, dtype, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("b,n_in,out,r", [(5, 70, 33, 9), (1, 64, 160, 70), (17, 96, 40, 64), (65, 24, 20, 3)])
+@pytest.mark.parametrize("b,n_in,out,r", [(5, 70, 33, 9), (1, 64, 160, 70), (17, 96, 40, 64), (3, 24, 20, 130),
+                                         (65, 24, 20, 3)])
 def test_expert_backward_and_low_rank_input_grad_match_torch(b, n_in, out, r, dtype, device):
     """dW = u^T dy with dE = dy^T c and dc = dy E from one persistent pass (a few programs, ragged tiles, rank
     70: a ragged second chunk; 17 rows: a second row chunk; 65 rows: the torch path), then dv = dc C and
@@ -477,3 +478,20 @@ def test_expert_backward_and_low_rank_input_grad_match_torch(b, n_in, out, r, dt
             ("dC", dcw, low_rank_input_grad_reference(dc, cw, v)[1], dc64.t() @ v.double())):
         assert relerr(got, want) <= tol, f"{name}: rel err {relerr(got, want):.2e}"
         assert relerr(got, exact) <= tol, f"{name} exact: rel err {relerr(got, exact):.2e}"
+
+
+def test_expert_backward_is_the_torch_reference_under_deterministic_algorithms():
+    """dc's fp32 atomics sum in a run-dependent order; torch.use_deterministic_algorithms(True) takes the
+    reference instead (equal to it bit for bit)."""
+    from kernels.fragmented_backward import expert_backward, expert_backward_reference
+
+    torch.manual_seed(0)
+    u, dy, c = torch.randn(5, 40), torch.randn(5, 48), torch.randn(5, 70)
+    e = torch.randn(48, 70)
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = expert_backward(u, dy, c, e)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for a, b in zip(got, expert_backward_reference(u, dy, c, e)):
+        assert torch.equal(a, b)

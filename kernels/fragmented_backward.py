@@ -13,7 +13,7 @@ Shapes: u = x scaled by p [B, in], dy [B, out], the low-rank path c = v C^T [B, 
   bits depend on their order; under torch.use_deterministic_algorithms(True) the torch reference runs.
 - `low_rank_input_grad(dc, C, v)`: dv = dc C [B, in] and dC = dc^T v [r, in] in one pass over C, dc rounded
   to v's dtype first (as the unfused dc = dy E would be).
-Together they replace five small cuBLAS matmuls, which ran one after another after dW (about 30 us of
+Together they replace four small cuBLAS matmuls (five kernels), which ran one after another after dW (about 30 us of
 latency-bound kernels per graphed step on an H200, probe), with work inside dW's pass and one light pass.
 Each has a torch reference (same math); devices Triton cannot run on, and larger batches, use it. Eager
 calls replay compiled kernels per shape; under torch.compile these are custom ops.

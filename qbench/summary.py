@@ -40,6 +40,7 @@ class SummaryOptions:
     by: str | None = None
     across_runs: str | None = None
     ratio_to: str | None = None  # PARAM=REF: each record over its PARAM=REF counterpart (qbench.ratios)
+    every_metric: bool = False  # with no --metric: every metric of the records, not only the sampled ones
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,10 @@ def _select(runs: Sequence[Run], options: SummaryOptions) -> tuple[list[tuple[in
     return kept, left_out
 
 
-def pick_metrics(records: Sequence[dict], wanted: Sequence[str]) -> list[str]:
-    """--metric names (each must exist), else every metric some record keeps samples of (the bench's
-    main metrics), else every time (a run rebuilt without its samples), in record order."""
+def pick_metrics(records: Sequence[dict], wanted: Sequence[str], every: bool = False) -> list[str]:
+    """--metric names (each must exist), else (every) all metrics, else every metric some record keeps
+    samples of (the bench's main metrics), else every time (a run rebuilt without its samples), in record
+    order."""
     known = list(dict.fromkeys(m for rec in records for m in rec.get("metrics", {})))
     shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
     for name in wanted:
@@ -127,6 +129,8 @@ def pick_metrics(records: Sequence[dict], wanted: Sequence[str]) -> list[str]:
             raise QbenchUsageError(f"--metric {name}: no selected record has this metric (they have: {shown})")
     if wanted:
         return list(dict.fromkeys(wanted))
+    if every:
+        return known
     sampled = [m for m in known if any(rec.get("samples", {}).get(m) for rec in records)]
     sampled = sampled or [m for m in known if any(rec.get("units", {}).get(m) in TIMES for rec in records)]
     if not sampled:
@@ -186,7 +190,7 @@ def build(runs: Sequence[Run], options: SummaryOptions) -> Summary:
     if across and len(runs) < 2:
         raise QbenchUsageError("--across-runs combines several runs of one command; give at least two runs")
     entries, left_out = _select(runs, options)
-    metrics = pick_metrics([rec for _, rec in entries], options.metrics)
+    metrics = pick_metrics([rec for _, rec in entries], options.metrics, options.every_metric)
     entries = [(i, rec) for i, rec in entries if any(m in rec.get("metrics", {}) for m in metrics)]
     params = _params_of(entries, runs, across)
     varying, fixed = split_params(params, options.by)
@@ -256,12 +260,18 @@ def cell_text(cell: Cell | None, digits: int) -> str:
     text = report.format_sig(cell.value, digits)
     if cell.runs is not None:
         values = ", ".join(report.format_sig(v, digits) for v in cell.runs)
-        spread = "" if cell.spread_pct is None else f"; spread {report.format_sig(cell.spread_pct, 2)}%"
+        spread = "" if cell.spread_pct is None else f"; spread {spread_text(cell.spread_pct)}"
         return f"{text} (runs: {values}{spread})"
     if not cell.samples:
         return text + STORED_ONLY
     mark = OFF_SAMPLES if cell.off_samples else ""
     return f"{text}{mark} [{report.format_sig(cell.p20, digits)}, {report.format_sig(cell.p80, digits)}]"
+
+
+def spread_text(pct: float) -> str:
+    """A spread in percent as the cells print it: two significant digits (more where they would end on a
+    zero)."""
+    return report.format_sig(pct, 2) + "%"
 
 
 def columns_of(summary: Summary) -> list[tuple[str, str, Any]]:

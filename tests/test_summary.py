@@ -245,3 +245,38 @@ def test_cli_outputs_and_exit_codes(tmp_path):
         result = _cli(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_spreads_per_metric_largest_first(tmp_path):
+    """--spreads: per metric (every metric by default, the stored-only speed-up too) the cells with a spread,
+    the largest spread and its case, the median spread; largest first."""
+    from qbench import spreads
+
+    runs = [_sweep(1.0), _sweep(1.0), _sweep(1.0)]
+    runs[1][3] = _record({"batch_size": 32768, "dim_in": 4096, "dim_out": 1024, "dtype": "fp16"}, time=40.0,
+                         speedup=1.2, samples=[40.0] * 3, bench="switchback")  # one cell of run 2 off
+    result = _summary(tmp_path, *runs, across_runs="median", every_metric=True)
+    assert result.metrics == ["time", "speedup"]
+    got = {m.metric: m for m in spreads.spreads(result)}
+    time_cell = _cells(result, "time")[(32768, 4096, 1024)]
+    assert got["time"].largest_pct == pytest.approx(time_cell.spread_pct) and got["time"].cells == 4
+    assert got["time"].largest_at == "batch_size=32768, dim_in=4096, dim_out=1024"
+    assert got["time"].median_pct == 0.0
+    assert got["speedup"].largest_pct == pytest.approx(100 * (16.0 - 1.2) / 16.0)  # 4096/1024 x 32768/8192
+    assert [m.metric for m in spreads.spreads(result)] == sorted(got, key=lambda k: -got[k].largest_pct)
+    with pytest.raises(QbenchUsageError, match="add --across-runs median"):
+        spreads.spreads(_summary(tmp_path / "one", runs[0]))
+
+
+def test_spreads_on_the_command_line(tmp_path):
+    runs = [write_run(tmp_path / f"run{i}", _sweep(f)) for i, f in enumerate((1.0, 1.1, 0.95))]
+    text = _cli(*runs, "--across-runs", "median", "--spreads", "--markdown").stdout
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| metric | unit | cells | largest spread") and len(rows) == 1 + 2
+    assert "spread = (max - min) / median" in text
+    payload = json.loads(_cli(*runs, "--across-runs", "median", "--spreads", "--json", "--metric", "time").stdout)
+    (only,) = payload["spreads"]
+    assert only["metric"] == "time" and only["largest_pct"] == pytest.approx(100 * (1.1 - 0.95) / 1.0)
+    for args in ([*runs, "--spreads"], [*runs, "--across-runs", "median", "--spreads", "--target", "time:..1"]):
+        result = _cli(*args)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr

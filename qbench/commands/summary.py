@@ -16,6 +16,8 @@ Examples:
       --across-runs median                                          # fragmented over dense, median of 3
   qbench summary results/switchback-h200-modes/run{1,2,3} --metric module_kernel_ratio_graph \
       --across-runs median --target module_kernel_ratio_graph:0.95..1.05   # how many cells meet it
+  qbench summary results/switchback-h200-reruns/run{1,2,3} --across-runs median --spreads
+                                                        # how far reruns disagree, every metric
 """
 
 
@@ -35,11 +37,14 @@ Examples:
 @click.option("--target", "targets", multiple=True, metavar="METRIC:LO..HI",
               help="Judge every cell of METRIC against a target on its printed value (repeatable; either "
                    "bound may be left out: fwd_bwd_ms:..1.3, speedup_step:1.15..) and count the cells met.")
+@click.option("--spreads", is_flag=True,
+              help="With --across-runs: per metric (every metric unless --metric names some), the largest and "
+                   "the median spread over the cells, and where the largest is; largest first.")
 @click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True,
               help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
-def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, digits, fmt) -> None:
+def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads, digits, fmt) -> None:
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)
     where the record keeps no samples. Speed-ups are the ratios of medians the records store.
@@ -48,5 +53,14 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, digits, 
     run directories or seed files (imported on the fly)."""
     from qbench import summary
 
-    options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs, ratio_to)
+    if spreads and targets:
+        raise click.UsageError("--spreads and --target print different tables; give one of them")
+    options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs, ratio_to, every_metric=spreads)
+    if spreads:
+        if across_runs is None:
+            raise click.UsageError("--spreads compares reruns: add --across-runs median and give the runs")
+        from qbench import spreads as spread_table
+
+        spread_table.show(summary.summarize(runs, options), fmt)
+        return
     summary.show(summary.summarize(runs, options), fmt, digits, targets)

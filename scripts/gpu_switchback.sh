@@ -4,6 +4,8 @@
 #   scripts/gpu_switchback.sh modes    the execution-mode command of results/switchback-h200-modes, RUNS times
 #   scripts/gpu_switchback.sh model    transformer block stacks (--model) and the training check
 #   scripts/gpu_switchback.sh vit-h    the command of results/switchback-h200-model/vit-h-compile-3runs, RUNS times
+#   scripts/gpu_switchback.sh reruns   the command of results/switchback-h200-reruns, RUNS times in one call
+#                                      (one GPU, one host; then: qbench summary ... --across-runs median --spreads)
 #   scripts/gpu_switchback.sh ncu      DRAM bytes of the weight quantizers read by ncu (clocks left alone)
 source "$(dirname "$0")/gpu_prelude.sh"
 PAIRS=1024x4096,4096x1024,2048x8192,8192x2048,4096x16384,16384x4096
@@ -27,6 +29,12 @@ vit-h)
       --out "$OUT/runs/vit-h-compile-run$i" | tail -1
   done
   pack_runs ;;
+reruns)
+  for i in $(seq "${RUNS:-3}"); do
+    qbench switchback --pairs 1024x4096,4096x16384,16384x4096 --batch-sizes 8192,32768 \
+      --out "$OUT/runs/rerun$i" | tail -1
+  done
+  pack_runs ;;
 ncu)
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   timeout 240 "$NCU" --clock-control none --csv \
@@ -39,5 +47,5 @@ for name in ('quantize_global', 'quantize_global_transpose', 'quantize_columnwis
     getattr(sq, name)(w)
 torch.cuda.synchronize()" > "$OUT/ncu_quantizers.csv" 2> "$OUT/ncu_stderr.txt"
   echo "ncu rc=$?" ;;
-*) echo "unknown part $1: tests, modes, model, vit-h or ncu" >&2; exit 2 ;;
+*) echo "unknown part $1: tests, modes, model, vit-h, reruns or ncu" >&2; exit 2 ;;
 esac

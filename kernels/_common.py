@@ -221,6 +221,29 @@ def best_tile(autotuner) -> tuple[int, int, int, int, int, int]:
     return bm, bn, bk, best.kwargs["GROUP_M"], best.num_stages, best.num_warps
 
 
+def dot_rows(n: int) -> int:
+    """The row block that holds n rows in one tl.dot operand: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+# fp32 kernels take exact (IEEE) products: the dot becomes unrolled FMA code, whose compile time grows with
+# the tile (minutes for 128 x 128 and 64 x 256 tiles); their autotuners keep to tiles of at most this many
+FP32_LARGEST_TILE = 64 * 128
+
+
+def fp32_tile_limit(pointer: str, dims: tuple[str, str]):
+    """An autotuner's early_config_prune: with an fp32 tensor at argument `pointer`, only the configs whose
+    tile dims[0] x dims[1] is at most FP32_LARGEST_TILE; every config otherwise."""
+    def prune(configs, named_args, **kwargs):
+        import torch
+
+        if named_args[pointer].dtype != torch.float32:
+            return configs
+        return [c for c in configs if c.kwargs[dims[0]] * c.kwargs[dims[1]] <= FP32_LARGEST_TILE]
+
+    return prune
+
+
 def config_dict(config) -> dict:
     """A triton.Config as a plain dict (its kwargs, num_warps, num_stages)."""
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}

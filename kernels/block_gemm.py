@@ -32,7 +32,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from kernels._common import dot_accumulate, ieee, interpreting, upcast, use_triton
+from kernels._common import dot_accumulate, dot_rows, ieee, interpreting, upcast, use_triton
 
 # A program owns one block (BM = B rounded up to a power of two rows) and one N tile. Interpreter
 # runs (CPU tests) use tiny tiles to stay fast; GPU configs are the Hopper tensor-core shapes for
@@ -235,7 +235,7 @@ def peer_table(peers):
 
 
 def _bm(plan) -> int:
-    return max(16, triton.next_power_of_2(plan.block_size))  # tl.dot needs >= 16 rows
+    return dot_rows(plan.block_size)
 
 
 def _check_w(w, bias, K: int) -> None:

@@ -30,6 +30,8 @@ from kernels._common import (
     aligned,
     config_dict,
     dot_accumulate,
+    dot_rows,
+    fp32_tile_limit,
     ieee,
     interpreting,
     is_compiling,
@@ -105,20 +107,13 @@ def _weight_grad_kernel(u_ptr, dy_ptr, dw_ptr, c_ptr, e_ptr, de_ptr, dc_ptr, B, 
 _GRAD_CONFIGS = [(64, 128, 4), (64, 128, 8), (128, 128, 4), (128, 128, 8), (64, 256, 4)]
 _GRAD_PROGRAMS_PER_SM = 2
 _BLOCK_B, _BLOCK_R = 16, 64
-# fp32 takes exact (IEEE) products: the dot becomes unrolled FMA code, whose compile time grows with the tile
-_FP32_LARGEST_TILE = 64 * 128
-
-
-def _prune_grad(configs, named_args, **kwargs):
-    if named_args["u_ptr"].dtype != torch.float32:
-        return configs
-    return [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FP32_LARGEST_TILE]
 
 
 def _autotuner(**extra):
+    prune = fp32_tile_limit("u_ptr", ("BLOCK_M", "BLOCK_N"))
     return triton.autotune(
         configs=[triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_stages=2, num_warps=w) for m, n, w in _GRAD_CONFIGS],
-        key=["B", "IN", "OUT", "R"], prune_configs_by={"early_config_prune": _prune_grad}, **extra,
+        key=["B", "IN", "OUT", "R"], prune_configs_by={"early_config_prune": prune}, **extra,
     )(_weight_grad_kernel)
 
 
@@ -224,7 +219,7 @@ def _low_rank_input_grad(dc: torch.Tensor, cw: torch.Tensor, v: torch.Tensor) ->
     key = (b, n_in, r, v.stride(0), v.dtype, aligned(dc, cw, v, dv, dcw), v.device)
 
     def first():
-        consts = (ieee(v.dtype), upcast(v.dtype), max(16, triton.next_power_of_2(b)), _INPUT_BLOCK_J, _INPUT_BLOCK_R)
+        consts = (ieee(v.dtype), upcast(v.dtype), dot_rows(b), _INPUT_BLOCK_J, _INPUT_BLOCK_R)
         grid = (triton.cdiv(n_in, _INPUT_BLOCK_J),)
         compiled = _low_rank_input_kernel[grid](*args, *consts, num_warps=_INPUT_WARPS)
         return compiled, grid, consts, {"BLOCK_J": _INPUT_BLOCK_J, "BLOCK_R": _INPUT_BLOCK_R, "BLOCK_B": consts[2],
@@ -269,7 +264,7 @@ def expert_weight_grad_reference(u: torch.Tensor, dy: torch.Tensor) -> torch.Ten
 def expert_backward_reference(u, dy, c, e) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Plain torch, same math: dc accumulated in fp32 and kept in fp32."""
     dc = (dy.float() @ e.float()) if dy.dtype != torch.float32 else dy @ e
-    return u.t() @ dy, dy.t() @ c, dc
+    return expert_weight_grad_reference(u, dy), dy.t() @ c, dc
 
 
 def low_rank_input_grad_reference(dc, cw, v) -> tuple[torch.Tensor, torch.Tensor]:

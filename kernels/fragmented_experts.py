@@ -26,6 +26,8 @@ from kernels._common import (
     aligned,
     config_dict,
     dot_accumulate,
+    dot_rows,
+    fp32_tile_limit,
     ieee,
     interpreting,
     is_compiling,
@@ -63,27 +65,13 @@ def _fragment_outputs_kernel(x_ptr, w_ptr, z_ptr, B, F, OUT, stride_x, IEEE: tl.
 _CONFIGS = [(256, 64, 3, 8), (128, 64, 3, 8), (128, 128, 4, 4), (64, 64, 3, 4), (64, 128, 4, 4), (32, 128, 4, 4)]
 _INTERPRETER_CONFIG = (32, 32, 1, 4)  # one small tile: autotuning the interpreter would only slow the tests
 
-# fp32 takes exact (IEEE) products: the dot becomes unrolled FMA code, whose compile time grows with the
-# tile (minutes for the 128 x 128 and 64 x 256 tiles); it keeps to tiles of at most 64 x 128
-_FP32_LARGEST_TILE = 64 * 128
-
-
-def _prune(configs, named_args, **kwargs):
-    if named_args["x_ptr"].dtype != torch.float32:
-        return configs
-    return [c for c in configs if c.kwargs["BLOCK_O"] * c.kwargs["BLOCK_K"] <= _FP32_LARGEST_TILE]
-
 
 _autotuned = triton.autotune(
     configs=[triton.Config({"BLOCK_O": o, "BLOCK_K": k}, num_stages=st, num_warps=wp) for o, k, st, wp in _CONFIGS],
-    key=["B", "F", "OUT"], prune_configs_by={"early_config_prune": _prune},
+    key=["B", "F", "OUT"], prune_configs_by={"early_config_prune": fp32_tile_limit("x_ptr", ("BLOCK_O", "BLOCK_K"))},
 )(_fragment_outputs_kernel)
 
 _LAUNCHES = LaunchCache("fragment_outputs")
-
-
-def _block_b(b: int) -> int:
-    return max(16, triton.next_power_of_2(b))  # tl.dot takes at least 16 rows
 
 
 def _fragment_outputs(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -102,7 +90,7 @@ def _fragment_outputs(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _first_launch(args, n: int, dtype):
     """Launch through Triton, autotuning on a GPU; (compiled, grid, constexprs, config for the record)."""
     b, out = args[3], args[5]
-    block_b = _block_b(b)
+    block_b = dot_rows(b)
     flags = (ieee(dtype), upcast(dtype), block_b)
     if interpreting():
         block_o, block_k, stages, warps = _INTERPRETER_CONFIG
@@ -177,7 +165,7 @@ def _expert_sum(z: torch.Tensor, p: torch.Tensor, c: torch.Tensor, e: torch.Tens
 
 def _first_sum_launch(args, dtype):
     b, out = args[5], args[7]
-    block_b = _block_b(b)
+    block_b = dot_rows(b)
     consts = (ieee(dtype), upcast(dtype), block_b, _SUM_BLOCK_O, _SUM_BLOCK_R)
     grid = (triton.cdiv(out, _SUM_BLOCK_O), triton.cdiv(b, block_b))
     compiled = _expert_sum_kernel[grid](*args, *consts, num_warps=_SUM_WARPS)

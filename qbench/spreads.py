@@ -10,9 +10,9 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from qbench import join, report
+from qbench import report
 from qbench.errors import QbenchUsageError
-from qbench.summary import Summary, columns_of, param_text, spread_text
+from qbench.summary import Summary, case_cells, param_text, spread_text
 from qbench.timing import percentile
 
 
@@ -30,17 +30,10 @@ def spreads(summary: Summary) -> list[MetricSpread]:
     """The spread of every metric of a summary built --across-runs, largest first."""
     if summary.across_runs is None:
         raise QbenchUsageError("--spreads compares reruns: add --across-runs median and give the runs")
-    found: dict[str, list[tuple[float, str]]] = {}
-    for values, row in summary.rows:
-        for _, metric, column in columns_of(summary):
-            cell = row.get((metric, join.value_key(column) if summary.by else ""))
-            if cell is None or cell.spread_pct is None:
-                continue
-            case = [f"{k}={param_text(v)}" for k, v in zip(summary.row_params, values)]
-            case += [f"{summary.by}={param_text(column)}"] if summary.by else []
-            found.setdefault(metric, []).append((cell.spread_pct, ", ".join(case) or "-"))
+    found = {metric: [(cell.spread_pct, case) for case, cell in cells if cell.spread_pct is not None]
+             for metric, cells in case_cells(summary).items()}
     out = [MetricSpread(metric, summary.units.get(metric), len(cells), *max(cells),
-                        percentile([s for s, _ in cells], 50)) for metric, cells in found.items()]
+                        percentile([s for s, _ in cells], 50)) for metric, cells in found.items() if cells]
     return sorted(out, key=lambda m: (-m.largest_pct, m.metric))
 
 

@@ -292,17 +292,22 @@ def columns_of(summary: Summary) -> list[tuple[str, str, Any]]:
     return out
 
 
-def metric_cells(summary: Summary) -> dict[str, list[tuple[str, float]]]:
-    """metric -> (case text 'k=v, ...', value) of every cell of the metric that has a value."""
-    out: dict[str, list[tuple[str, float]]] = {metric: [] for metric in summary.metrics}
+def case_cells(summary: Summary) -> dict[str, list[tuple[str, Cell]]]:
+    """metric -> (case text 'k=v, ...', cell) of every cell of the metric that has a value."""
+    out: dict[str, list[tuple[str, Cell]]] = {metric: [] for metric in summary.metrics}
     for values, row in summary.rows:
         for _, metric, column in columns_of(summary):
             cell = row.get((metric, join.value_key(column) if summary.by else ""))
             if cell is not None and cell.value is not None:
                 case = [f"{k}={param_text(v)}" for k, v in zip(summary.row_params, values)]
                 case += [f"{summary.by}={param_text(column)}"] if summary.by else []
-                out[metric].append((", ".join(case), cell.value))
+                out[metric].append((", ".join(case) or "-", cell))
     return out
+
+
+def metric_cells(summary: Summary) -> dict[str, list[tuple[str, float]]]:
+    """metric -> (case text 'k=v, ...', value) of every cell of the metric that has a value."""
+    return {metric: [(case, cell.value) for case, cell in cells] for metric, cells in case_cells(summary).items()}
 
 
 def param_text(value: Any) -> str:

@@ -57,8 +57,6 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
         raise click.UsageError("--spreads and --target print different tables; give one of them")
     options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs, ratio_to, every_metric=spreads)
     if spreads:
-        if across_runs is None:
-            raise click.UsageError("--spreads compares reruns: add --across-runs median and give the runs")
         from qbench import spreads as spread_table
 
         spread_table.show(summary.summarize(runs, options), fmt)

@@ -162,7 +162,7 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
     g0, g1, g2 = grid
 
     def replay(*args, grid=None):
-        if knobs.runtime.launch_enter_hook is not None:
+        if _hooked(knobs.runtime):
             return compiled[grid or (g0, g1, g2)](*args, *constexprs)
         if grid is None:
             run(g0, g1, g2, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
@@ -170,6 +170,14 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
             run(*grid, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
 
     return replay
+
+
+def _hooked(runtime) -> bool:
+    """Whether a launch hook (a profiler's) is set. Triton before 3.5 keeps None or a function; later
+    versions keep a HookChain whose `calls` list is empty when nothing is hooked (testing it against None
+    sent every replay down Triton's own launch path)."""
+    enter, exit_ = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(exit_, "calls", exit_))
 
 
 def specialization(n: int) -> tuple:

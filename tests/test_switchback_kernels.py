@@ -168,6 +168,40 @@ def test_int8_matmul_autotuned_large_odd_shape(per_column, impl):
     assert not bad.any(), first_mismatches(c, ref, bad)
 
 
+def test_launch_hooks_are_told_apart_from_an_empty_hook_chain():
+    """Replays take the compiled kernel's own launcher unless a launch hook is set: None or an empty
+    HookChain (triton >= 3.5 keeps one) is no hook; a function or a chain with calls is."""
+    from types import SimpleNamespace
+
+    from triton.knobs import HookChain
+
+    from kernels._common import _hooked
+
+    chain = HookChain()
+    assert not _hooked(SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None))
+    assert not _hooked(SimpleNamespace(launch_enter_hook=chain, launch_exit_hook=HookChain()))
+    assert _hooked(SimpleNamespace(launch_enter_hook=print, launch_exit_hook=None))
+    chain.add(print)
+    assert _hooked(SimpleNamespace(launch_enter_hook=None, launch_exit_hook=chain))
+
+
+@pytest.mark.gpu
+def test_replays_skip_tritons_launch_path(monkeypatch):
+    """Once a shape is compiled, its launches never go through CompiledKernel[grid] (Triton's per-call
+    metadata and hook path) while no launch hook is set."""
+    from triton.compiler.compiler import CompiledKernel
+
+    a = torch.randn(300, 200, device=DEVICE, dtype=torch.float16)
+    sq.quantize_rowwise(a), sq.quantize_global(a)
+
+    def refuse(self, grid):
+        raise AssertionError("a replay took Triton's launch path")
+
+    monkeypatch.setattr(CompiledKernel, "__getitem__", refuse)
+    assert_equal(sq.quantize_rowwise(a)[0], sq.quantize_rowwise_reference(a)[0], "replayed rowwise")
+    assert_equal(sq.quantize_global(a)[0], sq.quantize_global_reference(a)[0], "replayed global")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["pointer", "tma"])
 def test_replayed_launches_match_the_references(impl):

@@ -148,3 +148,24 @@ def test_time_interleaved_gives_a_host_bound_call_no_head_start():
     got = timing.time_interleaved({"busy": lambda: torch.cuda._sleep(cycles), "slow": slow_to_issue},
                                   device="cuda", repeat=10, flush_l2=False)
     assert got["slow"].median >= 0.25 and got["busy"].median >= 2.0, (got["slow"].median, got["busy"].median)
+
+
+def test_host_time_times_calls_back_to_back_after_settling_calls(monkeypatch):
+    """Samples come from calls issued back to back: each block starts with a synchronize and untimed
+    settling calls, and the first calls after a wait (slow here, as on a GPU host) are never timed."""
+    events = []
+    monkeypatch.setattr(timing, "_synchronize", lambda device: events.append("sync"))
+    since_sync = {"calls": 0}
+
+    def call():
+        if events and events[-1] == "sync":
+            since_sync["calls"] = 0
+        since_sync["calls"] += 1
+        events.append("call")
+        time.sleep(0.02 if since_sync["calls"] <= timing.HOST_SETTLE else 0.001)
+
+    got = timing.host_time(call, device="cpu", warmup=1, repeat=11)
+    assert len(got.samples_ms) == 11 and max(got.samples_ms) < 15, got.samples_ms
+    blocks = "".join("s" if e == "sync" else "c" for e in events[1:]).split("s")[1:-1]
+    settle = timing.HOST_SETTLE
+    assert [len(b) for b in blocks] == [settle + timing.HOST_BLOCK, settle + 11 - timing.HOST_BLOCK]

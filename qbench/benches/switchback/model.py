@@ -10,7 +10,7 @@ exec, dtype. Metrics (ms are medians, their samples kept):
   linear_ms        forward + backward of the stack's linear layers alone, same mode and shapes
   linear_share     linear_ms / step_ms (see model_steps.py for what it does and does not say)
   speedup_linears  linear_ms of 16bit / linear_ms
-  host_ms          CPU time spent issuing one step (the device synchronized outside each sample)
+  host_ms          CPU time spent issuing one step (steps issued back to back: qbench.timing.host_time)
   peak_memory_mb   torch.cuda.max_memory_allocated over one step after warm-up (graph mode: over the
                    eager step before its capture and the capture), less what was allocated before the
                    model existed (input and target)

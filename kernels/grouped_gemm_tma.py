@@ -14,7 +14,9 @@ read as zero past T: they are computed and masked at the store), B tiles from w 
   transposed  w = v.transpose(1, 2), v [G, N, K] contiguous (the input gradient's w^T)
               -> v as [G*N, K], tile [BN, BK] at (g*N + n0, k0), used as its transpose; rows of
               group g + 1 land only in columns n >= N, which the store masks
-The store is a masked pointer store, not a TMA store: a row tile may straddle two segments.
+The store is a masked pointer store, not a TMA store: a row tile may straddle two segments. There is
+no activation epilogue: a tile's epilogue runs after its K loop (nothing overlaps it), and an activation
+there cost more than torch's elementwise pass after the product (kernels/grouped_gemm.py, _launch_fwd).
 `supported()` says when this kernel applies; kernels/grouped_gemm.py falls back to the pointer
 kernel otherwise, or when its caller passes impl="pointer" (grouped_matmul_forward's `impl`).
 The first launch of a shape autotunes; later launches replay the picked kernel with descriptors of
@@ -28,7 +30,6 @@ import triton.language as tl
 
 from kernels._common import (
     LaunchCache,
-    activation_epilogue,
     aligned,
     config_dict,
     dot_accumulate,
@@ -82,12 +83,12 @@ def _tile_origin(tile, total_m, n_tiles, lo, tiles, tile_end, ss,
     return s, s_lo + (pid_m - s_first) * BM, n0
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "S", "TRANS_W", "EPI", "ACT"])
+@triton.autotune(configs=_configs(), key=["N", "K", "S", "TRANS_W"])
 @triton.jit
 def _grouped_fwd_tma_kernel(
-    x_desc, w_desc, b_ptr, y_ptr, pre_ptr, off_ptr,
+    x_desc, w_desc, b_ptr, y_ptr, off_ptr,
     N, K, S, G, sbg, sym,
-    TRANS_W: tl.constexpr, HAS_BIAS: tl.constexpr, EPI: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr,
+    TRANS_W: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
     UPCAST: tl.constexpr, BLOCK_S: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -117,9 +118,8 @@ def _grouped_fwd_tma_kernel(
         s_hi = tl.sum(tl.where(ss == s, hi, 0), 0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + wg * sbg + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        out = rows[:, None].to(tl.int64) * sym + cols[None, :]  # y and pre share the row stride
+        out = rows[:, None].to(tl.int64) * sym + cols[None, :]
         mask = (rows[:, None] < s_hi) & (cols[None, :] < N)
-        acc = activation_epilogue(acc, pre_ptr + out, mask, EPI, ACT, y_ptr.dtype.element_ty)
         tl.store(y_ptr + out, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -197,34 +197,32 @@ def _programs(device) -> int:
 _CACHE = LaunchCache("grouped_gemm_fwd_tma")
 
 
-def launch_fwd(x, w, offsets, bias, y, epi: tuple = (0, 0, None)):
-    """y [T, N] (row-contiguous, may be a view) <- grouped x @ w (+ bias), through the activation
-    epilogue epi = (EPI, ACT, pre [T, N] with y's row stride, or None) of kernels._common. The caller
-    checked `supported` (or `shapes_supported` under the interpreter) and handled empty shapes."""
+def launch_fwd(x, w, offsets, bias, y):
+    """y [T, N] (row-contiguous, may be a view) <- grouped x @ w (+ bias). The caller checked
+    `supported` (or `shapes_supported` under the interpreter) and handled empty shapes."""
     T, K = x.shape
     G, _, N = w.shape
     S = offsets.numel() - 1
     layout = weight_layout(w)
     sms = _programs(x.device)
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    pre = epi[2] if epi[2] is not None else y  # dummy pointer when EPI is 0
-    tail = (b, y, pre, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0))
-    key = (specialization(T), N, K, S, G, layout, x.stride(0), tail[8:], bias is not None, epi[:2], x.dtype,
-           aligned(x, w, b, y, pre, offsets), x.device)
+    tail = (b, y, offsets, N, K, S, G, b.stride(0) if bias is not None else 0, y.stride(0))
+    key = (specialization(T), N, K, S, G, layout, x.stride(0), tail[7:], bias is not None, x.dtype,
+           aligned(x, w, b, y, offsets), x.device)
     entry = _CACHE.entry(key)
     if entry is None:
-        flags = (layout == "transposed", bias is not None, epi[0], epi[1], ieee(x.dtype), upcast(x.dtype),
+        flags = (layout == "transposed", bias is not None, ieee(x.dtype), upcast(x.dtype),
                  triton.next_power_of_2(S + 1), sms)
         grid = lambda meta: (_programs_for(T, S, N, sms, meta["BM"], meta["BN"]),)  # noqa: E731
         compiled = _grouped_fwd_tma_kernel[grid](*_descriptors(x, w, layout), *tail, TRANS_W=flags[0],
-                                                 HAS_BIAS=flags[1], EPI=flags[2], ACT=flags[3], IEEE=flags[4],
-                                                 UPCAST=flags[5], BLOCK_S=flags[6], NUM_PROGRAMS=sms)
+                                                 HAS_BIAS=flags[1], IEEE=flags[2], UPCAST=flags[3],
+                                                 BLOCK_S=flags[4], NUM_PROGRAMS=sms)
         best = _grouped_fwd_tma_kernel.best_config
         tile = (best.kwargs["BM"], best.kwargs["BN"], best.kwargs["BK"], best.kwargs["GROUP_M"])
         _CACHE.store(key, compiled, grid(best.kwargs), (*flags, *tile), config_dict(best))
         return y
     replay, _, consts, _ = entry
-    bm, bn, bk = consts[8:11]
+    bm, bn, bk = consts[6:9]
     replay(*_descriptors(x, w, layout, bm, bn, bk), *tail, grid=(_programs_for(T, S, N, sms, bm, bn), 1, 1))
     return y
 

@@ -86,14 +86,15 @@ def test_kernel_matches_reference(case, transposed, dtype):
 @needs_kernel
 @pytest.mark.parametrize("act", ["gelu", "relu"])
 @pytest.mark.parametrize("case", ["R1-empty-and-1-row", "R2-straddling-tiles"])
-def test_activation_epilogues_match_torch(case, act):
-    """Forward: pre stored and act(pre) in y; backward (w transposed): y = (dy @ w) * act'(pre)."""
+def test_activation_after_the_tma_product_matches_torch(case, act):
+    """The TMA kernel's product with the activation after it (grouped_gemm._launch_fwd): forward, the
+    product in pre and act(pre) in y; backward (w transposed), y = (dy @ w) * act'(pre) in place."""
     dtype = torch.float16
     x, w, b = _inputs(case, dtype, False, seed=7)
     offsets, code = _offsets(CASES[case][0]), {"relu": 1, "gelu": 2}[act]
     T, N = x.shape[0], w.shape[2]
     pre, y = (torch.full((T, N), float("nan"), device=DEVICE, dtype=dtype) for _ in range(2))
-    tma.launch_fwd(x, w, offsets, b, y, (1, code, pre))
+    gg._launch_fwd(x, w, offsets, b, y, impl="tma", epi=(1, code, pre))
     want = gg.grouped_matmul_reference(x, w, offsets, b)
     _assert_close(pre, want, TOL[dtype], f"{case} pre")
     f = torch.nn.functional.gelu if act == "gelu" else torch.relu
@@ -104,7 +105,7 @@ def test_activation_epilogues_match_torch(case, act):
     gen = torch.Generator().manual_seed(8)
     v, dz = _weights(G, M, N, dtype, True, gen), torch.randn(T, M, generator=gen).to(DEVICE, dtype)
     dpre = torch.full((T, N), float("nan"), device=DEVICE, dtype=dtype)
-    tma.launch_fwd(dz, v, offsets, None, dpre, (2, code, pre))
+    gg._launch_fwd(dz, v, offsets, None, dpre, impl="tma", epi=(2, code, pre))
     dact = gg.grouped_matmul_reference(dz, v, offsets).float()
     want = (torch.ops.aten.gelu_backward(dact, pre.float()) if act == "gelu"
             else torch.ops.aten.threshold_backward(dact, pre.float(), 0))
@@ -185,8 +186,7 @@ def test_real_size_on_gpu(dtype, transposed):
 
 def compile_for_sm90() -> None:
     """Compile every Hopper config for both layouts in fp16, and the first config in bf16 (same code
-    but for the element type) and with each activation epilogue (forward: store pre, apply GELU;
-    backward: times GELU' of a loaded pre), for sm_90 without a GPU (in a child process without
+    but for the element type), for sm_90 without a GPU (in a child process without
     TRITON_INTERPRET); prints one line per kernel: wgmma and TMA instruction counts in the PTX, shared
     memory bytes."""
     import triton
@@ -194,16 +194,15 @@ def compile_for_sm90() -> None:
     from triton.compiler import ASTSource
 
     fn = tma._grouped_fwd_tma_kernel.fn  # the JIT function under the autotuner
-    variants = [("fp16", trans, cfg, 0) for trans in (False, True) for cfg in tma._HOPPER]
-    variants += [("bf16", trans, tma._HOPPER[0], 0) for trans in (False, True)]
-    variants += [("fp16", False, tma._HOPPER[0], 1), ("fp16", True, tma._HOPPER[0], 2)]
-    for dt, trans, (bm, bn, stages, warps), epi in variants:
+    variants = [("fp16", trans, cfg) for trans in (False, True) for cfg in tma._HOPPER]
+    variants += [("bf16", trans, tma._HOPPER[0]) for trans in (False, True)]
+    for dt, trans, (bm, bn, stages, warps) in variants:
         bk = tma.BK_TMA
         w_block = f"{bn}, {bk}" if trans else f"{bk}, {bn}"
         sig = {"x_desc": f"tensordesc<{dt}[{bm}, {bk}]>", "w_desc": f"tensordesc<{dt}[{w_block}]>",
-               "b_ptr": f"*{dt}", "y_ptr": f"*{dt}", "pre_ptr": f"*{dt}", "off_ptr": "*i64",
+               "b_ptr": f"*{dt}", "y_ptr": f"*{dt}", "off_ptr": "*i64",
                **dict.fromkeys(("N", "K", "S", "G", "sbg", "sym"), "i32")}
-        const = dict(TRANS_W=trans, HAS_BIAS=True, EPI=epi, ACT=2 if epi else 0, IEEE=False, UPCAST=False,
+        const = dict(TRANS_W=trans, HAS_BIAS=True, IEEE=False, UPCAST=False,
                      BLOCK_S=64, NUM_PROGRAMS=132, BM=bm, BN=bn, BK=bk, GROUP_M=8)
         sig.update(dict.fromkeys(const, "constexpr"))
         src = ASTSource(fn=fn, signature=sig, constexprs=const)
@@ -226,7 +225,7 @@ def test_compiles_for_hopper_without_a_gpu():
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line.split() for line in done.stdout.splitlines()]
-    assert len(lines) == 2 * len(tma._HOPPER) + 4, done.stdout
+    assert len(lines) == 2 * len(tma._HOPPER) + 2, done.stdout
     for dt, trans, bm, bn, wgmma, tma_loads, shared in lines:
         what = f"{dt} transposed={trans} {bm}x{bn}"
         assert int(wgmma) > 0 and int(tma_loads) > 0, f"{what}: no wgmma/TMA in the PTX"

@@ -69,7 +69,8 @@ def _act_backward(grad, pre, act, activation: str, out=None):
 
 
 def ffn_forward(x, offsets, w1, b1, w2, b2, cfg: ExpertConfig, out=None):
-    """(pre, act, y) of the expert FFN (the activation in the first product's epilogue); `out` =
+    """(pre, act, y) of the expert FFN (the activation fused into the first product by the pointer kernel,
+    after it on Hopper's TMA kernel: kernels.grouped_gemm._launch_fwd); `out` =
     (pre, act, y) buffers to write into, or None."""
     pre_o, act_o, y_o = out if out is not None else (None, None, None)
     pre, act = grouped_matmul_act(x, w1, offsets, b1, cfg.activation, backend=cfg.backend,
@@ -78,8 +79,9 @@ def ffn_forward(x, offsets, w1, b1, w2, b2, cfg: ExpertConfig, out=None):
 
 
 def ffn_input_grad(dy, pre, act, offsets, w1, w2, cfg: ExpertConfig, out=None):
-    """(dpre, dx) of ffn_forward for output gradient dy [rows, d] (the activation's backward in the
-    epilogue of dy @ w2^T: d act is never stored); out = (dpre, dx) buffers or None."""
+    """(dpre, dx) of ffn_forward for output gradient dy [rows, d] (the activation's backward applied to
+    dy @ w2^T in its epilogue, or in place in dpre's buffer after it on Hopper: no other buffer holds d
+    act); out = (dpre, dx) buffers or None."""
     dpre_o, dx_o = out if out is not None else (None, None)
     dpre = grouped_matmul_act_grad(dy, w2.transpose(1, 2), offsets, pre, cfg.activation, backend=cfg.backend,
                                    out=dpre_o)

@@ -229,9 +229,20 @@ def best_tile(autotuner) -> tuple[int, int, int, int, int, int]:
     return bm, bn, bk, best.kwargs["GROUP_M"], best.num_stages, best.num_warps
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host-side launch geometry. triton.cdiv is a constexpr_function in recent triton: its
+    wrapper costs a few microseconds of host time per call, and launch paths run it on every step."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (0 for n = 0, as triton.next_power_of_2), on the host (see cdiv)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
 def dot_rows(n: int) -> int:
     """The row block that holds n rows in one tl.dot operand: a power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(n))
+    return max(16, next_power_of_2(n))
 
 
 # fp32 kernels take exact (IEEE) products: the dot becomes unrolled FMA code, whose compile time grows with

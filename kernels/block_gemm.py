@@ -32,7 +32,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from kernels._common import dot_accumulate, dot_rows, ieee, interpreting, upcast, use_triton
+from kernels._common import cdiv, dot_accumulate, dot_rows, ieee, interpreting, upcast, use_triton
 
 # A program owns one block (BM = B rounded up to a power of two rows) and one N tile. Interpreter
 # runs (CPU tests) use tiny tiles to stay fast; GPU configs are the Hopper tensor-core shapes for
@@ -272,7 +272,7 @@ def gather_matmul(peers, plan, w, bias=None, *, out=None, gathered=None, activat
     if rows == 0:
         return out, gathered
     b = bias if bias is not None else out  # dummy pointer when HAS_BIAS is false
-    grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
+    grid = lambda meta: (plan.num_blocks * cdiv(N, meta["BN"]),)
     _gather_matmul_kernel[grid](
         table.offsets, table.anchor, w, b, out, pre if pre is not None else out, gathered, *_blocks(plan),
         N, K, table.row_stride, w.stride(0), w.stride(1), w.stride(2),
@@ -295,7 +295,7 @@ def matmul_scatter(a, w, bias, peers, plan) -> None:
         return None
     a = a if a.stride(1) == 1 else a.contiguous()
     b = bias if bias is not None else a
-    grid = lambda meta: (plan.num_blocks * triton.cdiv(N, meta["BN"]),)
+    grid = lambda meta: (plan.num_blocks * cdiv(N, meta["BN"]),)
     _matmul_scatter_kernel[grid](
         a, w, b, table.offsets, table.anchor, *_blocks(plan),
         N, K, a.stride(0), w.stride(0), w.stride(1), w.stride(2),
@@ -329,7 +329,7 @@ def _copy_rows(peers, plan, local, to_peers: bool) -> None:
     K = local.shape[1]
     if plan.num_blocks == 0 or K == 0:
         return
-    grid = lambda meta: (plan.num_blocks * triton.cdiv(K, meta["BK"]),)
+    grid = lambda meta: (plan.num_blocks * cdiv(K, meta["BK"]),)
     _copy_rows_kernel[grid](
         table.offsets, table.anchor, local, plan.block_src, plan.block_row, plan.block_rows, plan.block_start,
         K, table.row_stride, local.stride(0), TO_PEERS=to_peers, ALIGNED=table.aligned, BM=_bm(plan),

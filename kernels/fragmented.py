@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, is_compiling, register_op, use_triton
+from kernels._common import LaunchCache, aligned, cdiv, is_compiling, next_power_of_2, register_op, use_triton
 
 MAX_TILE = 32768  # padded elements per row held in registers (128 KB of fp32 over 8 warps)
 
@@ -157,7 +157,7 @@ def _selector_grad_kernel(x_ptr, dscore_ptr, ds_ptr, B, N, F, stride_x, BLOCK_B:
 @functools.cache
 def _blocks(n: int, f: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_F) of a selector [n, f] (cached: triton.next_power_of_2 costs host time per call)."""
-    return triton.next_power_of_2(n), triton.next_power_of_2(f)
+    return next_power_of_2(n), next_power_of_2(f)
 
 
 def _fits(x, s) -> bool:
@@ -246,15 +246,15 @@ PARTIAL_PROGRAMS = 512  # programs of the partial dp pass to aim for (a few per 
 def _partial_tile(b: int, n: int, f: int, out: int) -> tuple[int, ...]:
     """(CHUNK_O, CHUNK_F, S pieces per row, BLOCK_N, BLOCK_O, BLOCK_F, BLOCK_S, BLOCK_B) of the selector's
     two passes: rows split into S pieces so that about PARTIAL_PROGRAMS programs share the z pass."""
-    block_n = triton.next_power_of_2(n)
-    block_o = max(16, min(triton.next_power_of_2(out), 2048 // block_n, 256))
-    pieces = max(1, min(triton.cdiv(PARTIAL_PROGRAMS, b), triton.cdiv(out, block_o), 4096 // block_n))
-    chunk_o = triton.cdiv(triton.cdiv(out, pieces), block_o) * block_o
-    pieces = triton.cdiv(out, chunk_o)
-    chunk_f = triton.cdiv(f, pieces)
-    block_s = triton.next_power_of_2(pieces)
+    block_n = next_power_of_2(n)
+    block_o = max(16, min(next_power_of_2(out), 2048 // block_n, 256))
+    pieces = max(1, min(cdiv(PARTIAL_PROGRAMS, b), cdiv(out, block_o), 4096 // block_n))
+    chunk_o = cdiv(cdiv(out, pieces), block_o) * block_o
+    pieces = cdiv(out, chunk_o)
+    chunk_f = cdiv(f, pieces)
+    block_s = next_power_of_2(pieces)
     block_b = max(1, min(16, 4096 // (block_s * block_n)))
-    return chunk_o, chunk_f, pieces, block_n, block_o, triton.next_power_of_2(chunk_f), block_s, block_b
+    return chunk_o, chunk_f, pieces, block_n, block_o, next_power_of_2(chunk_f), block_s, block_b
 
 
 def _first_partial(args, tile):
@@ -267,8 +267,8 @@ def _first_partial(args, tile):
 def _first_from_partials(args, tile):
     n, f = args[5], args[6]
     block_n, block_s, block_b = tile[3], tile[6], tile[7]
-    block_f = min(triton.next_power_of_2(f), 256)
-    grid, consts = (n, triton.cdiv(f, block_f)), (block_s, block_b, block_n, block_f)
+    block_f = min(next_power_of_2(f), 256)
+    grid, consts = (n, cdiv(f, block_f)), (block_s, block_b, block_n, block_f)
     compiled = _selector_grad_partials_kernel[grid](*args, *consts, num_warps=4)
     return compiled, grid, consts, {"BLOCK_S": block_s, "BLOCK_B": block_b, "BLOCK_F": block_f}
 
@@ -280,8 +280,8 @@ def _selector_grad(x, dscore, s):
     args = (x, dscore, ds, b, n, f, x.stride(0))
 
     def first():  # the tile is worked out here only: triton.cdiv and friends cost host time per call
-        block_f = min(triton.next_power_of_2(f), 256)
-        grid, consts = (n, triton.cdiv(f, block_f)), (16, block_f)
+        block_f = min(next_power_of_2(f), 256)
+        grid, consts = (n, cdiv(f, block_f)), (16, block_f)
         return _selector_grad_kernel[grid](*args, *consts, num_warps=4), grid, consts, {"BLOCK_F": block_f}
 
     _SELECTOR.launch((b, n, f, x.stride(0), x.dtype, s.dtype, aligned(x, dscore, ds), x.device), args, first)

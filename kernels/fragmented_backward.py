@@ -28,6 +28,7 @@ import triton.language as tl
 from kernels._common import (
     LaunchCache,
     aligned,
+    cdiv,
     config_dict,
     dot_accumulate,
     dot_rows,
@@ -220,7 +221,7 @@ def _low_rank_input_grad(dc: torch.Tensor, cw: torch.Tensor, v: torch.Tensor) ->
 
     def first():
         consts = (ieee(v.dtype), upcast(v.dtype), dot_rows(b), _INPUT_BLOCK_J, _INPUT_BLOCK_R)
-        grid = (triton.cdiv(n_in, _INPUT_BLOCK_J),)
+        grid = (cdiv(n_in, _INPUT_BLOCK_J),)
         compiled = _low_rank_input_kernel[grid](*args, *consts, num_warps=_INPUT_WARPS)
         return compiled, grid, consts, {"BLOCK_J": _INPUT_BLOCK_J, "BLOCK_R": _INPUT_BLOCK_R, "BLOCK_B": consts[2],
                                         "num_warps": _INPUT_WARPS}

@@ -24,6 +24,7 @@ import triton.language as tl
 from kernels._common import (
     LaunchCache,
     aligned,
+    cdiv,
     config_dict,
     dot_accumulate,
     dot_rows,
@@ -94,11 +95,11 @@ def _first_launch(args, n: int, dtype):
     flags = (ieee(dtype), upcast(dtype), block_b)
     if interpreting():
         block_o, block_k, stages, warps = _INTERPRETER_CONFIG
-        grid = (triton.cdiv(out, block_o), n, triton.cdiv(b, block_b))
+        grid = (cdiv(out, block_o), n, cdiv(b, block_b))
         compiled = _fragment_outputs_kernel[grid](*args, *flags, BLOCK_O=block_o, BLOCK_K=block_k,
                                                   num_stages=stages, num_warps=warps)
         return compiled, grid, (*flags, block_o, block_k), {"BLOCK_O": block_o, "BLOCK_K": block_k}
-    grid = lambda meta: (triton.cdiv(out, meta["BLOCK_O"]), n, triton.cdiv(b, block_b))  # noqa: E731
+    grid = lambda meta: (cdiv(out, meta["BLOCK_O"]), n, cdiv(b, block_b))  # noqa: E731
     compiled = _autotuned[grid](*args, *flags)
     best = _autotuned.best_config
     consts = (*flags, best.kwargs["BLOCK_O"], best.kwargs["BLOCK_K"])
@@ -167,7 +168,7 @@ def _first_sum_launch(args, dtype):
     b, out = args[5], args[7]
     block_b = dot_rows(b)
     consts = (ieee(dtype), upcast(dtype), block_b, _SUM_BLOCK_O, _SUM_BLOCK_R)
-    grid = (triton.cdiv(out, _SUM_BLOCK_O), triton.cdiv(b, block_b))
+    grid = (cdiv(out, _SUM_BLOCK_O), cdiv(b, block_b))
     compiled = _expert_sum_kernel[grid](*args, *consts, num_warps=_SUM_WARPS)
     return compiled, grid, consts, {"BLOCK_O": _SUM_BLOCK_O, "BLOCK_R": _SUM_BLOCK_R, "BLOCK_B": block_b,
                                     "num_warps": _SUM_WARPS}

@@ -19,10 +19,12 @@ from kernels._common import (
     LaunchCache,
     activation_epilogue,
     aligned,
+    cdiv,
     config_dict,
     dot_accumulate,
     ieee,
     interpreting,
+    next_power_of_2,
     specialization,
     upcast,
 )
@@ -114,7 +116,7 @@ def pointer_fwd(x, w, offsets, bias, y, epi: tuple):
            aligned(x, w, b, y, pre, offsets), x.device)
     entry = _FWD.entry(key)
     if entry is None:
-        flags = (bias is not None, epi[0], epi[1], ieee(x.dtype), upcast(x.dtype), triton.next_power_of_2(S + 1))
+        flags = (bias is not None, epi[0], epi[1], ieee(x.dtype), upcast(x.dtype), next_power_of_2(S + 1))
         compiled = _grouped_fwd_kernel[lambda meta: (_fwd_programs(T, S, N, meta["BM"], meta["BN"]),)](
             *args, HAS_BIAS=flags[0], EPI=flags[1], ACT=flags[2], IEEE=flags[3], UPCAST=flags[4], BLOCK_G=flags[5])
         best = _grouped_fwd_kernel.best_config
@@ -128,9 +130,9 @@ def pointer_fwd(x, w, offsets, bias, y, epi: tuple):
 
 def _fwd_programs(T: int, S: int, N: int, bm: int, bn: int) -> int:
     """Row tiles of every segment fit in cdiv(T, BM) + S (one partial tile per segment), times N tiles."""
-    return (triton.cdiv(T, bm) + S) * triton.cdiv(N, bn)
+    return (cdiv(T, bm) + S) * cdiv(N, bn)
 
 
 def _fwd_programs(T: int, S: int, N: int, bm: int, bn: int) -> int:
     """Row tiles of every segment fit in cdiv(T, BM) + S (one partial tile per segment), times N tiles."""
-    return (triton.cdiv(T, bm) + S) * triton.cdiv(N, bn)
+    return (cdiv(T, bm) + S) * cdiv(N, bn)

@@ -31,10 +31,12 @@ import triton.language as tl
 from kernels._common import (
     LaunchCache,
     aligned,
+    cdiv,
     config_dict,
     dot_accumulate,
     ieee,
     interpreting,
+    next_power_of_2,
     specialization,
     upcast,
 )
@@ -212,7 +214,7 @@ def launch_fwd(x, w, offsets, bias, y):
     entry = _CACHE.entry(key)
     if entry is None:
         flags = (layout == "transposed", bias is not None, ieee(x.dtype), upcast(x.dtype),
-                 triton.next_power_of_2(S + 1), sms)
+                 next_power_of_2(S + 1), sms)
         grid = lambda meta: (_programs_for(T, S, N, sms, meta["BM"], meta["BN"]),)  # noqa: E731
         compiled = _grouped_fwd_tma_kernel[grid](*_descriptors(x, w, layout), *tail, TRANS_W=flags[0],
                                                  HAS_BIAS=flags[1], IEEE=flags[2], UPCAST=flags[3],
@@ -230,4 +232,4 @@ def launch_fwd(x, w, offsets, bias, y):
 def _programs_for(T: int, S: int, N: int, sms: int, bm: int, bn: int) -> int:
     """One program per SM, fewer when there are fewer work items: cdiv(T, BM) + S row tiles bound them
     (one partial tile per segment)."""
-    return min(sms, (triton.cdiv(T, bm) + S) * triton.cdiv(N, bn))
+    return min(sms, (cdiv(T, bm) + S) * cdiv(N, bn))

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, config_dict, dot_accumulate, ieee, interpreting, upcast
+from kernels._common import LaunchCache, aligned, cdiv, config_dict, dot_accumulate, ieee, interpreting, upcast
 
 if interpreting():  # one tiny tile keeps CPU tests fast
     _WGRAD_CONFIGS = [triton.Config({"BK": 16, "BN": 16, "BR": 16}, num_warps=1, num_stages=1)]
@@ -103,7 +103,7 @@ def launch_wgrad(x, dy, offsets, G, with_bias: bool = False):
 
     def first():
         flags = (with_bias, ieee(x.dtype), upcast(x.dtype))
-        grid = lambda meta: (G * triton.cdiv(K, meta["BK"]) * triton.cdiv(N, meta["BN"]),)  # noqa: E731
+        grid = lambda meta: (G * cdiv(K, meta["BK"]) * cdiv(N, meta["BN"]),)  # noqa: E731
         compiled = _grouped_wgrad_kernel[grid](*args, HAS_DB=flags[0], IEEE=flags[1], UPCAST=flags[2])
         best = _grouped_wgrad_kernel.best_config
         tile = (best.kwargs["BK"], best.kwargs["BN"], best.kwargs["BR"])

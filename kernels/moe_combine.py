@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, interpreting, is_compiling, register_op, use_triton
+from kernels._common import LaunchCache, aligned, cdiv, interpreting, is_compiling, register_op, use_triton
 
 BT, BD = (8, 16) if interpreting() else (32, 128)
 
@@ -93,7 +93,7 @@ def _combine(src, rows, weights, tokens: int):
         w = out
         if weights is not None:
             w = weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous()
-        grid = (triton.cdiv(tokens, BT), triton.cdiv(d, BD))
+        grid = (cdiv(tokens, BT), cdiv(d, BD))
         args, consts = (src, rows, w, out, tokens, d), (k, weights is not None, BT, BD)
         key = (tokens, d, k, weights is not None, src.dtype, aligned(src, rows, w, out), src.device)
         _COMBINE.launch(key, args, lambda: (_combine_kernel[grid](*args, *consts), grid, consts, {}))
@@ -110,7 +110,7 @@ def _combine_backward(src, rows, weights, dout, zero_unused: bool):
     if T and d:
         w = weights if weights.dtype == torch.float32 and weights.is_contiguous() else weights.float().contiguous()
         dout = dout if dout.is_contiguous() else dout.contiguous()
-        grid = (triton.cdiv(T, BT),)
+        grid = (cdiv(T, BT),)
         args, consts = (src, rows, w, dout, d_src, dw, T, d), (k, BT, BD)
         key = (T, d, k, src.dtype, dout.dtype, aligned(src, rows, w, dout, d_src, dw), src.device)
         _BACKWARD.launch(key, args, lambda: (_combine_backward_kernel[grid](*args, *consts), grid, consts, {}))

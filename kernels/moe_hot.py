@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, interpreting, is_compiling, register_op
+from kernels._common import LaunchCache, aligned, cdiv, interpreting, is_compiling, next_power_of_2, register_op
 
 BLOCK_ASSIGNMENTS = 16 if interpreting() else 1024
 
@@ -141,9 +141,9 @@ def _hot_plan(counts_all, flat_e, pos, keep, rank: int, L: int, n_hot: int, toke
     hot_off = torch.empty(n + 1, dtype=torch.int64, device=dev)
     got = torch.empty(W * L, dtype=torch.int64, device=dev)
     masked = torch.empty_like(counts)
-    BE = triton.next_power_of_2(E)
+    BE = next_power_of_2(E)
     args = (counts, slot, hot_ids, seg, first, hot_off, got, masked, W, E, L, rank, n, cap)
-    consts = (padded, BE, min(BE, 16 if interpreting() else 64), triton.next_power_of_2(L))
+    consts = (padded, BE, min(BE, 16 if interpreting() else 64), next_power_of_2(L))
     key = (W, E, L, rank, n, cap, padded, aligned(*args[:8]), dev)
     _CHOICE.launch(key, args, lambda: (_hot_choice_kernel[(1,)](*args, *consts), (1,), consts, {}))
     rows, hot_rows, hot_source = (torch.empty(kT, dtype=torch.int64, device=dev) for _ in range(3))
@@ -152,7 +152,7 @@ def _hot_plan(counts_all, flat_e, pos, keep, rank: int, L: int, n_hot: int, toke
               else torch.empty(total, dtype=torch.int64, device=dev))
     if kT:
         args = (flat_e, pos, keep, slot, first, hot_off, rows, source, hot_rows, hot_source, tokens, kT)
-        grid = (triton.cdiv(kT, BLOCK_ASSIGNMENTS),)
+        grid = (cdiv(kT, BLOCK_ASSIGNMENTS),)
         key = (kT, tokens, aligned(*args[:10]), dev)
         _ROWS.launch(key, args, lambda: (_hot_rows_kernel[grid](*args, BA=BLOCK_ASSIGNMENTS), grid,
                                          (BLOCK_ASSIGNMENTS,), {}))

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, interpreting, is_compiling, register_op
+from kernels._common import LaunchCache, aligned, interpreting, is_compiling, next_power_of_2, register_op
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def _plan(seg, got, world_size: int, degree: int, cap: int):
     offsets = torch.empty((D, n + 1), dtype=torch.int64, device=dev)
     offsets_all = torch.empty(D * n + 1, dtype=torch.int64, device=dev)
     args = (seg, got, splits, offsets, offsets_all, W, n // W, D, max(cap, 0))
-    consts = (cap >= 0, triton.next_power_of_2(W), triton.next_power_of_2(n))
+    consts = (cap >= 0, next_power_of_2(W), next_power_of_2(n))
 
     def first():
         return _plan_kernel[(1,)](*args, *consts), (1,), consts, {"BW": consts[1], "BE": consts[2]}
@@ -179,7 +179,7 @@ def block_counts(counts_all, rank: int, num_local_experts: int, block_size: int)
     offsets = torch.empty(L + 1, dtype=torch.int64, device=dev)
     small = torch.empty(5 + 2 * W, dtype=torch.int64, device=dev)
     _block_counts_kernel[(1,)](counts, src_off, first, seg_start, offsets, small, W, L, rank, block_size,
-                               BW=triton.next_power_of_2(W), BL=triton.next_power_of_2(L))
+                               BW=next_power_of_2(W), BL=next_power_of_2(L))
     return src_off, (first, seg_start), offsets, small
 
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, interpreting, is_compiling, register_op
+from kernels._common import LaunchCache, aligned, cdiv, interpreting, is_compiling, next_power_of_2, register_op
 
 BLOCK_TOKENS = 16 if interpreting() else 128
 BLOCK_FILL = 64 if interpreting() else 1024  # int64 entries one program fills per step
@@ -146,7 +146,7 @@ def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool):
     # they are allocated with torch.empty (zeros / full only where no kernel runs). cap < 0: dropless.
     T, E = logits.shape
     dev = logits.device
-    nb = triton.cdiv(T, BLOCK_TOKENS)
+    nb = cdiv(T, BLOCK_TOKENS)
     idx = (forced.to(torch.int64).contiguous() if forced is not None
            else torch.empty((T, k), dtype=torch.int64, device=dev))
     weights = torch.empty((T, k), dtype=torch.float32, device=dev)
@@ -172,12 +172,12 @@ def _launch_route(logits, outs, row_of, source, flags) -> None:
     idx, weights, hist, flat_e, pos, keep, counts, kept = outs
     k, forced, rows, padded, limit, fill = flags
     T, E = logits.shape
-    nb = triton.cdiv(T, BLOCK_TOKENS)
-    BE = triton.next_power_of_2(E)
+    nb = cdiv(T, BLOCK_TOKENS)
+    BE = next_power_of_2(E)
     key = (T, E, logits.stride(0), logits.dtype, flags, logits.device,
            aligned(logits, idx, weights, hist, flat_e, pos, keep, counts, kept, row_of, source))
     args = (logits, idx, weights, hist, source, T, E, nb, logits.stride(0), fill, T)
-    consts = (k, forced, BLOCK_TOKENS, BE, triton.next_power_of_2(k), BLOCK_FILL)
+    consts = (k, forced, BLOCK_TOKENS, BE, next_power_of_2(k), BLOCK_FILL)
     _CHOOSE.launch(key, args, lambda: (_choose_kernel[(nb,)](*args, *consts), (nb,), consts, {}))
     args = (idx, hist, flat_e, pos, keep, counts, kept, row_of, source, T, E, nb, limit)
     consts = (k, rows, padded, BLOCK_TOKENS, BE, 16)
@@ -246,10 +246,10 @@ def _weights_backward(idx, weights, d_weights, num_experts: int, dtype):
     if not T:
         return d_logits
     d_weights = d_weights if d_weights.is_contiguous() else d_weights.contiguous()
-    BE = triton.next_power_of_2(num_experts)
+    BE = next_power_of_2(num_experts)
     BT = max(1, min(BLOCK_TOKENS, 8192 // BE))  # keep the [BT, BE] tile of the row small
-    args, grid = (idx, weights, d_weights, d_logits, T, num_experts), (triton.cdiv(T, BT),)
-    consts = (k, BT, BE, triton.next_power_of_2(k))
+    args, grid = (idx, weights, d_weights, d_logits, T, num_experts), (cdiv(T, BT),)
+    consts = (k, BT, BE, next_power_of_2(k))
     key = (T, num_experts, k, dtype, d_weights.dtype, aligned(idx, weights, d_weights, d_logits), idx.device)
     _WEIGHTS_GRAD.launch(key, args, lambda: (_weights_grad_kernel[grid](*args, *consts), grid, consts, {}))
     return d_logits

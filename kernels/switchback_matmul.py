@@ -26,6 +26,7 @@ from kernels._common import (
     LaunchCache,
     aligned,
     best_tile,
+    cdiv,
     dequantize_tile,
     interpreting,
     is_compiling,
@@ -147,17 +148,17 @@ def _first_launch(args, per_column, has_bias, config):
     M, N, K = args[6:9]
     flags = {"PER_COLUMN": per_column, "HAS_BIAS": has_bias}
     if config is None:
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+        grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
         compiled = _autotuned[grid](*args, **flags)
         bm, bn, bk, group, stages, warps = best_tile(_autotuned)
     else:
         bm, bn, bk, stages, warps = config
         group = 8
-        compiled = _kernel_even_k[(triton.cdiv(M, bm) * triton.cdiv(N, bn),)](
+        compiled = _kernel_even_k[(cdiv(M, bm) * cdiv(N, bn),)](
             *args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_stages=stages, num_warps=warps)
     consts = (bm, bn, bk, group, per_column, has_bias, K % bk == 0)
     pick = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_stages": stages, "num_warps": warps}
-    return compiled, (triton.cdiv(M, bm) * triton.cdiv(N, bn),), consts, pick
+    return compiled, (cdiv(M, bm) * cdiv(N, bn),), consts, pick
 
 
 def _check(a, sa, b, sb, bias, per_column):

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._common import LaunchCache, aligned, best_tile, dequantize_tile
+from kernels._common import LaunchCache, aligned, best_tile, cdiv, dequantize_tile
 
 
 @triton.jit
@@ -120,18 +120,18 @@ def _first_launch(a, b, c, tail, per_column, has_bias, config):
         # 16-byte dummy block shapes, replaced by _set_block_shapes before each launch
         descs = (TensorDescriptor.from_tensor(a, [1, 16]), TensorDescriptor.from_tensor(b, [1, 16]),
                  TensorDescriptor.from_tensor(c, [1, 8]))
-        grid = lambda meta: (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+        grid = lambda meta: (min(sms, cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
         compiled = _autotuned[grid](*descs, *tail, **flags)
         bm, bn, bk, group, stages, warps = best_tile(_autotuned)
     else:
         bm, bn, bk, stages, warps = config
         group = 8
-        grid = (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
+        grid = (min(sms, cdiv(M, bm) * cdiv(N, bn)),)
         compiled = _int8_matmul_tma_kernel[grid](*_descriptors(a, b, c, bm, bn, bk), *tail, BLOCK_M=bm, BLOCK_N=bn,
                                                  BLOCK_K=bk, GROUP_M=group, **flags, num_stages=stages,
                                                  num_warps=warps)
     consts = (bm, bn, bk, group, sms, per_column, has_bias)
-    grid = (min(sms, triton.cdiv(M, bm) * triton.cdiv(N, bn)),)
+    grid = (min(sms, cdiv(M, bm) * cdiv(N, bn)),)
     pick = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_stages": stages, "num_warps": warps}
     return compiled, grid, consts, pick
 

@@ -28,12 +28,14 @@ from kernels import switchback_quantize_weight as weight
 from kernels._common import (
     LaunchCache,
     aligned,
+    cdiv,
     encode,
     encode_reference,
     format_consts,
     format_dtype,
     is_compiling,
     multiplier,
+    next_power_of_2,
     register_op,
     stored_scale,
     use_triton,
@@ -86,7 +88,7 @@ def _check(x: torch.Tensor, name: str) -> torch.Tensor:
 
 def _row_tiles(K: int) -> tuple[tuple[int, int], int]:
     """((BLOCK_M, BLOCK_K), num_warps) of a kernel that holds whole rows: ~32 elements per thread."""
-    block_k = triton.next_power_of_2(K)
+    block_k = next_power_of_2(K)
     block_m = max(1, ELEMENTS_PER_PROGRAM // block_k)
     return (block_m, block_k), max(4, min(32, block_m * block_k // 1024))
 
@@ -109,7 +111,7 @@ def _quantize_rowwise(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tens
 
     def first():
         blocks, warps = _row_tiles(K)
-        consts, grid = (*blocks, *format_consts(format)), (triton.cdiv(M, blocks[0]),)
+        consts, grid = (*blocks, *format_consts(format)), (cdiv(M, blocks[0]),)
         compiled = _rowwise_kernel[grid](*args, *consts, num_warps=warps)
         return compiled, grid, consts, {"BLOCK_M": blocks[0], "BLOCK_K": blocks[1], "num_warps": warps}
 
@@ -137,7 +139,7 @@ def _dequantize_rowwise(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) ->
 
     def first():
         blocks, warps = _row_tiles(K)
-        grid = (triton.cdiv(M, blocks[0]),)
+        grid = (cdiv(M, blocks[0]),)
         compiled = _dequantize_rowwise_kernel[grid](*args, *blocks, num_warps=warps)
         return compiled, grid, blocks, {"BLOCK_M": blocks[0], "BLOCK_K": blocks[1], "num_warps": warps}
 

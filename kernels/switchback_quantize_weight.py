@@ -27,12 +27,14 @@ import triton.language as tl
 from kernels._common import (
     LaunchCache,
     aligned,
+    cdiv,
     encode,
     encode_reference,
     format_consts,
     format_dtype,
     interpreting,
     multiplier,
+    next_power_of_2,
     stored_scale,
 )
 
@@ -151,18 +153,18 @@ def _plan(N: int, K: int, per_column: bool, transposed: bool, sms: int) -> _Plan
         block_n, block_k = (128, 64) if transposed else (32, 128)
         if interpreting():
             block_n, block_k = 16, 32  # the interpreter's cost grows with the tile
-        strips = triton.cdiv(K, block_k)
-        splits = max(1, min(triton.cdiv(N, block_n), triton.cdiv(PROGRAMS_PER_SM * sms, strips)))
-        rows = triton.cdiv(triton.cdiv(N, splits), block_n) * block_n
-        splits = triton.cdiv(N, rows)
+        strips = cdiv(K, block_k)
+        splits = max(1, min(cdiv(N, block_n), cdiv(PROGRAMS_PER_SM * sms, strips)))
+        rows = cdiv(cdiv(N, splits), block_n) * block_n
+        splits = cdiv(N, rows)
         if per_column:
             parts, grid1, per_program = splits, (strips, splits), 0
         else:
-            blocks = triton.cdiv(N * K, ABSMAX_BLOCK)
-            per_program = triton.cdiv(blocks, min(2 * sms, blocks))
-            parts = triton.cdiv(blocks, per_program)  # rounding can leave fewer programs than 2 * sms
+            blocks = cdiv(N * K, ABSMAX_BLOCK)
+            per_program = cdiv(blocks, min(2 * sms, blocks))
+            parts = cdiv(blocks, per_program)  # rounding can leave fewer programs than 2 * sms
             grid1 = (parts,)
-        _PLANS[key] = _Plan(block_n, block_k, strips, splits, rows, parts, triton.next_power_of_2(parts), grid1,
+        _PLANS[key] = _Plan(block_n, block_k, strips, splits, rows, parts, next_power_of_2(parts), grid1,
                             per_program)
     return _PLANS[key]
 

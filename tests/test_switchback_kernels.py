@@ -185,6 +185,17 @@ def test_launch_hooks_are_told_apart_from_an_empty_hook_chain():
     assert _hooked(SimpleNamespace(launch_enter_hook=None, launch_exit_hook=chain))
 
 
+def test_host_launch_geometry_helpers_equal_tritons():
+    """kernels._common's plain-Python cdiv and next_power_of_2 (launch paths call them every step) give
+    triton's values, including 0 and 1."""
+    import triton
+
+    from kernels._common import cdiv, next_power_of_2
+
+    assert all(next_power_of_2(n) == triton.next_power_of_2(n) for n in range(0, 5000))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 600) for b in (1, 2, 3, 16, 64, 127, 128))
+
+
 @pytest.mark.gpu
 def test_replays_skip_tritons_launch_path(monkeypatch):
     """Once a shape is compiled, its launches never go through CompiledKernel[grid] (Triton's per-call

@@ -180,9 +180,8 @@ def _forward_act_grad(dy, w, offsets, pre, activation: str, backend: str, out):
     """dpre on the eager path (see grouped_matmul_act_grad)."""
     if backend in ("auto", "triton") and use_triton(dy, w):
         return _launch_fwd(dy, w, offsets, None, out, "auto", (2, ACTIVATIONS[activation], pre))
-    dact = _forward(dy, w, offsets, None, backend, None, "auto")
-    dpre = _act_grad_torch(dact, pre, ACTIVATIONS[activation])
-    return dpre if out is None else out.copy_(dpre)
+    dact = _forward(dy, w, offsets, None, backend, out, "auto")
+    return _activation_after(dact, (2, ACTIVATIONS[activation], pre))  # in place: no buffer of its own
 
 
 def _per_segment(t, offsets):

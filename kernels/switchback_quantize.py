@@ -123,9 +123,7 @@ def _weight(w: torch.Tensor, format: str, per_column: bool, plain: bool, transpo
     w = _check(w, "w").contiguous()
     if not use_triton(w):
         return reference(w, format)
-    if per_column:
-        return weight.quantize_columnwise_transpose(w, format)
-    q, qt, s = weight.quantize_global(w, plain, transposed, format)
+    q, qt, s = weight.quantize(w, per_column, plain, transposed, format)
     return tuple(t for t in (q, qt) if t is not None) + (s,)
 
 

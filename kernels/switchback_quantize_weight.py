@@ -15,10 +15,11 @@ still in L2); the transposed output is written tile by tile, so both the read of
 W^T are coalesced. At least 5 bytes per element cross HBM when W does not fit in L2 (read twice,
 write once), against 3 for a plain cast.
 
-The global scale takes two launches, one per phase. The columnwise one takes a single cooperative
-launch, its phases split by a grid barrier: on an H200 (probe) it took 14.7 against 18.9 us at
-4096 x 1024 fp16, 33 against 40 us at 8192 x 2048 and 102 against 109-111 us at 16384 x 4096, while
-for the global scale two launches were as fast or faster (30.6 against 27.7 us at 8192 x 2048).
+Both phases run in one cooperative launch, split by a grid barrier: at 4096 x 1024 fp16 on an H200
+(probe) two launches took 12.7 or 14.1 us from one timing call to the next, one launch 12.6-13.3 us
+every time; the columnwise quantizer took 14.7 against 18.9 us, 33 against 40 us at 8192 x 2048 and
+102 against 109-111 us at 16384 x 4096; the global one 1-3% longer than two launches at the two
+larger sizes.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ from kernels._common import (
 
 PROGRAMS_PER_SM = 32  # strips x row splits of phase 2: enough loads in flight to hide HBM latency
 ABSMAX_BLOCK = 4096  # elements per step of a phase-1 program of the global scale
-ABSMAX_PROGRAMS_PER_SM = 8  # phase-1 programs of the global scale
-RESIDENT_PER_SM = 4  # programs per SM of the one-launch columnwise kernel, at most
+ABSMAX_PROGRAMS_PER_SM = 8  # phase-1 items of the global scale
+RESIDENT_PER_SM = {False: 8, True: 4}  # programs per SM at most, by per-column scales (H200 probe)
+WARPS = {False: 8, True: 4}  # warps per program, by per-column scales
 TILES = {True: (128, 64), False: (32, 128)}  # phase 2's [BLOCK_N, BLOCK_K] by transposed output
 
 
@@ -137,47 +139,35 @@ def _grid_barrier(sync_ptr, programs):
 
 
 @triton.jit
-def _columnwise_kernel(w_ptr, part_ptr, s_ptr, qt_ptr, sync_ptr, N, K, ROWS_PER_ITEM, STRIPS, SPLITS,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, FORMAT: tl.constexpr,
-                       QMAX: tl.constexpr, INTERPRET: tl.constexpr):
-    """Columnwise-and-transpose in one cooperative launch (every program resident at once): each program
-    takes phase-1 items (strip, row split) pid, pid + programs, ..., waits at the grid barrier, then
-    phase-2 items in reverse order, so the rows phase 1 read last (still in L2) are quantized first."""
+def _quantize_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, sync_ptr, N, K, PARTS, ROWS_PER_ITEM, STRIPS, SPLITS,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, PER_COLUMN: tl.constexpr,
+                     PLAIN: tl.constexpr, TRANSPOSED: tl.constexpr, FORMAT: tl.constexpr, QMAX: tl.constexpr,
+                     INTERPRET: tl.constexpr, ABSMAX_BLOCK: tl.constexpr, BLOCKS_PER_ITEM: tl.constexpr):
+    """Both phases in one cooperative launch (every program resident at once): each program takes phase-1
+    items pid, pid + programs, ... (PARTS blocks of W for the global scale, (strip, row split) pairs for
+    the columnwise ones), waits at the grid barrier, then takes phase-2 items in reverse order, so the
+    rows phase 1 read last (still in L2) are quantized first."""
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     items = STRIPS * SPLITS
-    for item in range(pid, items, programs):
-        _colmax_item(w_ptr, part_ptr, N, K, ROWS_PER_ITEM, item % STRIPS, item // STRIPS, BLOCK_N, BLOCK_K)
+    if PER_COLUMN:
+        for item in range(pid, items, programs):
+            _colmax_item(w_ptr, part_ptr, N, K, ROWS_PER_ITEM, item % STRIPS, item // STRIPS, BLOCK_N, BLOCK_K)
+    else:
+        for item in range(pid, PARTS, programs):
+            _absmax_item(w_ptr, part_ptr, N * K, item, ABSMAX_BLOCK, BLOCKS_PER_ITEM)
     _grid_barrier(sync_ptr, programs)
     for item in range(pid, items, programs):
         last = items - 1 - item
-        _strip_item(w_ptr, part_ptr, s_ptr, s_ptr, qt_ptr, N, K, SPLITS, ROWS_PER_ITEM, last % STRIPS, last // STRIPS,
-                    BLOCK_N, BLOCK_K, BLOCK_P, True, False, True, FORMAT, QMAX, INTERPRET)
-
-
-@triton.jit
-def _absmax_kernel(x_ptr, part_ptr, numel, BLOCK: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
-    _absmax_item(x_ptr, part_ptr, numel, tl.program_id(0), BLOCK, BLOCKS_PER_PROGRAM)
-
-
-@triton.jit
-def _strip_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, N, K, P, ROWS_PER_PROGRAM,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, PER_COLUMN: tl.constexpr,
-                  PLAIN: tl.constexpr, TRANSPOSED: tl.constexpr, FORMAT: tl.constexpr, QMAX: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    c = tl.num_programs(0) - 1 - tl.program_id(0)
-    r = tl.num_programs(1) - 1 - tl.program_id(1)
-    _strip_item(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, N, K, P, ROWS_PER_PROGRAM, c, r, BLOCK_N, BLOCK_K, BLOCK_P,
-                PER_COLUMN, PLAIN, TRANSPOSED, FORMAT, QMAX, INTERPRET)
+        _strip_item(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, N, K, PARTS, ROWS_PER_ITEM, last % STRIPS, last // STRIPS,
+                    BLOCK_N, BLOCK_K, BLOCK_P, PER_COLUMN, PLAIN, TRANSPOSED, FORMAT, QMAX, INTERPRET)
 
 
 # ---------------------------------------------------------------------------------------- launchers
 
 _SM_COUNTS: dict[int, int] = {}
 _PLANS: dict[tuple, _Plan] = {}
-_ABSMAX = LaunchCache("switchback_weight_absmax")
-_STRIPS = LaunchCache("switchback_weight_strips")
-_COLUMNWISE = LaunchCache("switchback_weight_columnwise")
+_QUANTIZE = LaunchCache("switchback_weight_quantize")
 _BARRIERS: dict[tuple, torch.Tensor] = {}
 
 
@@ -227,46 +217,6 @@ def _plan(N: int, K: int, per_column: bool, transposed: bool, sms: int) -> _Plan
     return _PLANS[key]
 
 
-def _outputs(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, format: str):
-    dtype = format_dtype(format)
-    N, K = w.shape
-    q = torch.empty((N, K), dtype=dtype, device=w.device) if plain else None
-    qt = torch.empty((K, N), dtype=dtype, device=w.device) if transposed else None
-    s = torch.empty(K if per_column else 1, dtype=torch.float32, device=w.device)
-    return q, qt, s
-
-
-def quantize_global(w: torch.Tensor, plain: bool, transposed: bool, format: str):
-    """(Wq [N, K] or None, Wq^T [K, N] or None, s [1]) of a 2-D, row-contiguous W, in two launches: the
-    partial maxima, then the strips."""
-    N, K = w.shape
-    q, qt, s = _outputs(w, False, plain, transposed, format)
-    if N == 0 or K == 0:
-        return q, qt, s.zero_()
-    plan = _plan(N, K, False, transposed, sm_count(w.device))
-    part = torch.empty(plan.parts, dtype=torch.float32, device=w.device)
-    args1 = (w, part, N * K)
-
-    def first1():
-        consts, grid = (ABSMAX_BLOCK, plan.per_program), (plan.parts,)
-        compiled = _absmax_kernel[grid](*args1, *consts, num_warps=8)
-        return compiled, grid, consts, {"grid": list(grid), "num_warps": 8}
-
-    _ABSMAX.launch((N, K, w.dtype, aligned(w, part), w.device), args1, first1)
-    args2 = (w, part, s, q if plain else s, qt if transposed else s, N, K, plan.parts, plan.rows)
-
-    def first2():
-        consts = (plan.block_n, plan.block_k, plan.block_p, False, plain, transposed, *format_consts(format))
-        grid = (plan.strips, plan.splits)
-        warps = 8 if plan.block_n * plan.block_k >= 8192 else 4
-        compiled = _strip_kernel[grid](*args2, *consts, num_warps=warps)
-        return compiled, grid, consts, {"BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k, "num_warps": warps}
-
-    key = (N, K, plain, transposed, format, w.dtype, aligned(w, part, s, q, qt), w.device)
-    _STRIPS.launch(key, args2, first2)
-    return q, qt, s
-
-
 def _barrier(device: torch.device) -> torch.Tensor:
     """The grid barrier's int32 (arrived, left) of this device and stream, zero between launches: one per
     stream, so that launches on two streams never count each other's programs."""
@@ -277,9 +227,9 @@ def _barrier(device: torch.device) -> torch.Tensor:
     return _BARRIERS[key]
 
 
-def _resident(compiled, device: torch.device) -> int:
+def _resident(compiled, device: torch.device, cap: int) -> int:
     """Programs of a compiled kernel that one SM holds at once (registers, threads, shared memory), at
-    most RESIDENT_PER_SM."""
+    most cap."""
     props = torch.cuda.get_device_properties(device)
     compiled._init_handles()
     warps = compiled.metadata.num_warps
@@ -287,33 +237,41 @@ def _resident(compiled, device: torch.device) -> int:
     by_regs = props.regs_per_multiprocessor // max(regs, 1)
     by_threads = props.max_threads_per_multi_processor // (32 * warps)
     by_smem = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024)  # 1 KB kept per block
-    return max(1, min(by_regs, by_threads, by_smem, RESIDENT_PER_SM))
+    return max(1, min(by_regs, by_threads, by_smem, cap))
 
 
-def quantize_columnwise_transpose(w: torch.Tensor, format: str):
-    """(Wq^T [K, N], s [K]) of a 2-D, row-contiguous W, in one cooperative launch: the driver refuses a
-    grid that cannot be resident at once, so the grid barrier never waits on a program that cannot run.
-    Under the interpreter, whose programs run one after another, one program does every item."""
+def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, format: str):
+    """(Wq [N, K] or None, Wq^T [K, N] or None, s [K] or [1]) of a 2-D, row-contiguous W, in one cooperative
+    launch: the driver refuses a grid that cannot be resident at once, so the grid barrier never waits on
+    a program that cannot run. Under the interpreter, whose programs run one after another, one program
+    does every item."""
+    dtype = format_dtype(format)
     N, K = w.shape
-    _, qt, s = _outputs(w, True, False, True, format)
+    q = torch.empty((N, K), dtype=dtype, device=w.device) if plain else None
+    qt = torch.empty((K, N), dtype=dtype, device=w.device) if transposed else None
+    s = torch.empty(K if per_column else 1, dtype=torch.float32, device=w.device)
     if N == 0 or K == 0:
-        return qt, s.zero_()
-    plan = _plan(N, K, True, True, sm_count(w.device))
-    part = torch.empty((plan.parts, K), dtype=torch.float32, device=w.device)
-    args = (w, part, s, qt, _barrier(w.device), N, K, plan.rows, plan.strips, plan.splits)
+        return q, qt, s.zero_()
+    plan = _plan(N, K, per_column, transposed, sm_count(w.device))
+    part = torch.empty((plan.parts, K) if per_column else plan.parts, dtype=torch.float32, device=w.device)
+    args = (w, part, s, q if plain else s, qt if transposed else s, _barrier(w.device), N, K, plan.parts, plan.rows,
+            plan.strips, plan.splits)
 
     def first():
-        consts = (plan.block_n, plan.block_k, plan.block_p, *format_consts(format))
+        consts = (plan.block_n, plan.block_k, plan.block_p, per_column, plain, transposed, *format_consts(format),
+                  ABSMAX_BLOCK, plan.per_program)
+        warps = WARPS[per_column]
         if interpreting():
-            return _columnwise_kernel[(1,)](*args, *consts, num_warps=4), (1,), consts, {}
-        compiled = _columnwise_kernel.warmup(*args, *consts, grid=(1,), num_warps=4, launch_cooperative_grid=True)
-        grid = (sm_count(w.device) * _resident(compiled, w.device),)
-        compiled = _columnwise_kernel[grid](*args, *consts, num_warps=4, launch_cooperative_grid=True)
+            return _quantize_kernel[(1,)](*args, *consts, num_warps=warps), (1,), consts, {}
+        compiled = _quantize_kernel.warmup(*args, *consts, grid=(1,), num_warps=warps, launch_cooperative_grid=True)
+        grid = (sm_count(w.device) * _resident(compiled, w.device, RESIDENT_PER_SM[per_column]),)
+        compiled = _quantize_kernel[grid](*args, *consts, num_warps=warps, launch_cooperative_grid=True)
         return compiled, grid, consts, {"grid": list(grid), "BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k,
-                                        "num_warps": 4}
+                                        "num_warps": warps}
 
-    _COLUMNWISE.launch((N, K, format, w.dtype, aligned(w, part, s, qt), w.device), args, first)
-    return qt, s
+    key = (N, K, per_column, plain, transposed, format, w.dtype, aligned(w, part, s, q, qt), w.device)
+    _QUANTIZE.launch(key, args, first)
+    return q, qt, s
 
 
 # ---------------------------------------------------------------------------------------- references

@@ -234,42 +234,47 @@ def test_replayed_launches_match_the_references(impl):
     assert_equal(q, sq.quantize_rowwise_reference(shifted)[0], "misaligned rows")
 
 
-def test_columnwise_grid_barrier_leaves_its_counters_at_zero():
-    """The one-launch columnwise quantizer's barrier counters (arrived, left) are zero again after each
+@pytest.mark.parametrize("name", ["quantize_global_both", "quantize_columnwise_transpose"])
+def test_weight_quantizer_barrier_leaves_its_counters_at_zero(name):
+    """The one-launch weight quantizers' barrier counters (arrived, left) are zero again after each
     launch, so the next launch on the stream starts from zero; the result still matches the reference."""
     from kernels import switchback_quantize_weight as weight
 
     w = random_input((70, 50), torch.float16)
     for _ in range(2):
-        q, s = sq.quantize_columnwise_transpose(w)
-        assert_equal(q, sq.quantize_columnwise_transpose_reference(w)[0], "columnwise values")
+        got, want = getattr(sq, name)(w), getattr(sq, name + "_reference")(w)
+        for g, r in zip(got, want):
+            assert_equal(g, r, name)
         assert weight._barrier(w.device).tolist() == [0, 0]
 
 
 @pytest.mark.gpu
-def test_columnwise_one_launch_in_graphs_and_on_two_streams():
-    """The cooperative columnwise launch at a size with many items per program: replays of a captured
+@pytest.mark.parametrize("name", ["quantize_global_both", "quantize_columnwise_transpose"])
+def test_weight_quantizer_in_graphs_and_on_two_streams(name):
+    """The cooperative weight quantizers at a size with many items per program: replays of a captured
     CUDA graph on new data, and launches alternating between two streams (a barrier per stream)."""
     from kernels import switchback_quantize_weight as weight
 
+    quantize, reference = getattr(sq, name), getattr(sq, name + "_reference")
     w = random_input((4096, 3000), torch.float16)
-    w[1234, 2345] = 500.0  # one column's absmax far above the rest
-    sq.quantize_columnwise_transpose(w)
+    w[1234, 2345] = 500.0  # one absmax far above the rest
+    quantize(w)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = sq.quantize_columnwise_transpose(w)
+        out = quantize(w)
     for i in range(4):
         w.copy_(random_input(w.shape, w.dtype) * (i + 1))
         graph.replay()
-        for got, want, what in zip(out, sq.quantize_columnwise_transpose_reference(w), ("values", "scales")):
-            assert_equal(got, want, f"graph replay {i} {what}")
+        for k, (got, want) in enumerate(zip(out, reference(w))):
+            assert_equal(got, want, f"graph replay {i} output {k}")
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     for i in range(6):
         stream = streams[i % 2]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            q, s = sq.quantize_columnwise_transpose(w, "e4m3")
+            got = quantize(w, "e4m3")
         torch.cuda.current_stream().wait_stream(stream)
-        assert_equal(q.view(torch.uint8), sq.quantize_columnwise_transpose_reference(w, "e4m3")[0].view(torch.uint8),
-                     f"stream {i % 2} call {i}")
+        for k, (g, r) in enumerate(zip(got, reference(w, "e4m3"))):
+            assert_equal(g.view(torch.uint8) if g.dtype != torch.float32 else g,
+                         r.view(torch.uint8) if r.dtype != torch.float32 else r, f"stream {i % 2} call {i} output {k}")
     assert all(c.tolist() == [0, 0] for c in weight._BARRIERS.values())

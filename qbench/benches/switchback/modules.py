@@ -151,8 +151,9 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
             key = f"{name}_{mode}_ms" if name in chains else (
                 f"module_{name}_ms" if mode == "eager" else f"module_{name}_{mode}_ms")
             metrics[key], samples[key] = timing.median, list(timing.samples_ms)
-            if name in steps:
-                metrics[f"host_{name}_{mode}_ms"] = host_time(steps[name], device=ops.device).median
+            if name in steps:  # its samples kept: host time varies from run to run (README, reruns)
+                host, key = host_time(steps[name], device=ops.device), f"host_{name}_{mode}_ms"
+                metrics[key], samples[key] = host.median, list(host.samples_ms)
         del steps
     return metrics, samples, None
 

@@ -13,6 +13,12 @@ hidden activations' gradient at the seed config) and a launch.
 One program per (group, K tile, N tile) walks its group's segments; the grid does not depend on the
 row count, so a launch never reads the group sizes on the host and every launch of one shape replays
 the first one's compiled kernel (kernels._common.LaunchCache).
+
+Two kernels of that design (launch_wgrad's `impl`): "pointer" loads every [BR, *] row chunk with
+masked pointer loads; "tma" (Hopper) takes a segment's whole chunks through tensor descriptors and only
+its last, partial chunk through masked loads, since a descriptor cannot stop at a segment's end.
+Pointer is the default until the TMA kernel has been timed on a GPU (`qbench moe --kernels grouped`,
+cases g and h).
 """
 
 from __future__ import annotations
@@ -81,12 +87,88 @@ def _grouped_wgrad_kernel(
             tl.store(db_ptr + g.to(tl.int64) * N + cols, db.to(db_ptr.dtype.element_ty), mask=cols < N)
 
 
+def _set_wgrad_blocks(nargs):
+    """Autotune pre-hook: the descriptors' block shapes follow the config's tile."""
+    nargs["x_desc"].block_shape = [nargs["BR"], nargs["BK"]]
+    nargs["dy_desc"].block_shape = [nargs["BR"], nargs["BN"]]
+
+
+# Shared memory = stages * BR * (BK + BN) * 2 bytes (+ the epilogue's layout conversion).
+if interpreting():
+    _WGRAD_TMA_CONFIGS = [triton.Config({"BK": 16, "BN": 16, "BR": 16}, num_warps=1, num_stages=1,
+                                        pre_hook=_set_wgrad_blocks)]
+else:
+    _WGRAD_TMA_CONFIGS = [triton.Config({"BK": bk, "BN": bn, "BR": br}, num_warps=8, num_stages=stages,
+                                        pre_hook=_set_wgrad_blocks)
+                          for bk, bn, br, stages in ((128, 256, 64, 3), (128, 128, 64, 4), (256, 128, 64, 3),
+                                                     (128, 128, 128, 3))]
+
+
+@triton.autotune(configs=_WGRAD_TMA_CONFIGS, key=["N", "K", "G", "HAS_DB", "IEEE", "UPCAST"])
+@triton.jit
+def _grouped_wgrad_tma_kernel(
+    x_desc, dy_desc, x_ptr, dy_ptr, dw_ptr, db_ptr, off_ptr,
+    N, K, G, R,
+    sxm, sdm, swg, swk,
+    HAS_DB: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
+):
+    # The pointer kernel's math and programs; a segment's whole BR-row chunks arrive through tensor
+    # descriptors (the bulk copy engine, no masks: a chunk never passes the segment's end), its last
+    # partial chunk through masked pointer loads (the rows after it belong to the next segment).
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BK)
+    n_tiles = tl.cdiv(N, BN)
+    g = pid // (k_tiles * n_tiles)
+    pid_k = (pid // n_tiles) % k_tiles
+    pid_n = pid % n_tiles
+    ks = pid_k * BK + tl.arange(0, BK)
+    cols = pid_n * BN + tl.arange(0, BN)
+    rs = tl.arange(0, BR)
+    acc = tl.zeros((BK, BN), dtype=tl.float32)
+    if HAS_DB:
+        dacc = tl.zeros((BR, BN), dtype=tl.float32)
+    for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
+        # int32 row numbers (T < 2**31, checked on the host): descriptor coordinates are 32-bit
+        lo = tl.load(off_ptr + seg * G + g).to(tl.int32)
+        hi = tl.load(off_ptr + seg * G + g + 1).to(tl.int32)
+        whole = lo + (hi - lo) // BR * BR
+        for r0 in range(lo, whole, BR):
+            a = x_desc.load([r0, pid_k * BK])  # [BR, BK]
+            b = dy_desc.load([r0, pid_n * BN])  # [BR, BN]
+            acc = dot_accumulate(a.T, b, acc, IEEE, UPCAST)
+            if HAS_DB:
+                dacc += b.to(tl.float32)
+        if whole < hi:
+            rows = whole + rs
+            r_ok = rows < hi
+            a = tl.load(x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None],
+                        mask=r_ok[None, :] & (ks[:, None] < K), other=0.0)
+            b = tl.load(dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :],
+                        mask=r_ok[:, None] & (cols[None, :] < N), other=0.0)
+            acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
+            if HAS_DB:
+                dacc += b.to(tl.float32)
+    dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
+    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
+    if HAS_DB:
+        if pid_k == 0:
+            db = tl.sum(dacc, 0)
+            tl.store(db_ptr + g.to(tl.int64) * N + cols, db.to(db_ptr.dtype.element_ty), mask=cols < N)
+
+
 _WGRAD = LaunchCache("grouped_gemm_wgrad")
+_WGRAD_TMA = LaunchCache("grouped_gemm_wgrad_tma")
+WGRAD_IMPLS = ("pointer", "tma")
 
 
-def launch_wgrad(x, dy, offsets, G, with_bias: bool = False):
+def launch_wgrad(x, dy, offsets, G, with_bias: bool = False, impl: str = "pointer"):
     """dw [G, K, N] of x [T, K] and dy [T, N] over the segments of offsets, and with_bias also db [G, N]
-    (then returns (dw, db)). Triton; the caller checked that it runs here."""
+    (then returns (dw, db)). Triton; the caller checked that it runs here. impl: "pointer" (masked
+    pointer loads) or "tma" (tensor descriptors for whole row chunks; Hopper, fp16/bf16, 16-byte
+    aligned rows: `tma_supported`)."""
+    if impl not in WGRAD_IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(WGRAD_IMPLS)}, got {impl!r}")
     K, N = x.shape[1], dy.shape[1]
     dw = torch.empty((G, K, N), dtype=x.dtype, device=x.device)
     db = torch.empty((G, N) if with_bias else 0, dtype=dy.dtype, device=x.device)
@@ -96,6 +178,13 @@ def launch_wgrad(x, dy, offsets, G, with_bias: bool = False):
         return dw, grouped_bias_reference(dy, offsets, G)
     if offsets.dtype != torch.int64 or offsets.device != x.device or not offsets.is_contiguous():
         offsets = offsets.to(device=x.device, dtype=torch.int64).contiguous()
+    if impl == "tma":
+        if not tma_supported(x, dy):
+            raise ValueError("impl='tma': the TMA weight gradient needs a Hopper GPU (or the interpreter), "
+                             f"fp16/bf16 and 16-byte aligned rows; got x {tuple(x.shape)} {x.dtype}, "
+                             f"dy {tuple(dy.shape)} {dy.dtype}")
+        _launch_tma(x, dy, dw, db if with_bias else dw, offsets, G, with_bias)
+        return (dw, db) if with_bias else dw
     args = (x, dy, dw, db if with_bias else dw, offsets, N, K, G, (offsets.numel() - 1) // G,
             x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), dw.stride(0), dw.stride(1))
     # the grid (G x K tiles x N tiles) does not depend on the row count: one key per shape
@@ -111,6 +200,58 @@ def launch_wgrad(x, dy, offsets, G, with_bias: bool = False):
 
     _WGRAD.launch(key, args, first)
     return (dw, db) if with_bias else dw
+
+
+def tma_supported(x, dy) -> bool:
+    """fp16/bf16, unit column strides, 16-byte aligned bases and row strides, T < 2**31, on a GPU of
+    compute capability >= 9 (or under the interpreter)."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or dy.dtype != x.dtype or x.shape[0] >= 2**31:
+        return False
+    rows_ok = all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+                  for t in (x, dy))
+    if not rows_ok:
+        return False
+    return interpreting() or (x.is_cuda and _capability(x.device) >= (9, 0))
+
+
+_CAPABILITIES: dict = {}  # device index -> compute capability (each query costs host time)
+
+
+def _capability(device) -> tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITIES:
+        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITIES[index]
+
+
+def _tma_descriptors(x, dy, br: int = 16, bk: int = 16, bn: int = 16):
+    """Host descriptors over x [T, K] ([BR, BK] tiles) and dy [T, N] ([BR, BN] tiles)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    T = x.shape[0]
+    return (TensorDescriptor(x, [T, x.shape[1]], [x.stride(0), 1], [br, bk]),
+            TensorDescriptor(dy, [T, dy.shape[1]], [dy.stride(0), 1], [br, bn]))
+
+
+def _launch_tma(x, dy, dw, db, offsets, G: int, with_bias: bool) -> None:
+    K, N = x.shape[1], dy.shape[1]
+    tail = (x, dy, dw, db, offsets, N, K, G, (offsets.numel() - 1) // G, x.stride(0), dy.stride(0),
+            dw.stride(0), dw.stride(1))
+    # the descriptors carry the row count, so one key (and compiled kernel) serves every T
+    key = (tail[5:], with_bias, x.dtype, aligned(x, dy, dw, db, offsets), x.device)
+    entry = _WGRAD_TMA.entry(key)
+    if entry is None:
+        flags = (with_bias, ieee(x.dtype), upcast(x.dtype))
+        grid = lambda meta: (G * cdiv(K, meta["BK"]) * cdiv(N, meta["BN"]),)  # noqa: E731
+        compiled = _grouped_wgrad_tma_kernel[grid](*_tma_descriptors(x, dy), *tail, HAS_DB=flags[0],
+                                                   IEEE=flags[1], UPCAST=flags[2])
+        best = _grouped_wgrad_tma_kernel.best_config
+        tile = (best.kwargs["BK"], best.kwargs["BN"], best.kwargs["BR"])
+        _WGRAD_TMA.store(key, compiled, grid(best.kwargs), (*flags, *tile), config_dict(best))
+        return
+    replay, _, consts, _ = entry
+    bk, bn, br = consts[3:6]
+    replay(*_tma_descriptors(x, dy, br, bk, bn), *tail)
 
 
 def grouped_bias_reference(dy, offsets, num_groups: int):

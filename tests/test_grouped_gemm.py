@@ -227,10 +227,37 @@ def compile_wgrad_for_sm90() -> None:
                   kernel.metadata.shared, flush=True)
 
 
-@pytest.mark.slow
-def test_wgrad_compiles_for_hopper_pipelined_without_a_gpu():
-    """With and without the fused bias gradient, every config is pipelined (cp.async loads), multiplies
-    on wgmma and fits an H100/H200 SM's 227 KiB of shared memory."""
+def compile_wgrad_tma_for_sm90() -> None:
+    """Compile the TMA weight-gradient kernel (every config, with and without the fused bias gradient)
+    for sm_90 without a GPU; prints per kernel: wgmma, TMA and cp.async counts in the PTX, shared bytes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels import grouped_gemm_wgrad as wg
+
+    fn = wg._grouped_wgrad_tma_kernel.fn
+    names = list(fn.arg_names)
+    aligned = ("x_ptr", "dy_ptr", "dw_ptr", "db_ptr", "off_ptr", "N", "K", "sxm", "sdm", "swg", "swk")
+    for cfg in wg._WGRAD_TMA_CONFIGS:
+        bk, bn, br = cfg.kwargs["BK"], cfg.kwargs["BN"], cfg.kwargs["BR"]
+        for has_db in (False, True):
+            const = dict(HAS_DB=has_db, IEEE=False, UPCAST=False, **cfg.kwargs)
+            sig = {"x_desc": f"tensordesc<fp16[{br}, {bk}]>", "dy_desc": f"tensordesc<fp16[{br}, {bn}]>",
+                   **{n: "*i64" if n == "off_ptr" else "*fp16" for n in names if n.endswith("_ptr")},
+                   **dict.fromkeys(("N", "K", "G", "R", "sxm", "sdm", "swg", "swk"), "i32"),
+                   **dict.fromkeys(const, "constexpr")}
+            attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+            kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                                    target=GPUTarget("cuda", 90, 64),
+                                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+            ptx = kernel.asm["ptx"]
+            print(has_db, ptx.count("wgmma.mma_async"), ptx.count("cp.async.bulk.tensor"), kernel.metadata.shared,
+                  flush=True)
+
+
+def _compile_in_child(function: str) -> list[list[str]]:
+    """Run tests.test_grouped_gemm.<function>() in a child process without TRITON_INTERPRET; its lines."""
     import os
     import subprocess
     import sys
@@ -238,12 +265,86 @@ def test_wgrad_compiles_for_hopper_pipelined_without_a_gpu():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset; 1 is its default
-    code = "from tests.test_grouped_gemm import compile_wgrad_for_sm90; compile_wgrad_for_sm90()"
+    code = f"from tests.test_grouped_gemm import {function}; {function}()"
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line.split() for line in done.stdout.splitlines()]
-    assert len(lines) == 8, done.stdout
+    return [line.split() for line in done.stdout.splitlines()]
+
+
+@pytest.mark.slow
+def test_wgrad_compiles_for_hopper_pipelined_without_a_gpu():
+    """With and without the fused bias gradient, every config is pipelined (cp.async loads), multiplies
+    on wgmma and fits an H100/H200 SM's 227 KiB of shared memory."""
+    lines = _compile_in_child("compile_wgrad_for_sm90")
+    assert len(lines) == 8, lines
     for has_db, wgmma, loads, shared in lines:
         assert int(wgmma) > 0 and int(loads) > 0, f"bias fused={has_db}: not pipelined on wgmma ({wgmma}, {loads})"
         assert int(shared) <= 227 * 1024, f"bias fused={has_db}: needs {shared} bytes of shared memory"
+
+
+@pytest.mark.slow
+def test_tma_wgrad_compiles_for_hopper_without_a_gpu():
+    """The TMA weight gradient: every config, with and without the fused bias gradient, multiplies on
+    wgmma, loads through the bulk tensor copy engine and fits 227 KiB of shared memory."""
+    lines = _compile_in_child("compile_wgrad_tma_for_sm90")
+    assert len(lines) == 8, lines  # four GPU configs (the interpreter, here, has one), two bias variants
+    for has_db, wgmma, tma_loads, shared in lines:
+        assert int(wgmma) > 0 and int(tma_loads) > 0, f"bias fused={has_db}: no wgmma/TMA ({wgmma}, {tma_loads})"
+        assert int(shared) <= 227 * 1024, f"bias fused={has_db}: needs {shared} bytes of shared memory"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["dw", "dw+db"])
+def test_tma_wgrad_matches_the_reference(with_bias, dtype):
+    """The TMA weight gradient: segments of whole row chunks, a partial last chunk, one row, an empty
+    segment, two segments per group (R = 2), K and N not multiples of a tile."""
+    from kernels import grouped_gemm_wgrad as wg
+
+    if DEVICE == "cuda" and not wg.tma_supported(torch.empty(16, 8, device=DEVICE, dtype=dtype),
+                                                  torch.empty(16, 8, device=DEVICE, dtype=dtype)):
+        pytest.skip("the TMA weight gradient needs compute capability 9")
+    sizes, K, N, G = [32, 0, 37, 1, 16, 50], 24, 40, 3
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(sum(sizes), K, generator=gen).to(DEVICE, dtype)
+    dy = torch.randn(sum(sizes), N, generator=gen).to(DEVICE, dtype)
+    offsets = _offsets(sizes)
+    got = wg.launch_wgrad(x, dy, offsets, G, with_bias=with_bias, impl="tma")
+    dw, db = got if with_bias else (got, None)
+    _assert_close(dw.cpu(), gg.grouped_wgrad_reference(x, dy, offsets, G).cpu(), TOL[dtype], "tma wgrad")
+    if with_bias:
+        _assert_close(db.cpu(), gg.grouped_bias_grad(dy, offsets, G).cpu(), TOL[dtype], "tma fused bias grad")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tma_wgrad_at_moe_sizes_on_gpu(dtype):
+    """Compiled (autotuned) TMA weight gradient at the MoE seed's widths, uneven groups, two segments per
+    group, against the pointer kernel and the reference; later calls replay with fresh descriptors."""
+    from kernels import grouped_gemm_wgrad as wg
+
+    x0 = torch.empty(16, 8, device=DEVICE, dtype=dtype)
+    if not wg.tma_supported(x0, x0):
+        pytest.skip("the TMA weight gradient needs compute capability 9")
+    sizes, K, N, G = [2048, 0, 1, 3001, 777, 640], 1024, 4096, 3
+    for call in range(2):
+        gen = torch.Generator().manual_seed(30 + call)
+        x = torch.randn(sum(sizes), K, generator=gen).to(DEVICE, dtype)
+        dy = torch.randn(sum(sizes), N, generator=gen).to(DEVICE, dtype)
+        offsets = _offsets(sizes)
+        dw, db = wg.launch_wgrad(x, dy, offsets, G, with_bias=True, impl="tma")
+        want_dw, want_db = wg.launch_wgrad(x, dy, offsets, G, with_bias=True, impl="pointer")
+        _assert_close(dw, want_dw, TOL[dtype], f"call {call}: tma against pointer wgrad")
+        _assert_close(dw, gg.grouped_wgrad_reference(x, dy, offsets, G), TOL[dtype], f"call {call}: tma wgrad")
+        _assert_close(db, want_db, TOL[dtype], f"call {call}: tma bias grad")
+        sizes = sizes[1:] + sizes[:1]  # another row count and split: same compiled kernel, new descriptors
+
+
+def test_tma_wgrad_refuses_what_it_cannot_take():
+    from kernels import grouped_gemm_wgrad as wg
+
+    x, dy = torch.randn(8, 4, device=DEVICE), torch.randn(8, 4, device=DEVICE)  # fp32
+    with pytest.raises(ValueError, match="impl='tma'"):
+        wg.launch_wgrad(x, dy, _offsets([8]), 1, impl="tma")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        wg.launch_wgrad(x, dy, _offsets([8]), 1, impl="cutlass")

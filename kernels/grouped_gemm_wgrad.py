@@ -40,6 +40,40 @@ else:
     ]
 
 
+@triton.jit
+def _wgrad_program(K, N, BK: tl.constexpr, BN: tl.constexpr):
+    """This program's (group g, K tile, N tile, its K indices [BK], its N indices [BN])."""
+    pid = tl.program_id(0)
+    k_tiles = tl.cdiv(K, BK)
+    n_tiles = tl.cdiv(N, BN)
+    pid_k = (pid // n_tiles) % k_tiles
+    pid_n = pid % n_tiles
+    return pid // (k_tiles * n_tiles), pid_k, pid_n, pid_k * BK + tl.arange(0, BK), pid_n * BN + tl.arange(0, BN)
+
+
+@triton.jit
+def _masked_chunk(x_ptr, dy_ptr, r0, hi, ks, cols, K, N, sxm, sxk, sdm, sdn, BR: tl.constexpr):
+    """Rows [r0, r0 + BR) as x^T [BK, BR] and dy [BR, BN], zero at and past hi (the segment's end)."""
+    rows = r0 + tl.arange(0, BR)
+    r_ok = rows < hi
+    a = tl.load(x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None] * sxk,
+                mask=r_ok[None, :] & (ks[:, None] < K), other=0.0)
+    b = tl.load(dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
+                mask=r_ok[:, None] & (cols[None, :] < N), other=0.0)
+    return a, b
+
+
+@triton.jit
+def _store_wgrad(acc, dacc, dw_ptr, db_ptr, g, pid_k, ks, cols, K, N, swg, swk, HAS_DB: tl.constexpr):
+    """dw[g]'s tile <- acc; with HAS_DB the programs of the first K tile store db[g] <- dacc's column sums."""
+    dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
+    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
+    if HAS_DB:
+        if pid_k == 0:
+            db = tl.sum(dacc, 0)
+            tl.store(db_ptr + g.to(tl.int64) * N + cols, db.to(db_ptr.dtype.element_ty), mask=cols < N)
+
+
 @triton.autotune(configs=_WGRAD_CONFIGS, key=["N", "K", "G", "HAS_DB", "IEEE", "UPCAST"])
 @triton.jit
 def _grouped_wgrad_kernel(
@@ -50,41 +84,18 @@ def _grouped_wgrad_kernel(
     BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
 ):
     # One program per (group, K tile, N tile): dw[g, ktile, ntile] = sum over the group's rows.
-    pid = tl.program_id(0)
-    k_tiles = tl.cdiv(K, BK)
-    n_tiles = tl.cdiv(N, BN)
-    g = pid // (k_tiles * n_tiles)
-    pid_k = (pid // n_tiles) % k_tiles
-    pid_n = pid % n_tiles
-    ks = pid_k * BK + tl.arange(0, BK)
-    cols = pid_n * BN + tl.arange(0, BN)
-    rs = tl.arange(0, BR)
+    g, pid_k, pid_n, ks, cols = _wgrad_program(K, N, BK, BN)
     acc = tl.zeros((BK, BN), dtype=tl.float32)
-    if HAS_DB:
-        dacc = tl.zeros((BR, BN), dtype=tl.float32)
+    dacc = tl.zeros((BR, BN), dtype=tl.float32)  # the bias gradient's row sums (HAS_DB only)
     for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
         lo = tl.load(off_ptr + seg * G + g)
         hi = tl.load(off_ptr + seg * G + g + 1)
         for r0 in range(lo, hi, BR):
-            rows = r0 + rs
-            r_ok = rows < hi
-            a = tl.load(
-                x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None] * sxk,
-                mask=r_ok[None, :] & (ks[:, None] < K), other=0.0,
-            )
-            b = tl.load(
-                dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
-                mask=r_ok[:, None] & (cols[None, :] < N), other=0.0,
-            )
+            a, b = _masked_chunk(x_ptr, dy_ptr, r0, hi, ks, cols, K, N, sxm, sxk, sdm, sdn, BR)
             acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
             if HAS_DB:
                 dacc += b.to(tl.float32)
-    dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
-    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
-    if HAS_DB:
-        if pid_k == 0:
-            db = tl.sum(dacc, 0)
-            tl.store(db_ptr + g.to(tl.int64) * N + cols, db.to(db_ptr.dtype.element_ty), mask=cols < N)
+    _store_wgrad(acc, dacc, dw_ptr, db_ptr, g, pid_k, ks, cols, K, N, swg, swk, HAS_DB)
 
 
 def _set_wgrad_blocks(nargs):
@@ -116,18 +127,9 @@ def _grouped_wgrad_tma_kernel(
     # The pointer kernel's math and programs; a segment's whole BR-row chunks arrive through tensor
     # descriptors (the bulk copy engine, no masks: a chunk never passes the segment's end), its last
     # partial chunk through masked pointer loads (the rows after it belong to the next segment).
-    pid = tl.program_id(0)
-    k_tiles = tl.cdiv(K, BK)
-    n_tiles = tl.cdiv(N, BN)
-    g = pid // (k_tiles * n_tiles)
-    pid_k = (pid // n_tiles) % k_tiles
-    pid_n = pid % n_tiles
-    ks = pid_k * BK + tl.arange(0, BK)
-    cols = pid_n * BN + tl.arange(0, BN)
-    rs = tl.arange(0, BR)
+    g, pid_k, pid_n, ks, cols = _wgrad_program(K, N, BK, BN)
     acc = tl.zeros((BK, BN), dtype=tl.float32)
-    if HAS_DB:
-        dacc = tl.zeros((BR, BN), dtype=tl.float32)
+    dacc = tl.zeros((BR, BN), dtype=tl.float32)  # the bias gradient's row sums (HAS_DB only)
     for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
         # int32 row numbers (T < 2**31, checked on the host): descriptor coordinates are 32-bit
         lo = tl.load(off_ptr + seg * G + g).to(tl.int32)
@@ -140,21 +142,11 @@ def _grouped_wgrad_tma_kernel(
             if HAS_DB:
                 dacc += b.to(tl.float32)
         if whole < hi:
-            rows = whole + rs
-            r_ok = rows < hi
-            a = tl.load(x_ptr + rows[None, :].to(tl.int64) * sxm + ks[:, None],
-                        mask=r_ok[None, :] & (ks[:, None] < K), other=0.0)
-            b = tl.load(dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :],
-                        mask=r_ok[:, None] & (cols[None, :] < N), other=0.0)
+            a, b = _masked_chunk(x_ptr, dy_ptr, whole, hi, ks, cols, K, N, sxm, 1, sdm, 1, BR)
             acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
             if HAS_DB:
                 dacc += b.to(tl.float32)
-    dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
-    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
-    if HAS_DB:
-        if pid_k == 0:
-            db = tl.sum(dacc, 0)
-            tl.store(db_ptr + g.to(tl.int64) * N + cols, db.to(db_ptr.dtype.element_ty), mask=cols < N)
+    _store_wgrad(acc, dacc, dw_ptr, db_ptr, g, pid_k, ks, cols, K, N, swg, swk, HAS_DB)
 
 
 _WGRAD = LaunchCache("grouped_gemm_wgrad")

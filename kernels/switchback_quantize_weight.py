@@ -155,7 +155,7 @@ def _quantize_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, sync_ptr, N, K, PART
             _colmax_item(w_ptr, part_ptr, N, K, ROWS_PER_ITEM, item % STRIPS, item // STRIPS, BLOCK_N, BLOCK_K)
     else:
         for item in range(pid, PARTS, programs):
-            _absmax_item(w_ptr, part_ptr, N * K, item, ABSMAX_BLOCK, BLOCKS_PER_ITEM)
+            _absmax_item(w_ptr, part_ptr, tl.cast(N, tl.int64) * K, item, ABSMAX_BLOCK, BLOCKS_PER_ITEM)
     _grid_barrier(sync_ptr, programs)
     for item in range(pid, items, programs):
         last = items - 1 - item

@@ -240,6 +240,19 @@ def _resident(compiled, device: torch.device, cap: int) -> int:
     return max(1, min(by_regs, by_threads, by_smem, cap))
 
 
+def _cooperative_launch(launch, programs: int):
+    """(compiled kernel, grid) of launch((programs,)), with fewer programs each time the driver refuses the
+    grid: a process that gets fewer SMs than the device has (MPS with a thread limit) cannot hold every
+    program that `_resident` counts, and the driver says so rather than letting the barrier wait."""
+    while True:
+        try:
+            return launch((programs,)), (programs,)
+        except RuntimeError as exc:
+            if "cooperative" not in str(exc) or programs == 1:
+                raise
+            programs = programs * 3 // 4
+
+
 def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, format: str):
     """(Wq [N, K] or None, Wq^T [K, N] or None, s [K] or [1]) of a 2-D, row-contiguous W, in one cooperative
     launch: the driver refuses a grid that cannot be resident at once, so the grid barrier never waits on
@@ -264,8 +277,9 @@ def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, f
         if interpreting():
             return _quantize_kernel[(1,)](*args, *consts, num_warps=warps), (1,), consts, {}
         compiled = _quantize_kernel.warmup(*args, *consts, grid=(1,), num_warps=warps, launch_cooperative_grid=True)
-        grid = (sm_count(w.device) * _resident(compiled, w.device, RESIDENT_PER_SM[per_column]),)
-        compiled = _quantize_kernel[grid](*args, *consts, num_warps=warps, launch_cooperative_grid=True)
+        programs = sm_count(w.device) * _resident(compiled, w.device, RESIDENT_PER_SM[per_column])
+        compiled, grid = _cooperative_launch(lambda grid: _quantize_kernel[grid](
+            *args, *consts, num_warps=warps, launch_cooperative_grid=True), programs)
         return compiled, grid, consts, {"grid": list(grid), "BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k,
                                         "num_warps": warps}
 

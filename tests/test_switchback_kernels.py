@@ -278,3 +278,24 @@ def test_weight_quantizer_in_graphs_and_on_two_streams(name):
             assert_equal(g.view(torch.uint8) if g.dtype != torch.float32 else g,
                          r.view(torch.uint8) if r.dtype != torch.float32 else r, f"stream {i % 2} call {i} output {k}")
     assert all(c.tolist() == [0, 0] for c in weight._BARRIERS.values())
+
+
+def test_cooperative_launch_shrinks_a_refused_grid():
+    """The driver refuses a cooperative grid larger than what the process's SMs hold (MPS): the launch
+    is retried with fewer programs; any other error, or a refusal of one program, is raised."""
+    from kernels.switchback_quantize_weight import _cooperative_launch
+
+    tried = []
+
+    def launch(grid, fits=300):
+        tried.append(grid[0])
+        if grid[0] > fits:
+            raise RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
+        return "compiled"
+
+    assert _cooperative_launch(launch, 528) == ("compiled", (297,))
+    assert tried == [528, 396, 297]
+    with pytest.raises(RuntimeError, match="cooperative"):
+        _cooperative_launch(lambda grid: launch(grid, fits=0), 4)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        _cooperative_launch(lambda grid: (_ for _ in ()).throw(RuntimeError("out of memory")), 528)

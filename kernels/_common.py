@@ -229,6 +229,31 @@ def best_tile(autotuner) -> tuple[int, int, int, int, int, int]:
     return bm, bn, bk, best.kwargs["GROUP_M"], best.num_stages, best.num_warps
 
 
+_DEVICE_PROPERTIES: dict = {}  # CUDA device index -> torch's properties
+
+
+def device_properties(device):
+    """torch.cuda.get_device_properties of a CUDA device, queried once per device: each query costs
+    about 2 us of host time, and launchers ask on every call."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _DEVICE_PROPERTIES:
+        _DEVICE_PROPERTIES[index] = torch.cuda.get_device_properties(index)
+    return _DEVICE_PROPERTIES[index]
+
+
+def capability(device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device (cached)."""
+    props = device_properties(device)
+    return props.major, props.minor
+
+
+def descriptor_aligned(t, row_elems: int) -> bool:
+    """A tensor descriptor's rules: 16-byte aligned base and row stride (row_elems elements per row)."""
+    return t.data_ptr() % 16 == 0 and (row_elems * t.element_size()) % 16 == 0
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) of host-side launch geometry. triton.cdiv is a constexpr_function in recent triton: its
     wrapper costs a few microseconds of host time per call, and launch paths run it on every step."""

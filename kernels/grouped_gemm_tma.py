@@ -31,8 +31,11 @@ import triton.language as tl
 from kernels._common import (
     LaunchCache,
     aligned,
+    capability,
     cdiv,
     config_dict,
+    descriptor_aligned,
+    device_properties,
     dot_accumulate,
     ieee,
     interpreting,
@@ -136,11 +139,6 @@ def weight_layout(w) -> str | None:
     return None
 
 
-def _aligned(t, row_elems: int) -> bool:
-    """Descriptor rules: 16-byte aligned base and row stride (2-byte elements)."""
-    return t.data_ptr() % 16 == 0 and (row_elems * t.element_size()) % 16 == 0
-
-
 def shapes_supported(x, w, offsets, out, bias=None) -> bool:
     """Everything but the device: dtypes, layouts, strides and alignment that the kernel needs."""
     import torch
@@ -152,28 +150,15 @@ def shapes_supported(x, w, offsets, out, bias=None) -> bool:
     if layout is None or min(T, K, w.shape[0], w.shape[2]) == 0 or T >= 2**31:
         return False
     N = w.shape[2]
-    row_ok = x.stride(1) == 1 and _aligned(x, x.stride(0)) and out.stride(1) == 1
-    w_ok = _aligned(w, N) and K % BK_TMA == 0 if layout == "plain" else _aligned(w, K)
+    row_ok = x.stride(1) == 1 and descriptor_aligned(x, x.stride(0)) and out.stride(1) == 1
+    w_ok = descriptor_aligned(w, N) and K % BK_TMA == 0 if layout == "plain" else descriptor_aligned(w, K)
     bias_ok = bias is None or bias.stride(1) == 1
     return row_ok and w_ok and bias_ok and offsets.dtype == torch.int64 and offsets.is_contiguous()
 
 
-_DEVICE: dict = {}  # device index -> (compute capability, SM count): each query costs host time per call
-
-
-def _device_facts(device) -> tuple[tuple[int, int], int]:
-    import torch
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _DEVICE:
-        props = torch.cuda.get_device_properties(index)
-        _DEVICE[index] = ((props.major, props.minor), props.multi_processor_count)
-    return _DEVICE[index]
-
-
 def supported(x, w, offsets, out, bias=None) -> bool:
     """CUDA device of compute capability >= 9 (TMA, wgmma) and `shapes_supported`."""
-    if not (x.is_cuda and _device_facts(x.device)[0] >= (9, 0)):
+    if not (x.is_cuda and capability(x.device) >= (9, 0)):
         return False
     return shapes_supported(x, w, offsets, out, bias)
 
@@ -193,7 +178,7 @@ def _descriptors(x, w, layout, bm: int = 16, bn: int = 16, bk: int = 16):
 def _programs(device) -> int:
     if interpreting():
         return _INTERP_PROGRAMS
-    return _device_facts(device)[1]
+    return device_properties(device).multi_processor_count
 
 
 _CACHE = LaunchCache("grouped_gemm_fwd_tma")

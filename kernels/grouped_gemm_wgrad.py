@@ -27,7 +27,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, cdiv, config_dict, dot_accumulate, ieee, interpreting, upcast
+from kernels._common import (
+    LaunchCache,
+    aligned,
+    capability,
+    cdiv,
+    config_dict,
+    descriptor_aligned,
+    dot_accumulate,
+    ieee,
+    interpreting,
+    upcast,
+)
 
 if interpreting():  # one tiny tile keeps CPU tests fast
     _WGRAD_CONFIGS = [triton.Config({"BK": 16, "BN": 16, "BR": 16}, num_warps=1, num_stages=1)]
@@ -199,21 +210,9 @@ def tma_supported(x, dy) -> bool:
     compute capability >= 9 (or under the interpreter)."""
     if x.dtype not in (torch.float16, torch.bfloat16) or dy.dtype != x.dtype or x.shape[0] >= 2**31:
         return False
-    rows_ok = all(t.stride(1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
-                  for t in (x, dy))
-    if not rows_ok:
+    if not all(t.stride(1) == 1 and descriptor_aligned(t, t.stride(0)) for t in (x, dy)):
         return False
-    return interpreting() or (x.is_cuda and _capability(x.device) >= (9, 0))
-
-
-_CAPABILITIES: dict = {}  # device index -> compute capability (each query costs host time)
-
-
-def _capability(device) -> tuple[int, int]:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITIES:
-        _CAPABILITIES[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITIES[index]
+    return interpreting() or (x.is_cuda and capability(x.device) >= (9, 0))
 
 
 def _tma_descriptors(x, dy, br: int = 16, bk: int = 16, bn: int = 16):

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._common import LaunchCache, aligned, best_tile, cdiv, dequantize_tile
+from kernels._common import LaunchCache, aligned, best_tile, capability, cdiv, dequantize_tile, device_properties
 
 
 @triton.jit
@@ -46,31 +46,15 @@ def _int8_matmul_tma_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M,
         c_desc.store([off_m, off_n], c.to(c_desc.dtype))
 
 
-_CAPABILITY: dict[int, tuple[int, int]] = {}
-_SM_COUNTS: dict[int, int] = {}
 _CACHE = LaunchCache("switchback_int8_matmul_tma")
-
-
-def _device_index(t: torch.Tensor) -> int:
-    return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
     """Hopper or newer CUDA device, and rows aligned to 16 bytes for the descriptors."""
     if not a.is_cuda:
         return False
-    index = _device_index(a)
-    if index not in _CAPABILITY:  # cached: the query costs ~2 us of host time per call
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
     K, N = a.shape[1], b.shape[0]
-    return _CAPABILITY[index] >= (9, 0) and K % 16 == 0 and (N * out_dtype.itemsize) % 16 == 0
-
-
-def _sm_count(t: torch.Tensor) -> int:
-    index = _device_index(t)
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
+    return capability(a.device) >= (9, 0) and K % 16 == 0 and (N * out_dtype.itemsize) % 16 == 0
 
 
 _DESCRIPTORS: dict[tuple, tuple] = {}
@@ -114,7 +98,7 @@ def launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
 def _first_launch(a, b, c, tail, per_column, has_bias, config):
     """Launch through Triton (autotuning when config is None); (compiled, grid, constexprs, config)."""
     M, N = tail[3], tail[4]
-    sms = _sm_count(a)
+    sms = device_properties(a.device).multi_processor_count
     flags = {"NUM_PROGRAMS": sms, "PER_COLUMN": per_column, "HAS_BIAS": has_bias}
     if config is None:
         # 16-byte dummy block shapes, replaced by _set_block_shapes before each launch

@@ -34,6 +34,7 @@ from kernels._common import (
     LaunchCache,
     aligned,
     cdiv,
+    device_properties,
     encode,
     encode_reference,
     format_consts,
@@ -165,20 +166,16 @@ def _quantize_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, sync_ptr, N, K, PART
 
 # ---------------------------------------------------------------------------------------- launchers
 
-_SM_COUNTS: dict[int, int] = {}
 _PLANS: dict[tuple, _Plan] = {}
 _QUANTIZE = LaunchCache("switchback_weight_quantize")
 _BARRIERS: dict[tuple, torch.Tensor] = {}
 
 
 def sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device (cached: the query costs ~2 us of host time), 2 otherwise."""
+    """Multiprocessors of a CUDA device, 2 otherwise."""
     if device.type != "cuda":
         return 2  # interpreter: few programs, each looping
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
+    return device_properties(device).multi_processor_count
 
 
 class _Plan(NamedTuple):
@@ -230,7 +227,7 @@ def _barrier(device: torch.device) -> torch.Tensor:
 def _resident(compiled, device: torch.device, cap: int) -> int:
     """Programs of a compiled kernel that one SM holds at once (registers, threads, shared memory), at
     most cap."""
-    props = torch.cuda.get_device_properties(device)
+    props = device_properties(device)
     compiled._init_handles()
     warps = compiled.metadata.num_warps
     regs = cdiv(compiled.n_regs * 32, 256) * 256 * warps  # registers are allocated per warp, 256 at a time

@@ -5,13 +5,16 @@ the custom ops): for G groups whose rows lie in S = R * G segments (segment s be
     db[g] = sum over the same rows of dy                     (optional: the bias gradient, fused)
     x [T, K], dy [T, N], offsets int64 [S + 1]  ->  dw [G, K, N] in x.dtype, db [G, N] in dy.dtype,
     fp32 accumulation; groups without rows give zeros.
-The fused bias gradient adds each dy tile the program already loaded into an fp32 [BR, BN] register
-tile (one add per element, no extra read of dy) and reduces it once at the end; the programs of the
-first K tile store it. Without it the bias gradient would be a second pass over dy (128 MB for the
-hidden activations' gradient at the seed config) and a launch.
+The bias gradient runs in the same launch, in programs of its own: G x N-tile programs after the
+weight-gradient ones, each summing dy over its group's rows for one column tile (one more read of dy,
+overlapped with the compute-bound products; no second launch). It used to be summed inside the
+weight-gradient programs from the dy tile they had already loaded, but triton 3.6 builds that wrongly
+for sm_90: on an H200, 2 of the 4 pointer configs gave dw off by up to 13% of its largest value
+(BN 256 with several segments per group, BR 32 with one), while every config was right without the
+sum. Keeping the sum out of the programs that run the dot is what makes every config right.
 
-One program per (group, K tile, N tile) walks its group's segments; the grid does not depend on the
-row count, so a launch never reads the group sizes on the host and every launch of one shape replays
+One weight-gradient program per (group, K tile, N tile) walks its group's segments; the grid does not
+depend on the row count, so a launch never reads the group sizes on the host and every launch of one shape replays
 the first one's compiled kernel (kernels._common.LaunchCache).
 
 Two kernels of that design (launch_wgrad's `impl`): "pointer" loads every [BR, *] row chunk with
@@ -52,9 +55,8 @@ else:
 
 
 @triton.jit
-def _wgrad_program(K, N, BK: tl.constexpr, BN: tl.constexpr):
-    """This program's (group g, K tile, N tile, its K indices [BK], its N indices [BN])."""
-    pid = tl.program_id(0)
+def _wgrad_program(pid, K, N, BK: tl.constexpr, BN: tl.constexpr):
+    """Weight-gradient program pid's (group g, K tile, N tile, its K indices [BK], its N indices [BN])."""
     k_tiles = tl.cdiv(K, BK)
     n_tiles = tl.cdiv(N, BN)
     pid_k = (pid // n_tiles) % k_tiles
@@ -75,14 +77,28 @@ def _masked_chunk(x_ptr, dy_ptr, r0, hi, ks, cols, K, N, sxm, sxk, sdm, sdn, BR:
 
 
 @triton.jit
-def _store_wgrad(acc, dacc, dw_ptr, db_ptr, g, pid_k, ks, cols, K, N, swg, swk, HAS_DB: tl.constexpr):
-    """dw[g]'s tile <- acc; with HAS_DB the programs of the first K tile store db[g] <- dacc's column sums."""
+def _store_wgrad(acc, dw_ptr, g, ks, cols, K, N, swg, swk):
+    """dw[g]'s [BK, BN] tile <- acc."""
     dw = dw_ptr + g.to(tl.int64) * swg + ks[:, None] * swk + cols[None, :]
     tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(ks[:, None] < K) & (cols[None, :] < N))
-    if HAS_DB:
-        if pid_k == 0:
-            db = tl.sum(dacc, 0)
-            tl.store(db_ptr + g.to(tl.int64) * N + cols, db.to(db_ptr.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def _bias_program(pid, dy_ptr, db_ptr, off_ptr, N, G, R, sdm, sdn, BR: tl.constexpr, BN: tl.constexpr):
+    """Bias-gradient program pid (numbered from 0): db[g, N tile] <- dy summed over group g's rows (fp32)."""
+    n_tiles = tl.cdiv(N, BN)
+    g = pid // n_tiles
+    cols = (pid % n_tiles) * BN + tl.arange(0, BN)
+    dacc = tl.zeros((BR, BN), dtype=tl.float32)
+    for seg in range(R):
+        lo = tl.load(off_ptr + seg * G + g)
+        hi = tl.load(off_ptr + seg * G + g + 1)
+        for r0 in range(lo, hi, BR):
+            rows = r0 + tl.arange(0, BR)
+            b = tl.load(dy_ptr + rows[:, None].to(tl.int64) * sdm + cols[None, :] * sdn,
+                        mask=(rows[:, None] < hi) & (cols[None, :] < N), other=0.0)
+            dacc += b.to(tl.float32)
+    tl.store(db_ptr + g.to(tl.int64) * N + cols, tl.sum(dacc, 0).to(db_ptr.dtype.element_ty), mask=cols < N)
 
 
 @triton.autotune(configs=_WGRAD_CONFIGS, key=["N", "K", "G", "HAS_DB", "IEEE", "UPCAST"])
@@ -94,19 +110,22 @@ def _grouped_wgrad_kernel(
     HAS_DB: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
 ):
-    # One program per (group, K tile, N tile): dw[g, ktile, ntile] = sum over the group's rows.
-    g, pid_k, pid_n, ks, cols = _wgrad_program(K, N, BK, BN)
-    acc = tl.zeros((BK, BN), dtype=tl.float32)
-    dacc = tl.zeros((BR, BN), dtype=tl.float32)  # the bias gradient's row sums (HAS_DB only)
-    for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
-        lo = tl.load(off_ptr + seg * G + g)
-        hi = tl.load(off_ptr + seg * G + g + 1)
-        for r0 in range(lo, hi, BR):
-            a, b = _masked_chunk(x_ptr, dy_ptr, r0, hi, ks, cols, K, N, sxm, sxk, sdm, sdn, BR)
-            acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
-            if HAS_DB:
-                dacc += b.to(tl.float32)
-    _store_wgrad(acc, dacc, dw_ptr, db_ptr, g, pid_k, ks, cols, K, N, swg, swk, HAS_DB)
+    # Programs [0, n_wgrad): dw[g, K tile, N tile] = sum over the group's rows; then (HAS_DB) the bias ones.
+    pid = tl.program_id(0)
+    n_wgrad = G * tl.cdiv(K, BK) * tl.cdiv(N, BN)
+    if pid >= n_wgrad:
+        if HAS_DB:
+            _bias_program(pid - n_wgrad, dy_ptr, db_ptr, off_ptr, N, G, R, sdm, sdn, BR, BN)
+    else:
+        g, _, _, ks, cols = _wgrad_program(pid, K, N, BK, BN)
+        acc = tl.zeros((BK, BN), dtype=tl.float32)
+        for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
+            lo = tl.load(off_ptr + seg * G + g)
+            hi = tl.load(off_ptr + seg * G + g + 1)
+            for r0 in range(lo, hi, BR):
+                a, b = _masked_chunk(x_ptr, dy_ptr, r0, hi, ks, cols, K, N, sxm, sxk, sdm, sdn, BR)
+                acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
+        _store_wgrad(acc, dw_ptr, g, ks, cols, K, N, swg, swk)
 
 
 def _set_wgrad_blocks(nargs):
@@ -138,26 +157,27 @@ def _grouped_wgrad_tma_kernel(
     # The pointer kernel's math and programs; a segment's whole BR-row chunks arrive through tensor
     # descriptors (the bulk copy engine, no masks: a chunk never passes the segment's end), its last
     # partial chunk through masked pointer loads (the rows after it belong to the next segment).
-    g, pid_k, pid_n, ks, cols = _wgrad_program(K, N, BK, BN)
-    acc = tl.zeros((BK, BN), dtype=tl.float32)
-    dacc = tl.zeros((BR, BN), dtype=tl.float32)  # the bias gradient's row sums (HAS_DB only)
-    for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
-        # int32 row numbers (T < 2**31, checked on the host): descriptor coordinates are 32-bit
-        lo = tl.load(off_ptr + seg * G + g).to(tl.int32)
-        hi = tl.load(off_ptr + seg * G + g + 1).to(tl.int32)
-        whole = lo + (hi - lo) // BR * BR
-        for r0 in range(lo, whole, BR):
-            a = x_desc.load([r0, pid_k * BK])  # [BR, BK]
-            b = dy_desc.load([r0, pid_n * BN])  # [BR, BN]
-            acc = dot_accumulate(a.T, b, acc, IEEE, UPCAST)
-            if HAS_DB:
-                dacc += b.to(tl.float32)
-        if whole < hi:
-            a, b = _masked_chunk(x_ptr, dy_ptr, whole, hi, ks, cols, K, N, sxm, 1, sdm, 1, BR)
-            acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
-            if HAS_DB:
-                dacc += b.to(tl.float32)
-    _store_wgrad(acc, dacc, dw_ptr, db_ptr, g, pid_k, ks, cols, K, N, swg, swk, HAS_DB)
+    pid = tl.program_id(0)
+    n_wgrad = G * tl.cdiv(K, BK) * tl.cdiv(N, BN)
+    if pid >= n_wgrad:
+        if HAS_DB:
+            _bias_program(pid - n_wgrad, dy_ptr, db_ptr, off_ptr, N, G, R, sdm, 1, BR, BN)
+    else:
+        g, pid_k, pid_n, ks, cols = _wgrad_program(pid, K, N, BK, BN)
+        acc = tl.zeros((BK, BN), dtype=tl.float32)
+        for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
+            # int32 row numbers (T < 2**31, checked on the host): descriptor coordinates are 32-bit
+            lo = tl.load(off_ptr + seg * G + g).to(tl.int32)
+            hi = tl.load(off_ptr + seg * G + g + 1).to(tl.int32)
+            whole = lo + (hi - lo) // BR * BR
+            for r0 in range(lo, whole, BR):
+                a = x_desc.load([r0, pid_k * BK])  # [BR, BK]
+                b = dy_desc.load([r0, pid_n * BN])  # [BR, BN]
+                acc = dot_accumulate(a.T, b, acc, IEEE, UPCAST)
+            if whole < hi:
+                a, b = _masked_chunk(x_ptr, dy_ptr, whole, hi, ks, cols, K, N, sxm, 1, sdm, 1, BR)
+                acc = dot_accumulate(a, b, acc, IEEE, UPCAST)
+        _store_wgrad(acc, dw_ptr, g, ks, cols, K, N, swg, swk)
 
 
 _WGRAD = LaunchCache("grouped_gemm_wgrad")
@@ -195,7 +215,7 @@ def launch_wgrad(x, dy, offsets, G, with_bias: bool = False, impl: str = "pointe
 
     def first():
         flags = (with_bias, ieee(x.dtype), upcast(x.dtype))
-        grid = lambda meta: (G * cdiv(K, meta["BK"]) * cdiv(N, meta["BN"]),)  # noqa: E731
+        grid = _grid(G, K, N, with_bias)
         compiled = _grouped_wgrad_kernel[grid](*args, HAS_DB=flags[0], IEEE=flags[1], UPCAST=flags[2])
         best = _grouped_wgrad_kernel.best_config
         tile = (best.kwargs["BK"], best.kwargs["BN"], best.kwargs["BR"])
@@ -203,6 +223,12 @@ def launch_wgrad(x, dy, offsets, G, with_bias: bool = False, impl: str = "pointe
 
     _WGRAD.launch(key, args, first)
     return (dw, db) if with_bias else dw
+
+
+def _grid(G: int, K: int, N: int, with_bias: bool):
+    """The launch grid of a config: G x K tiles x N tiles weight-gradient programs, then (with_bias)
+    G x N tiles bias-gradient ones."""
+    return lambda meta: (G * cdiv(N, meta["BN"]) * (cdiv(K, meta["BK"]) + int(with_bias)),)
 
 
 def tma_supported(x, dy) -> bool:
@@ -233,7 +259,7 @@ def _launch_tma(x, dy, dw, db, offsets, G: int, with_bias: bool) -> None:
     entry = _WGRAD_TMA.entry(key)
     if entry is None:
         flags = (with_bias, ieee(x.dtype), upcast(x.dtype))
-        grid = lambda meta: (G * cdiv(K, meta["BK"]) * cdiv(N, meta["BN"]),)  # noqa: E731
+        grid = _grid(G, K, N, with_bias)
         compiled = _grouped_wgrad_tma_kernel[grid](*_tma_descriptors(x, dy), *tail, HAS_DB=flags[0],
                                                    IEEE=flags[1], UPCAST=flags[2])
         best = _grouped_wgrad_tma_kernel.best_config

@@ -340,6 +340,55 @@ def test_tma_wgrad_at_moe_sizes_on_gpu(dtype):
         sizes = sizes[1:] + sizes[:1]  # another row count and split: same compiled kernel, new descriptors
 
 
+def _forced_wgrad(impl: str, cfg, x, dy, offsets, G: int, with_bias: bool):
+    """(dw, db or None) of one config of a weight-gradient kernel, bypassing the autotuner."""
+    from kernels import grouped_gemm_wgrad as wg
+
+    K, N, R = x.shape[1], dy.shape[1], (offsets.numel() - 1) // G
+    dw = torch.full((G, K, N), float("nan"), device=x.device, dtype=x.dtype)
+    db = torch.full((G, N), float("nan"), device=x.device, dtype=dy.dtype) if with_bias else dw
+    flags = dict(HAS_DB=with_bias, IEEE=False, UPCAST=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                 **cfg.kwargs)
+    grid = wg._grid(G, K, N, with_bias)(cfg.kwargs)
+    if impl == "tma":
+        descs = wg._tma_descriptors(x, dy, cfg.kwargs["BR"], cfg.kwargs["BK"], cfg.kwargs["BN"])
+        wg._grouped_wgrad_tma_kernel.fn[grid](*descs, x, dy, dw, db, offsets, N, K, G, R, x.stride(0), dy.stride(0),
+                                              dw.stride(0), dw.stride(1), **flags)
+    else:
+        wg._grouped_wgrad_kernel.fn[grid](x, dy, dw, db, offsets, N, K, G, R, x.stride(0), x.stride(1), dy.stride(0),
+                                          dy.stride(1), dw.stride(0), dw.stride(1), **flags)
+    return dw, db if with_bias else None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["pointer", "tma"])
+def test_every_wgrad_config_on_gpu(impl):
+    """Every autotuner config of both weight-gradient kernels, with and without the bias gradient, one and
+    four segments per group, against the reference: the autotuner may pick any of them, so a config that
+    compiles wrongly (triton 3.6 did, for two pointer configs with the bias sum inside the dot's loop)
+    must fail here rather than in a layer's gradients."""
+    from kernels import grouped_gemm_wgrad as wg
+
+    dtype = torch.float16
+    if impl == "tma" and not wg.tma_supported(*(torch.empty(16, 8, device=DEVICE, dtype=dtype),) * 2):
+        pytest.skip("the TMA weight gradient needs compute capability 9")
+    configs = wg._WGRAD_TMA_CONFIGS if impl == "tma" else wg._WGRAD_CONFIGS
+    for R, K, N in ((1, 1024, 4096), (4, 1024, 4096), (4, 4096, 1024)):
+        G, gen = 8, torch.Generator().manual_seed(R * K)
+        sizes = torch.multinomial(torch.ones(G * R), 8192, replacement=True, generator=gen).bincount(minlength=G * R)
+        offsets = _offsets(sizes.tolist())
+        x = torch.randn(int(sizes.sum()), K, generator=gen).to(DEVICE, dtype)
+        dy = torch.randn(int(sizes.sum()), N, generator=gen).to(DEVICE, dtype)
+        want_dw, want_db = wg.grouped_wgrad_reference(x, dy, offsets, G), wg.grouped_bias_reference(dy, offsets, G)
+        for cfg in configs:
+            for with_bias in (False, True):
+                dw, db = _forced_wgrad(impl, cfg, x, dy, offsets, G, with_bias)
+                what = f"{impl} {cfg.kwargs} warps {cfg.num_warps} stages {cfg.num_stages} R {R} bias {with_bias}"
+                _assert_close(dw, want_dw, TOL[dtype], f"{what}: dw")
+                if with_bias:
+                    _assert_close(db, want_db, TOL[dtype], f"{what}: db")
+
+
 def test_tma_wgrad_refuses_what_it_cannot_take():
     from kernels import grouped_gemm_wgrad as wg
 

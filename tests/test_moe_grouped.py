@@ -31,6 +31,28 @@ def test_every_case_is_checked_then_timed():
         assert max(m["tma_rel_err"], m["pointer_rel_err"]) <= grouped.TOLERANCE["bf16"], m
 
 
+@pytest.mark.skipif(not interpreting(), reason="tiny shapes for the interpreter; a GPU runs the command's sizes")
+def test_a_failed_check_times_nothing_and_says_why(monkeypatch):
+    """One case failing its check: it is an error, the others are skipped naming it, nothing is timed."""
+    real_check = grouped.check
+
+    def check(case, inp, dtype, device):
+        metrics, error = real_check(case, inp, dtype, device)
+        return metrics, "tma_rel_err above 0.016: (forced)" if case.name.startswith("b ") else error
+
+    def no_timing(*_):
+        raise AssertionError("timed after a failed check")
+
+    monkeypatch.setattr(grouped, "check", check)
+    monkeypatch.setattr(grouped, "timings", no_timing)
+    records = list(bench.run(CONFIG))
+    failed = [r for r in records if r["status"] == "error"]
+    assert [r["params"]["shape"] for r in failed] == ["b fwd act@w2"]
+    others = [r for r in records if r["status"] != "error"]
+    assert others and all(r["status"] == "skipped" and "b fwd act@w2 failed the check" in r["error"] for r in others)
+    assert all("tma_ms" not in r["metrics"] for r in records)
+
+
 def test_fp16_adds_the_group_count_and_expert_major_cases():
     names = [c.name for c in grouped.plan(replace(CONFIG, dtype="fp16"))]
     assert names[4:] == ["e fwd x@w1 G=4", "f a, expert-major", "f d, expert-major", "g wgrad x^T@dpre",

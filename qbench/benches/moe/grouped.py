@@ -69,21 +69,24 @@ def _sources(config) -> int:
 
 
 def run(config):
-    """Check every case, then time them (none when any check failed); yields one record per case."""
+    """Check every case, then time them (none when any check failed: the cases that passed are then
+    recorded as skipped, with the failed ones named); yields one record per case."""
     from qbench.units import torch_dtype
 
     dtype, rows, R = torch_dtype(config.dtype), config.samples * config.top_k, _sources(config)
     device = "cuda" if config.device == "cuda" else "cpu"
     inputs = {case: make_inputs(case, dtype, rows, R, device, seed=_seed(case)) for case in plan(config)}
     checked = {case: check(case, inp, config.dtype, device) for case, inp in inputs.items()}
-    failed = any(error for _, error in checked.values())
+    failed = [case.name for case, (_, error) in checked.items() if error]
     for case, (metrics, error) in checked.items():
-        samples = {}
+        samples, status = {}, "error" if error else "ok"
         if not failed:
             timed, samples = timings(case, inputs[case], device)
             metrics = {**timed, **metrics}
+        elif not error:  # checked and right, but a record without timings is not a result
+            status, error = "skipped", f"not timed: {', '.join(failed)} failed the check"
         yield store.make_record(BENCH, _params(case, config.dtype, inputs[case]), metrics, units=_units(metrics),
-                                samples=samples, status="error" if error else "ok", error=error, device=device)
+                                samples=samples, status=status, error=error, device=device)
 
 
 def _counts(groups: int, rows: int, sources: int, R: int, gen):

@@ -227,35 +227,6 @@ def compile_wgrad_for_sm90() -> None:
                   kernel.metadata.shared, flush=True)
 
 
-def compile_wgrad_tma_for_sm90() -> None:
-    """Compile the TMA weight-gradient kernel (every config, with and without the fused bias gradient)
-    for sm_90 without a GPU; prints per kernel: wgmma, TMA and cp.async counts in the PTX, shared bytes."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from kernels import grouped_gemm_wgrad as wg
-
-    fn = wg._grouped_wgrad_tma_kernel.fn
-    names = list(fn.arg_names)
-    aligned = ("x_ptr", "dy_ptr", "dw_ptr", "db_ptr", "off_ptr", "N", "K", "sxm", "sdm", "swg", "swk")
-    for cfg in wg._WGRAD_TMA_CONFIGS:
-        bk, bn, br = cfg.kwargs["BK"], cfg.kwargs["BN"], cfg.kwargs["BR"]
-        for has_db in (False, True):
-            const = dict(HAS_DB=has_db, IEEE=False, UPCAST=False, **cfg.kwargs)
-            sig = {"x_desc": f"tensordesc<fp16[{br}, {bk}]>", "dy_desc": f"tensordesc<fp16[{br}, {bn}]>",
-                   **{n: "*i64" if n == "off_ptr" else "*fp16" for n in names if n.endswith("_ptr")},
-                   **dict.fromkeys(("N", "K", "G", "R", "sxm", "sdm", "swg", "swk"), "i32"),
-                   **dict.fromkeys(const, "constexpr")}
-            attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-            kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                                    target=GPUTarget("cuda", 90, 64),
-                                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-            ptx = kernel.asm["ptx"]
-            print(has_db, ptx.count("wgmma.mma_async"), ptx.count("cp.async.bulk.tensor"), kernel.metadata.shared,
-                  flush=True)
-
-
 def _compile_in_child(function: str) -> list[list[str]]:
     """Run tests.test_grouped_gemm.<function>() in a child process without TRITON_INTERPRET; its lines."""
     import os
@@ -283,65 +254,8 @@ def test_wgrad_compiles_for_hopper_pipelined_without_a_gpu():
         assert int(shared) <= 227 * 1024, f"bias fused={has_db}: needs {shared} bytes of shared memory"
 
 
-@pytest.mark.slow
-def test_tma_wgrad_compiles_for_hopper_without_a_gpu():
-    """The TMA weight gradient: every config, with and without the fused bias gradient, multiplies on
-    wgmma, loads through the bulk tensor copy engine and fits 227 KiB of shared memory."""
-    lines = _compile_in_child("compile_wgrad_tma_for_sm90")
-    assert len(lines) == 8, lines  # four GPU configs (the interpreter, here, has one), two bias variants
-    for has_db, wgmma, tma_loads, shared in lines:
-        assert int(wgmma) > 0 and int(tma_loads) > 0, f"bias fused={has_db}: no wgmma/TMA ({wgmma}, {tma_loads})"
-        assert int(shared) <= 227 * 1024, f"bias fused={has_db}: needs {shared} bytes of shared memory"
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("with_bias", [False, True], ids=["dw", "dw+db"])
-def test_tma_wgrad_matches_the_reference(with_bias, dtype):
-    """The TMA weight gradient: segments of whole row chunks, a partial last chunk, one row, an empty
-    segment, two segments per group (R = 2), K and N not multiples of a tile."""
-    from kernels import grouped_gemm_wgrad as wg
-
-    if DEVICE == "cuda" and not wg.tma_supported(torch.empty(16, 8, device=DEVICE, dtype=dtype),
-                                                  torch.empty(16, 8, device=DEVICE, dtype=dtype)):
-        pytest.skip("the TMA weight gradient needs compute capability 9")
-    sizes, K, N, G = [32, 0, 37, 1, 16, 50], 24, 40, 3
-    gen = torch.Generator().manual_seed(21)
-    x = torch.randn(sum(sizes), K, generator=gen).to(DEVICE, dtype)
-    dy = torch.randn(sum(sizes), N, generator=gen).to(DEVICE, dtype)
-    offsets = _offsets(sizes)
-    got = wg.launch_wgrad(x, dy, offsets, G, with_bias=with_bias, impl="tma")
-    dw, db = got if with_bias else (got, None)
-    _assert_close(dw.cpu(), gg.grouped_wgrad_reference(x, dy, offsets, G).cpu(), TOL[dtype], "tma wgrad")
-    if with_bias:
-        _assert_close(db.cpu(), gg.grouped_bias_grad(dy, offsets, G).cpu(), TOL[dtype], "tma fused bias grad")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_tma_wgrad_at_moe_sizes_on_gpu(dtype):
-    """Compiled (autotuned) TMA weight gradient at the MoE seed's widths, uneven groups, two segments per
-    group, against the pointer kernel and the reference; later calls replay with fresh descriptors."""
-    from kernels import grouped_gemm_wgrad as wg
-
-    x0 = torch.empty(16, 8, device=DEVICE, dtype=dtype)
-    if not wg.tma_supported(x0, x0):
-        pytest.skip("the TMA weight gradient needs compute capability 9")
-    sizes, K, N, G = [2048, 0, 1, 3001, 777, 640], 1024, 4096, 3
-    for call in range(2):
-        gen = torch.Generator().manual_seed(30 + call)
-        x = torch.randn(sum(sizes), K, generator=gen).to(DEVICE, dtype)
-        dy = torch.randn(sum(sizes), N, generator=gen).to(DEVICE, dtype)
-        offsets = _offsets(sizes)
-        dw, db = wg.launch_wgrad(x, dy, offsets, G, with_bias=True, impl="tma")
-        want_dw, want_db = wg.launch_wgrad(x, dy, offsets, G, with_bias=True, impl="pointer")
-        _assert_close(dw, want_dw, TOL[dtype], f"call {call}: tma against pointer wgrad")
-        _assert_close(dw, gg.grouped_wgrad_reference(x, dy, offsets, G), TOL[dtype], f"call {call}: tma wgrad")
-        _assert_close(db, want_db, TOL[dtype], f"call {call}: tma bias grad")
-        sizes = sizes[1:] + sizes[:1]  # another row count and split: same compiled kernel, new descriptors
-
-
-def _forced_wgrad(impl: str, cfg, x, dy, offsets, G: int, with_bias: bool):
-    """(dw, db or None) of one config of a weight-gradient kernel, bypassing the autotuner."""
+def _forced_wgrad(cfg, x, dy, offsets, G: int, with_bias: bool):
+    """(dw, db or None) of one config of the weight-gradient kernel, bypassing the autotuner."""
     from kernels import grouped_gemm_wgrad as wg
 
     K, N, R = x.shape[1], dy.shape[1], (offsets.numel() - 1) // G
@@ -350,29 +264,20 @@ def _forced_wgrad(impl: str, cfg, x, dy, offsets, G: int, with_bias: bool):
     flags = dict(HAS_DB=with_bias, IEEE=False, UPCAST=False, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                  **cfg.kwargs)
     grid = wg._grid(G, K, N, with_bias)(cfg.kwargs)
-    if impl == "tma":
-        descs = wg._tma_descriptors(x, dy, cfg.kwargs["BR"], cfg.kwargs["BK"], cfg.kwargs["BN"])
-        wg._grouped_wgrad_tma_kernel.fn[grid](*descs, x, dy, dw, db, offsets, N, K, G, R, x.stride(0), dy.stride(0),
-                                              dw.stride(0), dw.stride(1), **flags)
-    else:
-        wg._grouped_wgrad_kernel.fn[grid](x, dy, dw, db, offsets, N, K, G, R, x.stride(0), x.stride(1), dy.stride(0),
-                                          dy.stride(1), dw.stride(0), dw.stride(1), **flags)
+    wg._grouped_wgrad_kernel.fn[grid](x, dy, dw, db, offsets, N, K, G, R, x.stride(0), x.stride(1), dy.stride(0),
+                                      dy.stride(1), dw.stride(0), dw.stride(1), **flags)
     return dw, db if with_bias else None
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["pointer", "tma"])
-def test_every_wgrad_config_on_gpu(impl):
-    """Every autotuner config of both weight-gradient kernels, with and without the bias gradient, one and
+def test_every_wgrad_config_on_gpu():
+    """Every autotuner config of the weight-gradient kernel, with and without the bias gradient, one and
     four segments per group, against the reference: the autotuner may pick any of them, so a config that
     compiles wrongly (triton 3.6 did, for two pointer configs with the bias sum inside the dot's loop)
     must fail here rather than in a layer's gradients."""
     from kernels import grouped_gemm_wgrad as wg
 
     dtype = torch.float16
-    if impl == "tma" and not wg.tma_supported(*(torch.empty(16, 8, device=DEVICE, dtype=dtype),) * 2):
-        pytest.skip("the TMA weight gradient needs compute capability 9")
-    configs = wg._WGRAD_TMA_CONFIGS if impl == "tma" else wg._WGRAD_CONFIGS
     for R, K, N in ((1, 1024, 4096), (4, 1024, 4096), (4, 4096, 1024)):
         G, gen = 8, torch.Generator().manual_seed(R * K)
         sizes = torch.multinomial(torch.ones(G * R), 8192, replacement=True, generator=gen).bincount(minlength=G * R)
@@ -380,20 +285,10 @@ def test_every_wgrad_config_on_gpu(impl):
         x = torch.randn(int(sizes.sum()), K, generator=gen).to(DEVICE, dtype)
         dy = torch.randn(int(sizes.sum()), N, generator=gen).to(DEVICE, dtype)
         want_dw, want_db = wg.grouped_wgrad_reference(x, dy, offsets, G), wg.grouped_bias_reference(dy, offsets, G)
-        for cfg in configs:
+        for cfg in wg._WGRAD_CONFIGS:
             for with_bias in (False, True):
-                dw, db = _forced_wgrad(impl, cfg, x, dy, offsets, G, with_bias)
-                what = f"{impl} {cfg.kwargs} warps {cfg.num_warps} stages {cfg.num_stages} R {R} bias {with_bias}"
+                dw, db = _forced_wgrad(cfg, x, dy, offsets, G, with_bias)
+                what = f"{cfg.kwargs} warps {cfg.num_warps} stages {cfg.num_stages} R {R} bias {with_bias}"
                 _assert_close(dw, want_dw, TOL[dtype], f"{what}: dw")
                 if with_bias:
                     _assert_close(db, want_db, TOL[dtype], f"{what}: db")
-
-
-def test_tma_wgrad_refuses_what_it_cannot_take():
-    from kernels import grouped_gemm_wgrad as wg
-
-    x, dy = torch.randn(8, 4, device=DEVICE), torch.randn(8, 4, device=DEVICE)  # fp32
-    with pytest.raises(ValueError, match="impl='tma'"):
-        wg.launch_wgrad(x, dy, _offsets([8]), 1, impl="tma")
-    with pytest.raises(ValueError, match="impl must be one of"):
-        wg.launch_wgrad(x, dy, _offsets([8]), 1, impl="cutlass")

@@ -21,13 +21,12 @@ CONFIG = bench.MoEBenchConfig(world_size=1, backend="gloo", device="cpu", dtype=
 def test_every_case_is_checked_then_timed():
     records = list(bench.run(CONFIG))
     assert [r["params"]["shape"] for r in records] == [c.name for c in grouped.plan(CONFIG)]
-    assert len(records) == 6  # a-d, g, h; the group-count and expert-major cases run in fp16 only
+    assert len(records) == 4  # a-d; the group-count and expert-major cases run in fp16 only
     assert all(r["status"] == "ok" for r in records), [r["error"] for r in records]
     for r in records:
         m = r["metrics"]
         assert r["bench"] == "grouped_gemm" and r["params"]["dtype"] == "bf16" and r["params"]["rows"] == 40
         assert m["tma_ms"] > 0 and m["pointer_ms"] > 0 and m["dense_ms"] > 0 and len(r["samples"]["tma_ms"]) == 2
-        assert r["params"]["product"] == ("wgrad" if r["params"]["shape"][0] in "gh" else "forward")
         assert max(m["tma_rel_err"], m["pointer_rel_err"]) <= grouped.TOLERANCE["bf16"], m
 
 
@@ -55,8 +54,7 @@ def test_a_failed_check_times_nothing_and_says_why(monkeypatch):
 
 def test_fp16_adds_the_group_count_and_expert_major_cases():
     names = [c.name for c in grouped.plan(replace(CONFIG, dtype="fp16"))]
-    assert names[4:] == ["e fwd x@w1 G=4", "f a, expert-major", "f d, expert-major", "g wgrad x^T@dpre",
-                         "h wgrad act^T@dy"]
+    assert names[4:] == ["e fwd x@w1 G=4", "f a, expert-major", "f d, expert-major"]
 
 
 def test_usage_errors():

@@ -1,8 +1,6 @@
 """`qbench moe --kernels grouped`: the grouped GEMM kernels of the expert FFN on one device, the
-TMA-fed kernels against the pointer kernels (forward products: kernels/grouped_gemm_tma.py against
-kernels/grouped_gemm.py through grouped_matmul_forward's `impl`; weight gradients: the two kernels of
-kernels/grouped_gemm_wgrad.py through launch_wgrad's `impl`), with a dense matmul of the same FLOPs as
-a yardstick.
+persistent TMA kernel (kernels/grouped_gemm_tma.py) against the pointer kernel (kernels/grouped_gemm.py,
+both through grouped_matmul_forward's `impl`), with a dense matmul of the same FLOPs as a yardstick.
 
 Shapes of one rank at the configured sizes (seed config: d 1024, h 4096, G = 8 local experts,
 samples x top_k = 16384 routed rows, arriving from R = 4 source ranks as R x G segments):
@@ -13,8 +11,6 @@ samples x top_k = 16384 routed rows, arriving from R = 4 source ranks as R x G s
   e  shape a with 2G, 4G and 8G groups (fp16 only)
   f  shapes a and d with expert-major rows (one segment per group, the row counts a and d draw;
      fp16 only): what the partial row tiles at the R x G segment ends cost
-  g  weight grad x^T @ dpre   dw1 [G, d, h] and db1 [G, h] (the bias gradient fused)
-  h  weight grad act^T @ dy   dw2 [G, h, d] and db2 [G, d]
 Rows per segment are uneven and seeded (expert popularity: softmax of N(0, 0.6^2) logits).
 
 Every case is first checked (both kernels against the plain-torch reference and each other); any
@@ -45,7 +41,6 @@ class Case:
     transposed: bool
     bias: bool
     sources: int  # segments per group (1: expert-major rows)
-    wgrad: bool = False  # a weight gradient: dw [G, K, N] (+ db [G, N]) of x [T, K] and dy [T, N]
 
 
 def plan(config) -> list[Case]:
@@ -58,9 +53,7 @@ def plan(config) -> list[Case]:
     f = [Case("f a, expert-major", d, h, G, False, True, 1), Case("f d, expert-major", h, d, G, True, False, 1)]
     return [Case("a fwd x@w1", d, h, G, False, True, R), Case("b fwd act@w2", h, d, G, False, True, R),
             Case("c dgrad dy@w2^T", d, h, G, True, False, R), Case("d dgrad dpre@w1^T", h, d, G, True, False, R),
-            *e, *(f if fp16 else []),
-            Case("g wgrad x^T@dpre", d, h, G, False, True, R, wgrad=True),
-            Case("h wgrad act^T@dy", h, d, G, False, True, R, wgrad=True)]
+            *e, *(f if fp16 else [])]
 
 
 def _sources(config) -> int:
@@ -108,8 +101,6 @@ def make_inputs(case: Case, dtype, rows: int, R: int, device: str, seed: int) ->
     G, K, N, T = case.groups, case.K, case.N, int(counts.sum())
     new = lambda *shape, scale=1.0: (torch.randn(*shape, generator=gen) * scale).to(device, dtype)  # noqa: E731
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(device)
-    if case.wgrad:
-        return dict(x=new(T, K), dy=new(T, N), offsets=offsets, groups=G, rows=T, empty=int((counts == 0).sum()))
     # w [G, K, N]; the input-gradient cases use the transpose view of a [G, N, K] weight, as autograd does
     w = new(G, N, K, scale=K**-0.5).transpose(1, 2) if case.transposed else new(G, K, N, scale=K**-0.5)
     out = {name: torch.empty(T, N, device=device, dtype=dtype) for name in ("tma", "pointer", "dense")}
@@ -118,17 +109,10 @@ def make_inputs(case: Case, dtype, rows: int, R: int, device: str, seed: int) ->
 
 
 def calls(inp: dict) -> dict:
-    """name -> zero-argument call returning that kernel's output (the forward cases write into their
-    own buffer; a weight gradient returns (dw, db)). Only the kernel runs inside a call, so a timing
-    holds nothing else."""
+    """name -> zero-argument call returning that kernel's output, written into its own buffer. Only the
+    kernel runs inside a call, so a timing holds nothing else."""
     import torch
 
-    if "dy" in inp:
-        from kernels.grouped_gemm_wgrad import launch_wgrad
-
-        x, dy, off, G = inp["x"], inp["dy"], inp["offsets"], inp["groups"]
-        return {"tma": lambda: launch_wgrad(x, dy, off, G, True, "tma"),
-                "pointer": lambda: launch_wgrad(x, dy, off, G, True, "pointer"), "dense": lambda: x.t() @ dy}
     from kernels.grouped_gemm import grouped_matmul_forward
 
     x, w, off, b, out = inp["x"], inp["w"], inp["offsets"], inp["b"], inp["out"]
@@ -140,11 +124,7 @@ def calls(inp: dict) -> dict:
 def _reference(inp: dict):
     """The plain-torch result a case's kernels are checked against (calls' layout)."""
     from kernels.grouped_gemm import grouped_matmul_reference
-    from kernels.grouped_gemm_wgrad import grouped_bias_reference, grouped_wgrad_reference
 
-    if "dy" in inp:
-        x, dy, off, G = inp["x"], inp["dy"], inp["offsets"], inp["groups"]
-        return grouped_wgrad_reference(x, dy, off, G), grouped_bias_reference(dy, off, G)
     return grouped_matmul_reference(inp["x"], inp["w"], inp["offsets"], inp["b"])
 
 
@@ -194,10 +174,7 @@ def _synchronize(device: str) -> None:
 
 
 def _errors(got, want) -> tuple[float, float]:
-    """(max abs error, max abs error / max |want|) over a tensor or a tuple of tensors (dw, db)."""
-    import torch
-
-    got, want = (torch.cat([t.flatten() for t in v]) if isinstance(v, tuple) else v for v in (got, want))
+    """(max abs error, max abs error / max |want|)."""
     err = float((got.float() - want.float()).abs().max())
     return err, err / max(float(want.float().abs().max()), 1e-6)
 
@@ -211,14 +188,13 @@ def _units(metrics: dict) -> dict:
 def _params(case: Case, dtype: str, inp: dict) -> dict:
     return {"shape": case.name, "dtype": dtype, "groups": case.groups, "segments_per_group": case.sources,
             "rows": inp["rows"], "empty_segments": inp["empty"], "K": case.K, "N": case.N,
-            "w_layout": "transposed" if case.transposed else "plain", "bias": case.bias,
-            "product": "wgrad" if case.wgrad else "forward"}
+            "w_layout": "transposed" if case.transposed else "plain", "bias": case.bias}
 
 
 def _seed(case: Case) -> int:
     """Same seed for cases of one shape, so that an expert-major case draws the row counts of its
     source-major twin."""
-    return case.K * 7 + case.N * 3 + case.groups * 11 + int(case.transposed) + 5 * int(case.wgrad)
+    return case.K * 7 + case.N * 3 + case.groups * 11 + int(case.transposed)
 
 
 def table(records: list[dict]):

@@ -293,6 +293,76 @@ def config_dict(config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
+# ------------------------------------------------------------------------------ cooperative launches
+# A kernel whose programs wait for each other (a grid barrier between two phases) must have every program
+# resident at once: it is launched cooperatively (the driver refuses a grid that cannot be), with as many
+# programs as the SMs hold.
+
+
+@triton.jit
+def grid_barrier(sync_ptr, programs):
+    """Every program of a cooperative launch waits here for all the others. sync_ptr: int32 [2],
+    (arrived, left), zero at the launch (barrier_flags); the last program to leave zeroes them for the
+    next launch on the stream. Thread-block barriers around it order all threads' memory operations with
+    the one thread that runs a scalar atomic (release on arrival, acquire while waiting)."""
+    tl.debug_barrier()
+    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
+    while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < programs:
+        pass
+    tl.debug_barrier()
+    if tl.atomic_add(sync_ptr + 1, 1, sem="relaxed", scope="gpu") == programs - 1:
+        tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
+        tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
+
+
+BARRIERS: dict = {}  # (device, raw stream) -> int32 [2] grid-barrier flags
+
+
+def barrier_flags(device):
+    """The grid barrier's int32 (arrived, left) of this device and stream, zero between launches: one per
+    stream, so that launches on two streams never count each other's programs."""
+    import torch
+
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+    key = (device, stream)
+    if key not in BARRIERS:
+        BARRIERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return BARRIERS[key]
+
+
+def sm_count(device) -> int:
+    """Multiprocessors of a CUDA device, 2 otherwise (the interpreter: few programs, each looping)."""
+    if device.type != "cuda":
+        return 2
+    return device_properties(device).multi_processor_count
+
+
+def resident_programs(compiled, device, cap: int) -> int:
+    """Programs of a compiled kernel that one SM holds at once (registers, threads, shared memory), at
+    most cap."""
+    props = device_properties(device)
+    compiled._init_handles()
+    warps = compiled.metadata.num_warps
+    regs = cdiv(compiled.n_regs * 32, 256) * 256 * warps  # registers are allocated per warp, 256 at a time
+    by_regs = props.regs_per_multiprocessor // max(regs, 1)
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    by_smem = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024)  # 1 KB kept per block
+    return max(1, min(by_regs, by_threads, by_smem, cap))
+
+
+def cooperative_launch(launch, programs: int):
+    """(compiled kernel, grid) of launch((programs,)), with fewer programs each time the driver refuses the
+    grid: a process that gets fewer SMs than the device has (MPS with a thread limit) cannot hold every
+    program that `resident_programs` counts, and the driver says so rather than letting the barrier wait."""
+    while True:
+        try:
+            return launch((programs,)), (programs,)
+        except RuntimeError as exc:
+            if "cooperative" not in str(exc) or programs == 1:
+                raise
+            programs = programs * 3 // 4
+
+
 # ------------------------------------------------------------------------------ torch custom ops
 
 

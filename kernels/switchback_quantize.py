@@ -2,6 +2,8 @@
 
 Math (s is the absmax of the slice a scale covers):
   rowwise                   X [M, K] -> Xq [M, K], s [M]:  s[i] = max_j |X[i,j]|,  Xq = q(X * QMAX / s[i])
+  rowwise with column sums  the same and sum_i X[i, :] [K] (fp32 sums, in X's dtype) from the same read
+                            of X: a SwitchBack layer's output gradient G and its bias gradient
   global, global-transpose, both layouts, columnwise-and-transpose: the weight quantizers of
                             kernels/switchback_quantize_weight.py (two passes), exposed here
   dequantize-rowwise        Xq [M, K] int8, s [M] -> Xq * s[:, None] / 127 in a 16-bit dtype
@@ -28,15 +30,21 @@ from kernels import switchback_quantize_weight as weight
 from kernels._common import (
     LaunchCache,
     aligned,
+    barrier_flags,
     cdiv,
+    cooperative_launch,
     encode,
     encode_reference,
     format_consts,
     format_dtype,
+    grid_barrier,
+    interpreting,
     is_compiling,
     multiplier,
     next_power_of_2,
     register_op,
+    resident_programs,
+    sm_count,
     stored_scale,
     use_triton,
 )
@@ -49,13 +57,19 @@ from kernels.switchback_quantize_weight import (  # noqa: F401  (the references 
 
 QMAX = 127.0
 ELEMENTS_PER_PROGRAM = 8192  # rowwise: 16 KB of fp16 per program keeps enough bytes in flight
+# rowwise with column sums (H200 probe at 65792 x 1280 / 3840 / 5120 and 131072 x 16384, bf16): at least
+# 4096 elements per row tile, 4 warps (8 from 16384 columns: 4 spill), loads pipelined 3 deep (4 from
+# 8192 columns); programs per SM at most COLSUM_PROGRAMS_PER_SM (registers allow 1 to 4); phase 2 adds
+# [COLSUM_CHUNK, COLSUM_STRIP] tiles of the partial sums
+COLSUM_PROGRAMS_PER_SM = 4
+COLSUM_CHUNK, COLSUM_STRIP = 64, 32
 
 
 @triton.jit
-def _rowwise_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                    FORMAT: tl.constexpr, QMAX: tl.constexpr, INTERPRET: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_K)
+def _quantize_rows(x_ptr, q_ptr, s_ptr, rows, cols, M, K, stride_x, FORMAT: tl.constexpr, QMAX: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """Rows `rows` of X quantized (Xq and s stored); returns the tile [BLOCK_M, BLOCK_K] in fp32, zero where
+    masked."""
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0)
     x = x.to(tl.float32)
@@ -63,6 +77,45 @@ def _rowwise_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, BLOCK_M: tl.constexpr, 
     q = encode(x * multiplier(s, QMAX)[:, None], FORMAT, INTERPRET)
     tl.store(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], q, mask=mask)
     tl.store(s_ptr + rows, stored_scale(s, FORMAT, QMAX), mask=rows < M)
+    return x
+
+
+@triton.jit
+def _rowwise_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                    FORMAT: tl.constexpr, QMAX: tl.constexpr, INTERPRET: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    _quantize_rows(x_ptr, q_ptr, s_ptr, rows, tl.arange(0, BLOCK_K), M, K, stride_x, FORMAT, QMAX, INTERPRET)
+
+
+@triton.jit
+def _rowwise_colsum_kernel(x_ptr, q_ptr, s_ptr, part_ptr, sum_ptr, sync_ptr, M, K, stride_x,
+                           BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr, CHUNK_P: tl.constexpr,
+                           STRIP: tl.constexpr, FORMAT: tl.constexpr, QMAX: tl.constexpr, INTERPRET: tl.constexpr):
+    """The rowwise quantizer and X's column sums in one cooperative launch. Phase 1: program p quantizes
+    row tiles p, p + programs, ... (loads software-pipelined STAGES deep: a few programs per SM must keep
+    enough bytes in flight) and sums them elementwise into a [BLOCK_M, BLOCK_K] fp32 tile, reduced over
+    its rows once at the end into part[p] ([programs, K] fp32); grid barrier; phase 2: each strip of
+    STRIP columns adds part[:, strip] over the programs in a fixed order (deterministic sums) and stores
+    the sum in sum_ptr's dtype."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for tile in tl.range(pid, tl.cdiv(M, BLOCK_M), programs, num_stages=STAGES):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        acc += _quantize_rows(x_ptr, q_ptr, s_ptr, rows, cols, M, K, stride_x, FORMAT, QMAX, INTERPRET)
+    tl.store(part_ptr + pid.to(tl.int64) * K + cols, tl.sum(acc, axis=0), mask=cols < K)
+    grid_barrier(sync_ptr, programs)
+    for strip in range(pid, tl.cdiv(K, STRIP), programs):
+        sc = strip * STRIP + tl.arange(0, STRIP)
+        total = tl.zeros([CHUNK_P, STRIP], dtype=tl.float32)
+        for p0 in range(0, programs, CHUNK_P):
+            ps = p0 + tl.arange(0, CHUNK_P)
+            mask = (ps[:, None] < programs) & (sc[None, :] < K)
+            # written moments ago by other programs of this launch: read from L2 (.cg)
+            total += tl.load(part_ptr + ps[:, None].to(tl.int64) * K + sc[None, :], mask=mask, other=0.0,
+                             cache_modifier=".cg")
+        tl.store(sum_ptr + sc, tl.sum(total, axis=0).to(sum_ptr.dtype.element_ty), mask=sc < K)
 
 
 @triton.jit
@@ -119,6 +172,44 @@ def _quantize_rowwise(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tens
     return q, s
 
 
+_ROWWISE_COLSUM = LaunchCache("switchback_quantize_rowwise_colsum")
+
+
+def _quantize_rowwise_colsum(x: torch.Tensor, format: str = "int8"):
+    """(Xq [M, K], s [M], column sums of X [K] in x.dtype) in one cooperative launch (see the kernel); the
+    partial sums take [programs, K] fp32, programs at most COLSUM_PROGRAMS_PER_SM per SM."""
+    x = _check(x, "x")
+    if not use_triton(x):
+        return quantize_rowwise_colsum_reference(x, format)
+    M, K = x.shape
+    q = torch.empty((M, K), dtype=format_dtype(format), device=x.device)
+    s = torch.empty(M, dtype=torch.float32, device=x.device)
+    sums = torch.empty(K, dtype=x.dtype, device=x.device)
+    if M == 0 or K == 0:
+        return q, s.zero_(), sums.zero_()
+    most = 1 if interpreting() else sm_count(x.device) * COLSUM_PROGRAMS_PER_SM
+    part = torch.empty((most, K), dtype=torch.float32, device=x.device)
+    args = (x, q, s, part, sums, barrier_flags(x.device), M, K, x.stride(0))
+
+    def first():
+        block_k = next_power_of_2(K)
+        block_m = max(1, 4096 // block_k)
+        warps, stages = (8 if block_k >= 16384 else 4), (4 if block_k >= 8192 else 3)
+        consts = (block_m, block_k, stages, COLSUM_CHUNK, COLSUM_STRIP, *format_consts(format))
+        pick = {"BLOCK_M": block_m, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps}
+        if interpreting():  # programs run one after another: one program does every item
+            return _rowwise_colsum_kernel[(1,)](*args, *consts, num_warps=warps), (1,), consts, pick
+        compiled = _rowwise_colsum_kernel.warmup(*args, *consts, grid=(1,), num_warps=warps,
+                                                 launch_cooperative_grid=True)
+        programs = sm_count(x.device) * resident_programs(compiled, x.device, COLSUM_PROGRAMS_PER_SM)
+        compiled, grid = cooperative_launch(lambda grid: _rowwise_colsum_kernel[grid](
+            *args, *consts, num_warps=warps, launch_cooperative_grid=True), programs)
+        return compiled, grid, consts, {**pick, "grid": list(grid)}
+
+    _ROWWISE_COLSUM.launch((M, K, x.stride(0), x.dtype, format, aligned(x, q, s, sums), x.device), args, first)
+    return q, s, sums
+
+
 def _weight(w: torch.Tensor, format: str, per_column: bool, plain: bool, transposed: bool, reference):
     w = _check(w, "w").contiguous()
     if not use_triton(w):
@@ -154,6 +245,10 @@ def _op_rowwise(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tenso
     return _quantize_rowwise(x, format)
 
 
+def _op_rowwise_colsum(x: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _quantize_rowwise_colsum(x, format)
+
+
 def _op_global(w: torch.Tensor, format: str) -> tuple[torch.Tensor, torch.Tensor]:
     return _weight(w, format, False, True, False, quantize_global_reference)
 
@@ -185,6 +280,8 @@ def _scale(x, n):
 
 _OPS = {
     "rowwise": register_op("sb_quantize_rowwise", _op_rowwise, lambda x, f: (_fake_q(x, f), _scale(x, x.shape[0]))),
+    "rowwise_colsum": register_op("sb_quantize_rowwise_colsum", _op_rowwise_colsum,
+                                  lambda x, f: (_fake_q(x, f), _scale(x, x.shape[0]), x.new_empty(x.shape[1]))),
     "global": register_op("sb_quantize_global", _op_global, lambda w, f: (_fake_q(w, f), _scale(w, 1))),
     "global_t": register_op("sb_quantize_global_transpose", _op_global_transpose,
                             lambda w, f: (_fake_q(w, f, True), _scale(w, 1))),
@@ -199,6 +296,12 @@ _OPS = {
 def quantize_rowwise(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
     """X [M, K] -> (Xq [M, K], s [M] fp32)."""
     return _OPS["rowwise"](x, format) if is_compiling() else _quantize_rowwise(x, format)
+
+
+def quantize_rowwise_colsum(x: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """X [M, K] -> (Xq [M, K], s [M] fp32, X summed over its rows [K] in X's dtype, fp32 sums): the
+    output gradient's quantizer with the bias gradient, from one read of X."""
+    return _OPS["rowwise_colsum"](x, format) if is_compiling() else _quantize_rowwise_colsum(x, format)
 
 
 def quantize_global(w: torch.Tensor, format: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,6 +337,11 @@ def quantize_rowwise_reference(x: torch.Tensor, format: str = "int8") -> tuple[t
     s = x.float().abs().amax(dim=1) if x.shape[1] else x.new_zeros(x.shape[0], dtype=torch.float32)
     q, stored = encode_reference(x, s[:, None], format)
     return q, stored[:, 0]
+
+
+def quantize_rowwise_colsum_reference(x: torch.Tensor, format: str = "int8"):
+    q, s = quantize_rowwise_reference(x, format)
+    return q, s, x.float().sum(dim=0).to(x.dtype)
 
 
 def dequantize_rowwise_reference(q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

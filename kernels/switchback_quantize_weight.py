@@ -33,15 +33,19 @@ import triton.language as tl
 from kernels._common import (
     LaunchCache,
     aligned,
+    barrier_flags,
     cdiv,
-    device_properties,
+    cooperative_launch,
     encode,
     encode_reference,
     format_consts,
     format_dtype,
+    grid_barrier,
     interpreting,
     multiplier,
     next_power_of_2,
+    resident_programs,
+    sm_count,
     stored_scale,
 )
 
@@ -124,22 +128,6 @@ def _strip_item(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, N, K, P, ROWS_PER_ITEM, c
 
 
 @triton.jit
-def _grid_barrier(sync_ptr, programs):
-    """Every program of a cooperative launch waits here for all the others. sync_ptr: int32 [2],
-    (arrived, left), zero at the launch; the last program to leave zeroes them for the next launch on
-    the stream. Thread-block barriers around it order all threads' memory operations with the one
-    thread that runs a scalar atomic (release on arrival, acquire while waiting)."""
-    tl.debug_barrier()
-    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-    while tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu") < programs:
-        pass
-    tl.debug_barrier()
-    if tl.atomic_add(sync_ptr + 1, 1, sem="relaxed", scope="gpu") == programs - 1:
-        tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_xchg(sync_ptr + 1, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
 def _quantize_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, sync_ptr, N, K, PARTS, ROWS_PER_ITEM, STRIPS, SPLITS,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, PER_COLUMN: tl.constexpr,
                      PLAIN: tl.constexpr, TRANSPOSED: tl.constexpr, FORMAT: tl.constexpr, QMAX: tl.constexpr,
@@ -157,7 +145,7 @@ def _quantize_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, sync_ptr, N, K, PART
     else:
         for item in range(pid, PARTS, programs):
             _absmax_item(w_ptr, part_ptr, tl.cast(N, tl.int64) * K, item, ABSMAX_BLOCK, BLOCKS_PER_ITEM)
-    _grid_barrier(sync_ptr, programs)
+    grid_barrier(sync_ptr, programs)
     for item in range(pid, items, programs):
         last = items - 1 - item
         _strip_item(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, N, K, PARTS, ROWS_PER_ITEM, last % STRIPS, last // STRIPS,
@@ -168,14 +156,6 @@ def _quantize_kernel(w_ptr, part_ptr, s_ptr, q_ptr, qt_ptr, sync_ptr, N, K, PART
 
 _PLANS: dict[tuple, _Plan] = {}
 _QUANTIZE = LaunchCache("switchback_weight_quantize")
-_BARRIERS: dict[tuple, torch.Tensor] = {}
-
-
-def sm_count(device: torch.device) -> int:
-    """Multiprocessors of a CUDA device, 2 otherwise."""
-    if device.type != "cuda":
-        return 2  # interpreter: few programs, each looping
-    return device_properties(device).multi_processor_count
 
 
 class _Plan(NamedTuple):
@@ -214,42 +194,6 @@ def _plan(N: int, K: int, per_column: bool, transposed: bool, sms: int) -> _Plan
     return _PLANS[key]
 
 
-def _barrier(device: torch.device) -> torch.Tensor:
-    """The grid barrier's int32 (arrived, left) of this device and stream, zero between launches: one per
-    stream, so that launches on two streams never count each other's programs."""
-    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-    key = (device, stream)
-    if key not in _BARRIERS:
-        _BARRIERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return _BARRIERS[key]
-
-
-def _resident(compiled, device: torch.device, cap: int) -> int:
-    """Programs of a compiled kernel that one SM holds at once (registers, threads, shared memory), at
-    most cap."""
-    props = device_properties(device)
-    compiled._init_handles()
-    warps = compiled.metadata.num_warps
-    regs = cdiv(compiled.n_regs * 32, 256) * 256 * warps  # registers are allocated per warp, 256 at a time
-    by_regs = props.regs_per_multiprocessor // max(regs, 1)
-    by_threads = props.max_threads_per_multi_processor // (32 * warps)
-    by_smem = props.shared_memory_per_multiprocessor // (compiled.metadata.shared + 1024)  # 1 KB kept per block
-    return max(1, min(by_regs, by_threads, by_smem, cap))
-
-
-def _cooperative_launch(launch, programs: int):
-    """(compiled kernel, grid) of launch((programs,)), with fewer programs each time the driver refuses the
-    grid: a process that gets fewer SMs than the device has (MPS with a thread limit) cannot hold every
-    program that `_resident` counts, and the driver says so rather than letting the barrier wait."""
-    while True:
-        try:
-            return launch((programs,)), (programs,)
-        except RuntimeError as exc:
-            if "cooperative" not in str(exc) or programs == 1:
-                raise
-            programs = programs * 3 // 4
-
-
 def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, format: str):
     """(Wq [N, K] or None, Wq^T [K, N] or None, s [K] or [1]) of a 2-D, row-contiguous W, in one cooperative
     launch: the driver refuses a grid that cannot be resident at once, so the grid barrier never waits on
@@ -264,8 +208,8 @@ def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, f
         return q, qt, s.zero_()
     plan = _plan(N, K, per_column, transposed, sm_count(w.device))
     part = torch.empty((plan.parts, K) if per_column else plan.parts, dtype=torch.float32, device=w.device)
-    args = (w, part, s, q if plain else s, qt if transposed else s, _barrier(w.device), N, K, plan.parts, plan.rows,
-            plan.strips, plan.splits)
+    args = (w, part, s, q if plain else s, qt if transposed else s, barrier_flags(w.device), N, K, plan.parts,
+            plan.rows, plan.strips, plan.splits)
 
     def first():
         consts = (plan.block_n, plan.block_k, plan.block_p, per_column, plain, transposed, *format_consts(format),
@@ -274,8 +218,8 @@ def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, f
         if interpreting():
             return _quantize_kernel[(1,)](*args, *consts, num_warps=warps), (1,), consts, {}
         compiled = _quantize_kernel.warmup(*args, *consts, grid=(1,), num_warps=warps, launch_cooperative_grid=True)
-        programs = sm_count(w.device) * _resident(compiled, w.device, RESIDENT_PER_SM[per_column])
-        compiled, grid = _cooperative_launch(lambda grid: _quantize_kernel[grid](
+        programs = sm_count(w.device) * resident_programs(compiled, w.device, RESIDENT_PER_SM[per_column])
+        compiled, grid = cooperative_launch(lambda grid: _quantize_kernel[grid](
             *args, *consts, num_warps=warps, launch_cooperative_grid=True), programs)
         return compiled, grid, consts, {"grid": list(grid), "BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k,
                                         "num_warps": warps}

@@ -238,14 +238,69 @@ def test_replayed_launches_match_the_references(impl):
 def test_weight_quantizer_barrier_leaves_its_counters_at_zero(name):
     """The one-launch weight quantizers' barrier counters (arrived, left) are zero again after each
     launch, so the next launch on the stream starts from zero; the result still matches the reference."""
-    from kernels import switchback_quantize_weight as weight
+    from kernels._common import barrier_flags
 
     w = random_input((70, 50), torch.float16)
     for _ in range(2):
         got, want = getattr(sq, name)(w), getattr(sq, name + "_reference")(w)
         for g, r in zip(got, want):
             assert_equal(g, r, name)
-        assert weight._barrier(w.device).tolist() == [0, 0]
+        assert barrier_flags(w.device).tolist() == [0, 0]
+
+
+def assert_column_sums(got: torch.Tensor, x: torch.Tensor, what: str) -> None:
+    """got = x summed over its rows in x.dtype: within one unit in the last place of the reference plus
+    what fp32 sums in another order may differ by (rows x 2^-24 x the sum of magnitudes)."""
+    want = x.float().sum(dim=0)
+    assert got.dtype == x.dtype and got.shape == want.shape, what
+    bound = ULP[x.dtype] * want.abs() + x.shape[0] * 2.0**-24 * x.float().abs().sum(dim=0) + 1e-6
+    bad = (got.float() - want).abs() > bound
+    assert not bad.any(), f"{what}: {first_mismatches(got.float(), want, bad)}"
+
+
+@pytest.mark.parametrize("format", ["int8", "e5m2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES + [(300, 24)])
+def test_rowwise_with_column_sums_matches_the_quantizer_and_the_sums(shape, dtype, format):
+    """The output gradient's quantizer with the bias gradient: Xq and s exactly the rowwise quantizer's,
+    the column sums X.sum(0) within rounding, the same on a second call (a fixed order), and the grid
+    barrier's counters back at zero."""
+    from kernels._common import barrier_flags
+
+    x = random_input(shape, dtype, zero_row=True)
+    q, s, sums = sq.quantize_rowwise_colsum(x, format)
+    want_q, want_s = sq.quantize_rowwise_reference(x, format)
+    assert_equal(s, want_s, "scales")
+    assert_equal(q.view(torch.uint8), want_q.view(torch.uint8), "values")
+    assert_column_sums(sums, x, "column sums")
+    assert_equal(sq.quantize_rowwise_colsum(x, format)[2], sums, "second call")
+    assert barrier_flags(x.device).tolist() == [0, 0]
+
+
+def test_rowwise_with_column_sums_of_empty_inputs():
+    for shape in [(0, 5), (4, 0)]:
+        q, s, sums = sq.quantize_rowwise_colsum(torch.zeros(shape, dtype=torch.float16, device=DEVICE))
+        assert q.shape == shape and s.shape == (shape[0],) and sums.shape == (shape[1],)
+        assert not sums.any()
+
+
+@pytest.mark.gpu
+def test_rowwise_with_column_sums_at_layer_sizes_and_in_a_graph():
+    """Many row tiles per program (every program of the cooperative launch loops), and replays of a
+    captured CUDA graph on new data."""
+    for shape in [(65792, 1280), (20000, 5120), (8192, 4096)]:
+        x = random_input(shape, torch.bfloat16)
+        q, s, sums = sq.quantize_rowwise_colsum(x)
+        assert_equal(q, sq.quantize_rowwise_reference(x)[0], f"{shape} values")
+        assert_column_sums(sums, x, f"{shape} column sums")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = sq.quantize_rowwise_colsum(x)
+    for i in range(3):
+        x.copy_(random_input(x.shape, x.dtype) * (i + 1))
+        graph.replay()
+        assert_equal(out[1], sq.quantize_rowwise_reference(x)[1], f"graph replay {i} scales")
+        assert_column_sums(out[2], x, f"graph replay {i} column sums")
 
 
 @pytest.mark.gpu
@@ -253,7 +308,7 @@ def test_weight_quantizer_barrier_leaves_its_counters_at_zero(name):
 def test_weight_quantizer_in_graphs_and_on_two_streams(name):
     """The cooperative weight quantizers at a size with many items per program: replays of a captured
     CUDA graph on new data, and launches alternating between two streams (a barrier per stream)."""
-    from kernels import switchback_quantize_weight as weight
+    from kernels._common import BARRIERS
 
     quantize, reference = getattr(sq, name), getattr(sq, name + "_reference")
     w = random_input((4096, 3000), torch.float16)
@@ -277,13 +332,13 @@ def test_weight_quantizer_in_graphs_and_on_two_streams(name):
         for k, (g, r) in enumerate(zip(got, reference(w, "e4m3"))):
             assert_equal(g.view(torch.uint8) if g.dtype != torch.float32 else g,
                          r.view(torch.uint8) if r.dtype != torch.float32 else r, f"stream {i % 2} call {i} output {k}")
-    assert all(c.tolist() == [0, 0] for c in weight._BARRIERS.values())
+    assert all(c.tolist() == [0, 0] for c in BARRIERS.values())
 
 
 def test_cooperative_launch_shrinks_a_refused_grid():
     """The driver refuses a cooperative grid larger than what the process's SMs hold (MPS): the launch
     is retried with fewer programs; any other error, or a refusal of one program, is raised."""
-    from kernels.switchback_quantize_weight import _cooperative_launch
+    from kernels._common import cooperative_launch
 
     tried = []
 
@@ -293,9 +348,9 @@ def test_cooperative_launch_shrinks_a_refused_grid():
             raise RuntimeError("Triton Error [CUDA]: too many blocks in cooperative launch")
         return "compiled"
 
-    assert _cooperative_launch(launch, 528) == ("compiled", (297,))
+    assert cooperative_launch(launch, 528) == ("compiled", (297,))
     assert tried == [528, 396, 297]
     with pytest.raises(RuntimeError, match="cooperative"):
-        _cooperative_launch(lambda grid: launch(grid, fits=0), 4)
+        cooperative_launch(lambda grid: launch(grid, fits=0), 4)
     with pytest.raises(RuntimeError, match="out of memory"):
-        _cooperative_launch(lambda grid: (_ for _ in ()).throw(RuntimeError("out of memory")), 528)
+        cooperative_launch(lambda grid: (_ for _ in ()).throw(RuntimeError("out of memory")), 528)

@@ -10,8 +10,9 @@ of the product), which writes bf16; an fp16 layer casts its outputs back.
       dX: A = Gq [M, N] (row scales),  B = (W^T)q [K, N] (one scale per input feature k)
 - recipe "all": dW in fp8 too, the rowwise recipe of current fp8 training
       dW: A = (G^T)q [N, M] (one scale per output feature, over the tokens), B = (X^T)q [K, M]
-Bias grad is G summed over rows. Without a CUDA device of compute capability >= 8.9 the matmuls run
-as their plain-torch reference (dequantize in fp32, multiply), so the layer runs on a CPU in tests.
+Bias grad is G summed over rows (by G's quantizer where dX is computed). Without a CUDA device of compute
+capability >= 8.9 the matmuls run as their plain-torch reference (dequantize in fp32, multiply), so the
+layer runs on a CPU in tests.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from kernels._common import is_compiling, register_op
-from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise
+from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise, quantize_rowwise_colsum
 
 RECIPES = ("switchback", "all")
 ACT, GRAD = "e4m3", "e5m2"
@@ -65,13 +66,18 @@ def _fp8_backward(g2: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, recipe: s
                   need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]); an input that needs none gets an empty tensor."""
     empty = g2.new_empty(0)
-    dx = empty
+    dx = db = empty
     if need_x:
-        gq, sg = quantize_rowwise(g2, GRAD)
+        if need_b:  # the bias gradient from the quantizer's read of G, as SwitchBack's
+            gq, sg, db = quantize_rowwise_colsum(g2, GRAD)
+        else:
+            gq, sg = quantize_rowwise(g2, GRAD)
         wtq, swt = quantize_columnwise_transpose(w, ACT)  # [K, N], one scale per input feature
         dx = scaled_mm(gq, sg, wtq, swt, g2.dtype)
+    elif need_b:
+        db = g2.sum(dim=0)
     dw = _weight_grad(g2, x2, recipe) if need_w else empty
-    return dx, dw, g2.sum(dim=0) if need_b else empty
+    return dx, dw, db
 
 
 def _weight_grad(g2, x2, recipe: str):

@@ -8,8 +8,8 @@ Shapes: x [..., K] (K = in_features), W [N, K], bias [N], y [..., N]; M = all le
                      memory) instead of X; dW = G^T dequant(X_q); dX reuses the forward's int8 W
 - standard:          the same three matmuls in 16-bit, written as the same kind of Function (the fair
                      baseline: identical autograd overhead)
-Bias grad is G summed over rows in every variant. `prepare_for_eval()` quantizes W once for
-inference; forward then skips the weight quantizer.
+Bias grad is G summed over rows in every variant (global: by G's quantizer, from the same read of G).
+`prepare_for_eval()` quantizes W once for inference; forward then skips the weight quantizer.
 
 Error bound (tests/test_switchback_layers.py checks it elementwise): every int8 operand is within
 half a step, 0.5 * absmax / 127, of its 16-bit value, so |dC_ij| <= h_a[i] sum_k |B_jk| +
@@ -30,6 +30,7 @@ from kernels.switchback_quantize import (
     quantize_global,
     quantize_global_both,
     quantize_rowwise,
+    quantize_rowwise_colsum,
 )
 
 VARIANTS = ("global", "vectorwise", "global_memeff")
@@ -70,12 +71,17 @@ def _global_backward(g2: torch.Tensor, x2: torch.Tensor, wtq: torch.Tensor, sw: 
                      need_w: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]) of the global variant; an input that needs none gets an empty tensor."""
     empty = None if need_x and need_w and need_b else g2.new_empty(0)
-    dx = empty
+    dx = db = empty
     if need_x:
-        gq, sg = quantize_rowwise(g2)
+        if need_b:  # the bias gradient from the quantizer's read of G (one pass over G fewer)
+            gq, sg, db = quantize_rowwise_colsum(g2)
+        else:
+            gq, sg = quantize_rowwise(g2)
         dx = int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g2.dtype)  # Wq^T [K, N]: K-major for G W
+    elif need_b:
+        db = g2.sum(dim=0)
     dw = g2.t() @ x2 if need_w else empty  # 16-bit grad-weight: the "switch back"
-    return dx, dw, g2.sum(dim=0) if need_b else empty
+    return dx, dw, db
 
 
 # One torch custom op per direction: a compiled graph dispatches two ops per step instead of eight

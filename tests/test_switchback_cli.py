@@ -121,3 +121,16 @@ def test_seed_keys_and_totals_agree_with_the_original(fixtures_dir, tmp_path):
     rec = json.loads(res.stdout)[0]
     missing = set(seed[0]) - set(rec["params"]) - set(rec["metrics"])
     assert not missing, missing
+
+
+def test_fp8_quantizers_are_put_next_to_their_int8_twins():
+    """<fp8 quantizer>_over_int8 = its time over the int8 quantizer of the same shape and layout (a
+    ratio: lower is better); a quantizer timed without its twin gets none."""
+    from qbench.benches.switchback import peers
+    from qbench.benches.switchback.sweep import units_of
+
+    medians = {"fp8_quantize_x": 0.22, "x_quantize_rowwise": 0.2, "fp8_quantize_g": 0.5, "fp8_quantize_w_t": 0.1,
+               "w_quantize_colwise_transpose": 0.125}
+    ratios = peers.twin_ratios(medians)
+    assert ratios == pytest.approx({"fp8_quantize_x_over_int8": 1.1, "fp8_quantize_w_t_over_int8": 0.8})
+    assert set(units_of(ratios).values()) == {"ratio"}

@@ -28,6 +28,12 @@ INT8_TWIN = {"fp8_quantize_x": "x_quantize_rowwise", "fp8_quantize_g": "g_quanti
              "fp8_quantize_w": "w_quantize_rowwise", "fp8_quantize_w_t": "w_quantize_colwise_transpose"}
 
 
+def twin_ratios(medians: dict) -> dict:
+    """<fp8 quantizer>_over_int8: its time over its int8 twin's (the fairness check: 1.1 is 10% slower)."""
+    return {f"{fp8}_over_int8": medians[fp8] / medians[int8] for fp8, int8 in INT8_TWIN.items()
+            if medians.get(fp8) and medians.get(int8)}
+
+
 def quantize_bytes(shape) -> dict:
     M, K, N = shape.batch_size, shape.dim_in, shape.dim_out
     return {"fp8_quantize_x": 3 * M * K + 4 * M, "fp8_quantize_g": 3 * M * N + 4 * M,

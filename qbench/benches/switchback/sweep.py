@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from qbench import store, units
 from qbench.benches.switchback import components as comp
-from qbench.benches.switchback import modules
+from qbench.benches.switchback import modules, peers
 
 BENCH = "switchback"
 # The seed's (dim_in, dim_out) up-projections; each also runs transposed (the down-projection).
@@ -173,6 +173,7 @@ def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig)
             if name in ("global", "rowwise"):
                 m[f"pct_saved_{name}"] = 100.0 * (base - m[f"time_{name}"]) / base
     m.update(comp.throughputs(shape, m))
+    m.update(peers.twin_ratios(m))
     m.update(relerrs)
     fraction = comp.roofline_fraction(shape, m, config)
     if fraction is not None:
@@ -186,6 +187,8 @@ def units_of(metrics: dict) -> dict:
     def unit(name: str) -> str:
         if name.startswith(("module_kernel_ratio_", "module_chain_ratio_")):
             return units.SPEEDUP
+        if name.endswith("_over_int8"):
+            return units.RATIO
         return special.get(name) or units.by_name(name) or units.MS
 
     return {name: unit(name) for name in metrics}

@@ -82,14 +82,15 @@ def test_forward_and_gradients_within_quantization_bound(x_shape, n_out, dtype, 
     assert torch.isfinite(dx).all() and torch.isfinite(y).all()
 
 
+@pytest.mark.parametrize("variant", [*VARIANTS, "standard"])
 @pytest.mark.parametrize("wanted", ["x,b", "w,b", "b", "x,w", "x"])
-def test_global_backward_computes_the_gradients_asked_for(wanted):
+def test_backward_computes_the_gradients_asked_for(wanted, variant):
     """Every subset of (dX, dW, db) that autograd may ask for: the bias gradient comes from G's quantizer
     when dX is wanted and from a plain sum otherwise; both equal the 16-bit layer's up to rounding."""
     x, layer, g = _case((37, 50), 24, torch.float16, "global")
     x, w, b = (t.detach().clone().requires_grad_(name in wanted.split(","))
                for name, t in zip("xwb", (x, layer.weight, layer.bias)))
-    FUNCTIONS["global"].apply(x, w, b).backward(g)
+    FUNCTIONS[variant].apply(x, w, b).backward(g)
     for name, t in zip("xwb", (x, w, b)):
         assert (t.grad is not None) == (name in wanted.split(",")), name
     if b.grad is not None:

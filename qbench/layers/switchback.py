@@ -8,7 +8,7 @@ Shapes: x [..., K] (K = in_features), W [N, K], bias [N], y [..., N]; M = all le
                      memory) instead of X; dW = G^T dequant(X_q); dX reuses the forward's int8 W
 - standard:          the same three matmuls in 16-bit, written as the same kind of Function (the fair
                      baseline: identical autograd overhead)
-Bias grad is G summed over rows in every variant (global: by G's quantizer, from the same read of G).
+Bias grad is G summed over rows in every variant (by G's quantizer, from the same read of G, where dX is wanted).
 `prepare_for_eval()` quantizes W once for inference; forward then skips the weight quantizer.
 
 Error bound (tests/test_switchback_layers.py checks it elementwise): every int8 operand is within
@@ -46,13 +46,23 @@ def _unflat(t: torch.Tensor, lead: tuple, last: int) -> torch.Tensor:
     return t if len(lead) == 1 else t.reshape(*lead, last)
 
 
-def _grads(ctx, g2, x2, dx_fn):
-    """(dX [.., K], dW [N, K], db [N]) for the inputs that need them; dx_fn(g2) computes dX [M, K]."""
+def _grads(ctx, g2, x2, dx_fn, quantize_g: bool):
+    """(dX [.., K], dW [N, K], db [N]) for the inputs that need them. dx_fn computes dX [M, K]: from G
+    quantized rowwise, dx_fn(Gq, s_g), when quantize_g (the bias gradient then comes from the quantizer's
+    read of G), else from G itself, dx_fn(G)."""
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    dx = dx_fn(g2).reshape(*ctx.lead, x2.shape[1]) if need_x else None
+    need_b = need_b and ctx.has_bias
+    dx = db = None
+    if need_x and quantize_g and need_b:
+        gq, sg, db = quantize_rowwise_colsum(g2)
+        dx = dx_fn(gq, sg)
+    elif need_x:
+        dx = dx_fn(*quantize_rowwise(g2)) if quantize_g else dx_fn(g2)
+    if need_b and db is None:
+        db = g2.sum(dim=0)
     dw = (g2.t() @ x2).to(ctx.w_dtype) if need_w else None  # 16-bit grad-weight: the "switch back"
-    db = g2.sum(dim=0).to(ctx.w_dtype) if need_b and ctx.has_bias else None
-    return dx, dw, db
+    return (dx.reshape(*ctx.lead, x2.shape[1]) if need_x else None, dw,
+            db.to(ctx.w_dtype) if need_b else None)
 
 
 def _remember(ctx, x, w, bias):
@@ -140,12 +150,11 @@ class SwitchBackVectorwiseFn(torch.autograd.Function):
     def backward(ctx, g):
         x2, w = ctx.saved_tensors
 
-        def dx_fn(g2):
-            gq, sg = quantize_rowwise(g2)
+        def dx_fn(gq, sg):
             wtq, sw = quantize_columnwise_transpose(w)  # [K, N], one scale per input feature
             return int8_matmul_rowwise_columnwise(gq, sg, wtq, sw, None, g.dtype)
 
-        return _grads(ctx, _flat(g), x2, dx_fn)
+        return _grads(ctx, _flat(g), x2, dx_fn, quantize_g=True)
 
 
 class SwitchBackGlobalMemEffFn(torch.autograd.Function):
@@ -164,11 +173,10 @@ class SwitchBackGlobalMemEffFn(torch.autograd.Function):
         xq, sx, wtq, sw = ctx.saved_tensors
         x2 = dequantize_rowwise(xq, sx, ctx.x_dtype) if ctx.needs_input_grad[1] else xq
 
-        def dx_fn(g2):
-            gq, sg = quantize_rowwise(g2)
+        def dx_fn(gq, sg):
             return int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g.dtype)  # the forward's Wq^T
 
-        return _grads(ctx, _flat(g), x2, dx_fn)
+        return _grads(ctx, _flat(g), x2, dx_fn, quantize_g=True)
 
 
 class StandardLinearFn(torch.autograd.Function):
@@ -187,7 +195,7 @@ class StandardLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x2, w = ctx.saved_tensors
-        return _grads(ctx, _flat(g), x2, lambda g2: g2 @ w)
+        return _grads(ctx, _flat(g), x2, lambda g2: g2 @ w, quantize_g=False)
 
 
 FUNCTIONS = {

@@ -2,8 +2,7 @@
 
 Same math and contract as kernels/switchback_matmul.py:
   C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b / 127^2  (+ bias [N]), int32 accumulation
-One program per SM (two for short K loops at large M: SHORT_K) walks output tiles in grouped order; operand
-tiles arrive through tensor
+One program per SM walks output tiles in grouped order; operand tiles arrive through tensor
 descriptors (the bulk tensor copy engine on Hopper; out-of-range rows and the K tail read as zero,
 so the loop needs no masks) and the epilogue is stored through a descriptor too (clipped at the
 edges). Needs 16-byte aligned rows: K % 16 == 0 and N % 8 == 0 (fp16/bf16 output); the launcher in
@@ -96,26 +95,10 @@ def launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
     return c
 
 
-# Short K loops at large M and N: two programs per SM on 128 x 128 x 64 tiles (4 stages, 4 warps: both fit in
-# shared memory), so that one program's epilogue runs beside the other's main loop. H200 probe at M = 65792,
-# against one 128 x 256 x 128 program per SM: +8.7% at K 1280 -> N 5120, +5.5% at 1280 -> 1280, +0.5% at
-# 1280 -> 3840, +5.6% at 1024 -> 4096; -0.8% and -1.7% at K 3840 and 5120 (where one program per SM stays).
-SHORT_K, SHORT_K_MIN_M = 1280, 32768
-SHORT_K_CONFIG, SHORT_K_PROGRAMS_PER_SM = (128, 128, 64, 4, 4), 2
-
-
-def _short_k(M: int, N: int, K: int) -> bool:
-    return K <= SHORT_K and M >= SHORT_K_MIN_M and N >= 1024
-
-
 def _first_launch(a, b, c, tail, per_column, has_bias, config):
-    """Launch through Triton (autotuning when config is None, except for short K loops: SHORT_K_CONFIG);
-    (compiled, grid, constexprs, config)."""
-    M, N, K = tail[3], tail[4], tail[5]
-    per_sm = 1
-    if config is None and _short_k(M, N, K):
-        config, per_sm = SHORT_K_CONFIG, SHORT_K_PROGRAMS_PER_SM
-    sms = device_properties(a.device).multi_processor_count * per_sm  # programs of the persistent loop
+    """Launch through Triton (autotuning when config is None); (compiled, grid, constexprs, config)."""
+    M, N = tail[3], tail[4]
+    sms = device_properties(a.device).multi_processor_count
     flags = {"NUM_PROGRAMS": sms, "PER_COLUMN": per_column, "HAS_BIAS": has_bias}
     if config is None:
         # 16-byte dummy block shapes, replaced by _set_block_shapes before each launch
@@ -133,8 +116,7 @@ def _first_launch(a, b, c, tail, per_column, has_bias, config):
                                                  num_warps=warps)
     consts = (bm, bn, bk, group, sms, per_column, has_bias)
     grid = (min(sms, cdiv(M, bm) * cdiv(N, bn)),)
-    pick = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_stages": stages, "num_warps": warps,
-            "programs_per_sm": per_sm}
+    pick = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_stages": stages, "num_warps": warps}
     return compiled, grid, consts, pick
 
 

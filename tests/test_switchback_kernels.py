@@ -168,25 +168,6 @@ def test_int8_matmul_autotuned_large_odd_shape(per_column, impl):
     assert not bad.any(), first_mismatches(c, ref, bad)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("bias", [False, True])
-def test_short_k_loops_run_two_programs_per_sm_and_match_the_pointer_kernel(bias):
-    """K <= SHORT_K at large M: the TMA kernel's two-programs-per-SM config, edge tiles in M and N included,
-    gives the pointer kernel's output bit for bit, and its pick says so."""
-    from kernels import switchback_matmul_tma as tma
-    from kernels._common import PICKS
-
-    M, K, N = tma.SHORT_K_MIN_M + 77, tma.SHORT_K, 1040
-    aq, sa = sq.quantize_rowwise(random_input((M, K), torch.bfloat16))
-    bq, sb = sq.quantize_global(random_input((N, K), torch.bfloat16))
-    b = random_input((N,), torch.bfloat16) if bias else None
-    mark = PICKS.seq
-    got = sm._launch(aq, sa, bq, sb, b, torch.bfloat16, False, None, "tma")
-    assert_equal(got, sm._launch(aq, sa, bq, sb, b, torch.bfloat16, False, None, "pointer"), "short K")
-    picks = [p for p in PICKS.since(mark) if p["kernel"] == "switchback_int8_matmul_tma"]
-    assert picks and picks[0]["config"]["programs_per_sm"] == tma.SHORT_K_PROGRAMS_PER_SM
-
-
 def test_launch_hooks_are_told_apart_from_an_empty_hook_chain():
     """Replays take the compiled kernel's own launcher unless a launch hook is set: None or an empty
     HookChain (triton >= 3.5 keeps one) is no hook; a function or a chain with calls is."""

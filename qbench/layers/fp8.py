@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from kernels._common import is_compiling, register_op
-from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise, quantize_rowwise_colsum
+from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise
+from qbench.layers.switchback import grad_operands
 
 RECIPES = ("switchback", "all")
 ACT, GRAD = "e4m3", "e5m2"
@@ -66,18 +67,13 @@ def _fp8_backward(g2: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, recipe: s
                   need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]); an input that needs none gets an empty tensor."""
     empty = g2.new_empty(0)
-    dx = db = empty
+    quantized, db = grad_operands(g2, need_x, need_b, GRAD)  # as SwitchBack's: one read of G for both
+    dx = empty
     if need_x:
-        if need_b:  # the bias gradient from the quantizer's read of G, as SwitchBack's
-            gq, sg, db = quantize_rowwise_colsum(g2, GRAD)
-        else:
-            gq, sg = quantize_rowwise(g2, GRAD)
         wtq, swt = quantize_columnwise_transpose(w, ACT)  # [K, N], one scale per input feature
-        dx = scaled_mm(gq, sg, wtq, swt, g2.dtype)
-    elif need_b:
-        db = g2.sum(dim=0)
+        dx = scaled_mm(*quantized, wtq, swt, g2.dtype)
     dw = _weight_grad(g2, x2, recipe) if need_w else empty
-    return dx, dw, db
+    return dx, dw, db if need_b else empty
 
 
 def _weight_grad(g2, x2, recipe: str):

@@ -46,20 +46,25 @@ def _unflat(t: torch.Tensor, lead: tuple, last: int) -> torch.Tensor:
     return t if len(lead) == 1 else t.reshape(*lead, last)
 
 
+def grad_operands(g2: torch.Tensor, need_x: bool, need_b: bool, format: str = "int8"):
+    """((Gq [M, N], s_g [M]) where dX is wanted, else None; db = G summed over rows [N] where the bias
+    gradient is wanted, else None): one read of G (quantize_rowwise_colsum) when both are wanted."""
+    if need_x and need_b:
+        gq, sg, db = quantize_rowwise_colsum(g2, format)
+        return (gq, sg), db
+    return (quantize_rowwise(g2, format) if need_x else None), (g2.sum(dim=0) if need_b else None)
+
+
 def _grads(ctx, g2, x2, dx_fn, quantize_g: bool):
     """(dX [.., K], dW [N, K], db [N]) for the inputs that need them. dx_fn computes dX [M, K]: from G
-    quantized rowwise, dx_fn(Gq, s_g), when quantize_g (the bias gradient then comes from the quantizer's
-    read of G), else from G itself, dx_fn(G)."""
+    quantized rowwise, dx_fn(Gq, s_g), when quantize_g (grad_operands), else from G itself, dx_fn(G)."""
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     need_b = need_b and ctx.has_bias
-    dx = db = None
-    if need_x and quantize_g and need_b:
-        gq, sg, db = quantize_rowwise_colsum(g2)
-        dx = dx_fn(gq, sg)
-    elif need_x:
-        dx = dx_fn(*quantize_rowwise(g2)) if quantize_g else dx_fn(g2)
-    if need_b and db is None:
-        db = g2.sum(dim=0)
+    if quantize_g:
+        quantized, db = grad_operands(g2, need_x, need_b)
+        dx = dx_fn(*quantized) if need_x else None
+    else:
+        dx, db = dx_fn(g2) if need_x else None, g2.sum(dim=0) if need_b else None
     dw = (g2.t() @ x2).to(ctx.w_dtype) if need_w else None  # 16-bit grad-weight: the "switch back"
     return (dx.reshape(*ctx.lead, x2.shape[1]) if need_x else None, dw,
             db.to(ctx.w_dtype) if need_b else None)
@@ -81,17 +86,11 @@ def _global_backward(g2: torch.Tensor, x2: torch.Tensor, wtq: torch.Tensor, sw: 
                      need_w: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]) of the global variant; an input that needs none gets an empty tensor."""
     empty = None if need_x and need_w and need_b else g2.new_empty(0)
-    dx = db = empty
-    if need_x:
-        if need_b:  # the bias gradient from the quantizer's read of G (one pass over G fewer)
-            gq, sg, db = quantize_rowwise_colsum(g2)
-        else:
-            gq, sg = quantize_rowwise(g2)
-        dx = int8_matmul_rowwise_global(gq, sg, wtq, sw, None, g2.dtype)  # Wq^T [K, N]: K-major for G W
-    elif need_b:
-        db = g2.sum(dim=0)
+    quantized, db = grad_operands(g2, need_x, need_b)
+    # Wq^T [K, N]: K-major for G W
+    dx = int8_matmul_rowwise_global(*quantized, wtq, sw, None, g2.dtype) if need_x else empty
     dw = g2.t() @ x2 if need_w else empty  # 16-bit grad-weight: the "switch back"
-    return dx, dw, db
+    return dx, dw, db if need_b else empty
 
 
 # One torch custom op per direction: a compiled graph dispatches two ops per step instead of eight

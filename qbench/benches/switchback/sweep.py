@@ -187,8 +187,6 @@ def units_of(metrics: dict) -> dict:
     def unit(name: str) -> str:
         if name.startswith(("module_kernel_ratio_", "module_chain_ratio_")):
             return units.SPEEDUP
-        if name.endswith("_over_int8"):
-            return units.RATIO
         return special.get(name) or units.by_name(name) or units.MS
 
     return {name: unit(name) for name in metrics}

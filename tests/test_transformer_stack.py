@@ -61,6 +61,30 @@ def test_attention_is_causal_only_when_asked():
         assert torch.equal(y[:, :4], y2[:, :4]) == same
 
 
+def test_attention_splits_heads_as_the_fused_qkv_layout_says():
+    """qkv's output [B, T, 3C] is (q, k, v) x (head, dim): the split-based forward gives the output and the
+    gradients of the plain reading, a select of the [3, B, H, T, D] permutation."""
+    torch.manual_seed(2)
+    attn = tf.Attention(tf.StackShape(32, 64, 4, 1), torch.nn.Linear)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+
+    def plain(x):
+        B, T, C = x.shape
+        q, k, v = attn.qkv(x).reshape(B, T, 3, 4, C // 4).permute(2, 0, 3, 1, 4)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return attn.proj(out.transpose(1, 2).reshape(B, T, C))
+
+    results = []
+    for forward in (attn, plain):
+        x.grad = None
+        attn.zero_grad()
+        y = forward(x)
+        y.square().sum().backward()
+        results.append([y.detach(), x.grad.clone(), attn.qkv.weight.grad.clone(), attn.qkv.bias.grad.clone()])
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_tiny_lm_logits_and_head_stays_16bit():
     model = tf.TinyLM(vocab=11, seq=6, shape=tf.StackShape(16, 32, 2, 1, causal=True), variant="switchback")
     logits = model(torch.randint(0, 11, (3, 6)))

@@ -64,8 +64,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        # [B, T, 3C] -> [3, B, H, T, D]: q, k, v as SDPA wants them
-        q, k, v = self.qkv(x).reshape(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        # [B, T, 3C] -> three [B, T, C] slices -> q, k, v [B, H, T, D] as SDPA wants them. Split, not a
+        # select of a permuted [3, B, H, T, D] view: the backward of split is a cat, which reads each of
+        # dq, dk, dv once; Inductor builds the select's backward as a sum of three zero-padded selects that
+        # reads all three for every element (vit-h probe on an H200: 1.81 ms against 0.92 per step when a
+        # custom op consumes the gradient, 1.02 against 0.93 for nn.Linear)
+        q, k, v = (t.unflatten(-1, (self.heads, C // self.heads)).transpose(1, 2)
+                   for t in self.qkv(x).split(C, dim=-1))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)  # [B, H, T, D]
         return self.proj(out.transpose(1, 2).reshape(B, T, C))
 

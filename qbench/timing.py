@@ -6,9 +6,6 @@ buffer larger than L2; optional CUDA-graph replay for launch-bound work.
 CPU: time.perf_counter around the region, same interface and same statistics.
 Multi-rank: a barrier before each step, all streams synchronized, and the maximum over ranks of
 each step (one all-reduce after the loop, so the collective never sits inside a timed region).
-On a GPU the samples of time_fn, time_interleaved and host_time are taken with every thread of the
-process on one CPU core (`pinned`: a thread that migrates between cores makes host-bound steps slower
-and their times erratic).
 
 All times are milliseconds. Samples are kept so that `qbench compare` can test significance.
 torch is imported lazily: importing this module costs nothing.
@@ -19,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -219,60 +214,6 @@ def _graph_of(fn: Callable[[], object], prepare: Callable[[], None] | None = Non
     return graph.replay
 
 
-def timing_core(rank: int | None = None) -> int | None:
-    """The CPU core that holds a GPU timing's threads: the last core this process may run on, the one
-    before it for rank 1 and so on (ranks sharing a host get cores of their own); None where the
-    platform has no CPU affinity. rank defaults to this process's torch.distributed rank (0 without one)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    allowed = sorted(os.sched_getaffinity(0))
-    if rank is None:
-        rank = _distributed_rank()
-    return allowed[-1 - rank % len(allowed)]
-
-
-def _distributed_rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _threads() -> list[int]:
-    try:
-        return [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:  # no /proc: this thread alone
-        return [threading.get_native_id()]
-
-
-@contextlib.contextmanager
-def pinned(device: str) -> Iterator[None]:
-    """On a GPU, every thread of this process (the caller, autograd's device threads, the driver's)
-    held on one core (timing_core) while timed work is issued, their own core sets back afterwards;
-    threads started inside get the process's set. Why: the host time of a layer step is mostly Python
-    and launch overhead, and a thread that migrates between cores pays for it: on an H200 host (16
-    cores, probe) eager SwitchBack's step at 8192 x 1024 -> 4096 took 0.44 to 0.87 ms of host time
-    unpinned over 15 measurements in 3 processes and 0.265 to 0.30 ms pinned to one core (nn.Linear
-    0.15 to 0.33, pinned 0.112 to 0.122). The timers pin their samples, not their warm-up calls, which
-    may compile (Inductor's compile workers, forked then, would inherit one core). A no-op on the CPU
-    device, whose ops use several cores."""
-    core = timing_core() if device == "cuda" else None
-    if core is None:
-        yield
-        return
-    home = os.sched_getaffinity(0)
-    saved = {}
-    for tid in _threads():
-        with contextlib.suppress(OSError):  # a thread that ended since the listing
-            saved[tid] = os.sched_getaffinity(tid)
-            os.sched_setaffinity(tid, {core})
-    try:
-        yield
-    finally:
-        for tid in _threads():
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, saved.get(tid, home))
-
-
 def time_fn(
     fn: Callable[[], object],
     *,
@@ -299,8 +240,7 @@ def time_fn(
     _warm_up({"fn": fn}, device, warmup)
     call = _graph_of(fn) if (cuda_graph and device == "cuda") else fn
     ahead = HOST_AHEAD_MS if gpu_only and device == "cuda" else 0.0  # each repeat's spin counts against the budget
-    with pinned(device):
-        return _sample({"fn": call}, device, repeat, budget_ms, flush_l2, _spin(device, gpu_only), ahead)["fn"]
+    return _sample({"fn": call}, device, repeat, budget_ms, flush_l2, _spin(device, gpu_only), ahead)["fn"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None = None, warmup: int = 3,
@@ -317,8 +257,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None
     its host allows."""
     device = resolve_device(device)
     _warm_up(fns, device, warmup)
-    with pinned(device):
-        return _sample(fns, device, repeat, budget_ms, flush_l2, functools.partial(_synchronize, device), 0.0)
+    return _sample(fns, device, repeat, budget_ms, flush_l2, functools.partial(_synchronize, device), 0.0)
 
 
 def _warm_up(fns: dict, device: str, warmup: int) -> None:
@@ -376,16 +315,15 @@ def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: in
     for _ in range(max(1, warmup)):
         fn()
     samples: list[float] = []
-    with pinned(device):
-        while len(samples) < max(1, repeat):
-            _synchronize(device)
-            for _ in range(HOST_SETTLE):
-                fn()
-            for _ in range(min(HOST_BLOCK, max(1, repeat) - len(samples))):
-                start = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - start) * 1e3)
+    while len(samples) < max(1, repeat):
         _synchronize(device)
+        for _ in range(HOST_SETTLE):
+            fn()
+        for _ in range(min(HOST_BLOCK, max(1, repeat) - len(samples))):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
+    _synchronize(device)
     return Timing(tuple(samples), device)
 
 

@@ -1,5 +1,3 @@
-import os
-import threading
 import time
 
 import numpy as np
@@ -171,51 +169,3 @@ def test_host_time_times_calls_back_to_back_after_settling_calls(monkeypatch):
     blocks = "".join("s" if e == "sync" else "c" for e in events[1:]).split("s")[1:-1]
     settle = timing.HOST_SETTLE
     assert [len(b) for b in blocks] == [settle + timing.HOST_BLOCK, settle + 11 - timing.HOST_BLOCK]
-
-
-affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
-
-
-@affinity
-def test_timing_core_gives_each_rank_a_core_of_its_own():
-    allowed = sorted(os.sched_getaffinity(0))
-    assert timing.timing_core() == timing.timing_core(0) == allowed[-1]
-    assert timing.timing_core(1) == allowed[-2 % len(allowed)]
-    assert timing.timing_core(len(allowed)) == allowed[-1]  # more ranks than cores: they wrap around
-
-
-@affinity
-def test_pinned_holds_every_thread_on_one_core_and_gives_their_cores_back():
-    home = os.sched_getaffinity(0)
-    tids, stop = {}, threading.Event()
-
-    def worker(name):
-        tids[name] = threading.get_native_id()
-        stop.wait(10)
-
-    before = threading.Thread(target=worker, args=("before",))
-    before.start()
-    while "before" not in tids:
-        time.sleep(0.001)
-    core = timing.timing_core()
-    with timing.pinned("cuda"):
-        assert os.sched_getaffinity(0) == os.sched_getaffinity(tids["before"]) == {core}
-        inside = threading.Thread(target=worker, args=("inside",))  # inherits the pinned core
-        inside.start()
-        while "inside" not in tids:
-            time.sleep(0.001)
-        assert os.sched_getaffinity(tids["inside"]) == {core}
-    try:
-        assert os.sched_getaffinity(0) == os.sched_getaffinity(tids["before"]) == home
-        assert os.sched_getaffinity(tids["inside"]) == home
-    finally:
-        stop.set()
-        before.join()
-        inside.join()
-
-
-@affinity
-def test_pinned_leaves_the_cpu_device_alone():
-    home = os.sched_getaffinity(0)
-    with timing.pinned("cpu"):
-        assert os.sched_getaffinity(0) == home

@@ -363,6 +363,18 @@ def cooperative_launch(launch, programs: int):
             programs = programs * 3 // 4
 
 
+def launch_with_grid_barrier(kernel, args: tuple, consts: tuple, num_warps: int, device, cap: int):
+    """(compiled kernel, grid) of the first launch of a kernel with a grid barrier: every program resident at
+    once, as many as the SMs hold (at most cap per SM; cooperative_launch shrinks a refused grid). Under the
+    interpreter, whose programs run one after another, one program does every item."""
+    if _INTERPRETING:
+        return kernel[(1,)](*args, *consts, num_warps=num_warps), (1,)
+    compiled = kernel.warmup(*args, *consts, grid=(1,), num_warps=num_warps, launch_cooperative_grid=True)
+    programs = sm_count(device) * resident_programs(compiled, device, cap)
+    return cooperative_launch(lambda grid: kernel[grid](*args, *consts, num_warps=num_warps,
+                                                        launch_cooperative_grid=True), programs)
+
+
 # ------------------------------------------------------------------------------ torch custom ops
 
 

@@ -32,7 +32,6 @@ from kernels._common import (
     aligned,
     barrier_flags,
     cdiv,
-    cooperative_launch,
     encode,
     encode_reference,
     format_consts,
@@ -40,10 +39,10 @@ from kernels._common import (
     grid_barrier,
     interpreting,
     is_compiling,
+    launch_with_grid_barrier,
     multiplier,
     next_power_of_2,
     register_op,
-    resident_programs,
     sm_count,
     stored_scale,
     use_triton,
@@ -197,13 +196,8 @@ def _quantize_rowwise_colsum(x: torch.Tensor, format: str = "int8"):
         warps, stages = (8 if block_k >= 16384 else 4), (4 if block_k >= 8192 else 3)
         consts = (block_m, block_k, stages, COLSUM_CHUNK, COLSUM_STRIP, *format_consts(format))
         pick = {"BLOCK_M": block_m, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps}
-        if interpreting():  # programs run one after another: one program does every item
-            return _rowwise_colsum_kernel[(1,)](*args, *consts, num_warps=warps), (1,), consts, pick
-        compiled = _rowwise_colsum_kernel.warmup(*args, *consts, grid=(1,), num_warps=warps,
-                                                 launch_cooperative_grid=True)
-        programs = sm_count(x.device) * resident_programs(compiled, x.device, COLSUM_PROGRAMS_PER_SM)
-        compiled, grid = cooperative_launch(lambda grid: _rowwise_colsum_kernel[grid](
-            *args, *consts, num_warps=warps, launch_cooperative_grid=True), programs)
+        compiled, grid = launch_with_grid_barrier(_rowwise_colsum_kernel, args, consts, warps, x.device,
+                                                  COLSUM_PROGRAMS_PER_SM)
         return compiled, grid, consts, {**pick, "grid": list(grid)}
 
     _ROWWISE_COLSUM.launch((M, K, x.stride(0), x.dtype, format, aligned(x, q, s, sums), x.device), args, first)

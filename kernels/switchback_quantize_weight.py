@@ -35,16 +35,15 @@ from kernels._common import (
     aligned,
     barrier_flags,
     cdiv,
-    cooperative_launch,
     encode,
     encode_reference,
     format_consts,
     format_dtype,
     grid_barrier,
     interpreting,
+    launch_with_grid_barrier,
     multiplier,
     next_power_of_2,
-    resident_programs,
     sm_count,
     stored_scale,
 )
@@ -215,12 +214,8 @@ def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, f
         consts = (plan.block_n, plan.block_k, plan.block_p, per_column, plain, transposed, *format_consts(format),
                   ABSMAX_BLOCK, plan.per_program)
         warps = WARPS[per_column]
-        if interpreting():
-            return _quantize_kernel[(1,)](*args, *consts, num_warps=warps), (1,), consts, {}
-        compiled = _quantize_kernel.warmup(*args, *consts, grid=(1,), num_warps=warps, launch_cooperative_grid=True)
-        programs = sm_count(w.device) * resident_programs(compiled, w.device, RESIDENT_PER_SM[per_column])
-        compiled, grid = cooperative_launch(lambda grid: _quantize_kernel[grid](
-            *args, *consts, num_warps=warps, launch_cooperative_grid=True), programs)
+        compiled, grid = launch_with_grid_barrier(_quantize_kernel, args, consts, warps, w.device,
+                                                  RESIDENT_PER_SM[per_column])
         return compiled, grid, consts, {"grid": list(grid), "BLOCK_N": plan.block_n, "BLOCK_K": plan.block_k,
                                         "num_warps": warps}
 

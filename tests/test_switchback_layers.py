@@ -209,3 +209,41 @@ def test_cuda_graph_replay_matches_eager_without_syncs(variant):
     graph.replay()
     torch.cuda.synchronize()
     _assert_same([y.detach(), x_static.grad, layer.weight.grad, layer.bias.grad], want, f"graphed {variant}")
+
+
+
+class _OpOrder(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops run while active, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("variant", VARIANTS + ("fp8",))
+def test_backward_issues_the_weight_gradient_before_quantizing_g(variant, monkeypatch):
+    """The 16-bit grad-weight product (an aten mm) runs before G is quantized: it needs nothing quantized, so in
+    eager mode the GPU runs it while the host issues the quantizer and the grad-input product."""
+    import qbench.layers.fp8 as fp8
+    import qbench.layers.switchback as switchback
+
+    module = fp8 if variant == "fp8" else switchback
+    order = _OpOrder()
+    ops_before_quantizing, grad_operands = [], switchback.grad_operands
+
+    def spy(*args, **kwargs):
+        ops_before_quantizing.extend(order.ops)
+        return grad_operands(*args, **kwargs)
+
+    torch.manual_seed(0)
+    layer = fp8.Fp8Linear(32, 16) if variant == "fp8" else SwitchBackLinear(32, 16, variant=variant)
+    x = torch.randn(8, 32, requires_grad=True)
+    y = layer(x)
+    monkeypatch.setattr(module, "grad_operands", spy)
+    with order:
+        y.backward(torch.randn_like(y))
+    assert "mm" in ops_before_quantizing, order.ops

@@ -67,12 +67,12 @@ def _fp8_backward(g2: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, recipe: s
                   need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]); an input that needs none gets an empty tensor."""
     empty = g2.new_empty(0)
+    dw = _weight_grad(g2, x2, recipe) if need_w else empty  # first, as SwitchBack's (layers/switchback.py)
     quantized, db = grad_operands(g2, need_x, need_b, GRAD)  # as SwitchBack's: one read of G for both
     dx = empty
     if need_x:
         wtq, swt = quantize_columnwise_transpose(w, ACT)  # [K, N], one scale per input feature
         dx = scaled_mm(*quantized, wtq, swt, g2.dtype)
-    dw = _weight_grad(g2, x2, recipe) if need_w else empty
     return dx, dw, db if need_b else empty
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 
 import click
 
@@ -55,6 +56,10 @@ def cli() -> None:
     """Is this low-precision or sparse layer actually faster, by how much, and how far from the
     hardware limit? Benchmarks that store every sample, compare runs, and explain times with a
     roofline model."""
+    # torch's one-time notice when cuBLAS is the first CUDA call of a thread without a current context (the
+    # autograd engine's device thread, when a backward starts with a matmul); torch then sets the primary
+    # context itself, so the notice says nothing about the run
+    warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
 
 
 def _fail(prog: str, message: str, code: int) -> None:

@@ -224,12 +224,17 @@ class _OpOrder(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("large", [False, True])
 @pytest.mark.parametrize("variant", VARIANTS + ("fp8",))
-def test_backward_issues_the_weight_gradient_before_quantizing_g(variant, monkeypatch):
-    """The 16-bit grad-weight product (an aten mm) runs before G is quantized: it needs nothing quantized, so in
-    eager mode the GPU runs it while the host issues the quantizer and the grad-input product."""
+def test_backward_orders_the_weight_gradient_by_layer_size(variant, large, monkeypatch):
+    """The 16-bit grad-weight product (an aten mm) runs before G is quantized in a small layer (the host is on
+    the critical path: the GPU runs it while the host issues the rest) and after the grad-input product in a
+    large one (WEIGHT_GRAD_FIRST_BELOW lowered to make this layer large)."""
     import qbench.layers.fp8 as fp8
     import qbench.layers.switchback as switchback
+
+    if large:
+        monkeypatch.setattr(switchback, "WEIGHT_GRAD_FIRST_BELOW", 1)
 
     module = fp8 if variant == "fp8" else switchback
     order = _OpOrder()
@@ -246,4 +251,14 @@ def test_backward_issues_the_weight_gradient_before_quantizing_g(variant, monkey
     monkeypatch.setattr(module, "grad_operands", spy)
     with order:
         y.backward(torch.randn_like(y))
-    assert "mm" in ops_before_quantizing, order.ops
+    assert ("mm" in ops_before_quantizing) != large, order.ops
+
+
+def test_weight_gradient_goes_first_below_2_to_the_40_multiply_adds():
+    from qbench.layers.switchback import weight_grad_first
+
+    def first(m, n, k):
+        return weight_grad_first(torch.empty(m, n, device="meta"), torch.empty(m, k, device="meta"))
+
+    assert first(32768, 2048, 8192) and first(8192, 16384, 4096)  # 2^39
+    assert not first(32768, 16384, 4096) and not first(131072, 8192, 2048)  # 2^41, 2^41

@@ -22,7 +22,7 @@ from torch import nn
 
 from kernels._common import is_compiling, register_op
 from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise
-from qbench.layers.switchback import grad_operands
+from qbench.layers.switchback import grad_operands, in_order, weight_grad_first
 
 RECIPES = ("switchback", "all")
 ACT, GRAD = "e4m3", "e5m2"
@@ -67,12 +67,17 @@ def _fp8_backward(g2: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, recipe: s
                   need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]); an input that needs none gets an empty tensor."""
     empty = g2.new_empty(0)
-    dw = _weight_grad(g2, x2, recipe) if need_w else empty  # first, as SwitchBack's (layers/switchback.py)
-    quantized, db = grad_operands(g2, need_x, need_b, GRAD)  # as SwitchBack's: one read of G for both
-    dx = empty
-    if need_x:
+
+    def rest():
+        quantized, db = grad_operands(g2, need_x, need_b, GRAD)  # as SwitchBack's: one read of G for both
+        if not need_x:
+            return empty, db
         wtq, swt = quantize_columnwise_transpose(w, ACT)  # [K, N], one scale per input feature
-        dx = scaled_mm(*quantized, wtq, swt, g2.dtype)
+        return scaled_mm(*quantized, wtq, swt, g2.dtype), db
+
+    # in SwitchBack's order (layers/switchback.py, weight_grad_first)
+    dw, (dx, db) = in_order(lambda: _weight_grad(g2, x2, recipe) if need_w else empty, rest,
+                            weight_grad_first(g2, x2))
     return dx, dw, db if need_b else empty
 
 

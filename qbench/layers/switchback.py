@@ -55,21 +55,46 @@ def grad_operands(g2: torch.Tensor, need_x: bool, need_b: bool, format: str = "i
     return (quantize_rowwise(g2, format) if need_x else None), (g2.sum(dim=0) if need_b else None)
 
 
-# Every backward here issues the 16-bit grad-weight product first: it is the longest kernel and needs nothing
-# quantized, so in eager mode the GPU runs it while the host issues G's quantizer and the grad-input product,
-# which would otherwise each wait for the host (an H200 step at 32768 x 4096 -> 1024 idled 93 us before the
-# grad-input product, probe).
+# Where a backward issues the 16-bit grad-weight product (results/README.md lists the runs):
+# - first in a layer small enough that the host is on the step's critical path: it needs nothing quantized,
+#   so the GPU runs it while the host issues G's quantizer and the grad-input product, which otherwise each
+#   waited for the host (H200, eager, old and new order run alternately: the speed-up over nn.Linear rose at
+#   all 8 shapes of results/switchback-h200-backward-order, up to M N K = 2^39, e.g. 0.9841 -> 1.074 at
+#   32768 x 4096 -> 1024);
+# - last where the GPU bounds the step: an H200 runs int8 products slower the longer it has been under load,
+#   so the int8 grad-input product goes before it (graphed, 131072 x 4096 -> 16384: 56.66 ms with it last,
+#   59.82 with it first; results/switchback-h200-backward-order-graph).
+WEIGHT_GRAD_FIRST_BELOW = 2**40  # multiply-adds of one of the layer's products, M * N * K
+
+
+def weight_grad_first(g2: torch.Tensor, x2: torch.Tensor) -> bool:
+    """Whether a backward of G [M, N] and X [M, K] issues its grad-weight product first (see above)."""
+    return g2.shape[0] * g2.shape[1] * x2.shape[1] < WEIGHT_GRAD_FIRST_BELOW
+
+
+def in_order(weight_grad, rest, first: bool):
+    """(weight_grad(), rest()), the calls made in that order when first, else rest() first."""
+    if first:
+        dw = weight_grad()
+        return dw, rest()
+    other = rest()
+    return weight_grad(), other
+
+
 def _grads(ctx, g2, x2, dx_fn, quantize_g: bool):
     """(dX [.., K], dW [N, K], db [N]) for the inputs that need them. dx_fn computes dX [M, K]: from G
     quantized rowwise, dx_fn(Gq, s_g), when quantize_g (grad_operands), else from G itself, dx_fn(G)."""
     need_x, need_w, need_b = ctx.needs_input_grad[:3]
     need_b = need_b and ctx.has_bias
-    dw = (g2.t() @ x2).to(ctx.w_dtype) if need_w else None  # 16-bit grad-weight: the "switch back"
-    if quantize_g:
-        quantized, db = grad_operands(g2, need_x, need_b)
-        dx = dx_fn(*quantized) if need_x else None
-    else:
-        dx, db = dx_fn(g2) if need_x else None, g2.sum(dim=0) if need_b else None
+
+    def rest():
+        if quantize_g:
+            quantized, db = grad_operands(g2, need_x, need_b)
+            return dx_fn(*quantized) if need_x else None, db
+        return dx_fn(g2) if need_x else None, g2.sum(dim=0) if need_b else None
+
+    # 16-bit grad-weight: the "switch back"
+    dw, (dx, db) = in_order(lambda: (g2.t() @ x2).to(ctx.w_dtype) if need_w else None, rest, weight_grad_first(g2, x2))
     return (dx.reshape(*ctx.lead, x2.shape[1]) if need_x else None, dw,
             db.to(ctx.w_dtype) if need_b else None)
 
@@ -90,10 +115,14 @@ def _global_backward(g2: torch.Tensor, x2: torch.Tensor, wtq: torch.Tensor, sw: 
                      need_w: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dX [M, K], dW [N, K], db [N]) of the global variant; an input that needs none gets an empty tensor."""
     empty = None if need_x and need_w and need_b else g2.new_empty(0)
-    dw = g2.t() @ x2 if need_w else empty  # 16-bit grad-weight, first (see above _grads)
-    quantized, db = grad_operands(g2, need_x, need_b)
-    # Wq^T [K, N]: K-major for G W
-    dx = int8_matmul_rowwise_global(*quantized, wtq, sw, None, g2.dtype) if need_x else empty
+
+    def rest():
+        quantized, db = grad_operands(g2, need_x, need_b)
+        # Wq^T [K, N]: K-major for G W
+        return int8_matmul_rowwise_global(*quantized, wtq, sw, None, g2.dtype) if need_x else empty, db
+
+    # 16-bit grad-weight: the "switch back"
+    dw, (dx, db) = in_order(lambda: g2.t() @ x2 if need_w else empty, rest, weight_grad_first(g2, x2))
     return dx, dw, db if need_b else empty
 
 

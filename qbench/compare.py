@@ -307,6 +307,68 @@ def across_param(runs: Sequence[Run], spec: str, cross_env: bool = False) -> lis
     return runs_out
 
 
+def group_runs(runs: Sequence[Run], size: int) -> list[Run]:
+    """`--group N`: RUNS in groups of `size` consecutive runs (the repeated runs of one side of an A/B), each
+    group merged into one Run (merge_runs); the first group is the reference."""
+    if size < 1 or len(runs) % size or len(runs) // size < 2:
+        raise QbenchUsageError(f"--group {size}: {len(runs)} runs do not split into two or more groups of {size} "
+                               "consecutive runs (give the reference's runs first, then each candidate's)")
+    return [merge_runs(runs[i:i + size]) for i in range(0, len(runs), size)]
+
+
+def merge_runs(runs: Sequence[Run]) -> Run:
+    """Repeated runs of one command as one Run: per configuration (joined as compare joins) each metric is
+    the median over the runs of their values, as `summary --across-runs median` prints it, and the samples
+    of every run are pooled, so that the U test sees the spread between runs as well as within them. A
+    configuration some run of the group lacks is left out (it then shows as missing on this side)."""
+    gpus = {run.env.get("gpu_name") or None for run in runs}
+    if len(gpus) > 1:
+        names = ", ".join(run.label for run in runs)
+        raise QbenchUsageError(f"--group: the runs {names} come from different GPUs ({gpus})")
+    records = []
+    for bench in sorted({rec["bench"] for run in runs for rec in run.records}):
+        keys = join.join_keys([run.records for run in runs], bench)
+        indexes = [join.index(run.records, bench, keys) for run in runs]
+        for key in indexes[0]:
+            group = [index.get(key) for index in indexes]
+            if all(rec is not None for rec in group):
+                records.append(_merged_record(group))
+    return Run(_group_label([run.label for run in runs]), runs[0].env, records)
+
+
+def _group_label(labels: Sequence[str]) -> str:
+    """dir/new1, dir/new2, dir/new3 -> dir/new{1,2,3}: the runs of a group as the shell would expand them."""
+    if len(labels) == 1:
+        return labels[0]
+    prefix = labels[0][: len(_common_prefix(labels))]
+    return f"{prefix}{{{','.join(label[len(prefix):] for label in labels)}}}"
+
+
+def _common_prefix(labels: Sequence[str]) -> str:
+    first, last = min(labels), max(labels)
+    n = next((i for i, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
+    return first[:n]
+
+
+def _merged_record(group: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration's records of several runs as one: a failed one as it is, else the first with each
+    metric that every run has a number for replaced by the runs' median, and their samples pooled."""
+    from qbench.timing import percentile
+
+    failed = next((rec for rec in group if rec.get("status", "ok") != "ok"), None)
+    if failed is not None:
+        return failed
+    metrics, samples = {}, {}
+    for name in group[0].get("metrics", {}):
+        values = [rec.get("metrics", {}).get(name) for rec in group]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            metrics[name] = percentile(values, 50)
+            pooled = [x for rec in group for x in rec.get("samples", {}).get(name, [])]
+            if pooled:
+                samples[name] = pooled
+    return {**group[0], "metrics": metrics, "samples": samples}
+
+
 def _mark_cross_env(rows: list[Row], allowed: bool) -> None:
     for row in rows:
         if row.marker in ("n/a", "!", "*"):

@@ -172,15 +172,14 @@ COMPARE_COLUMNS = ("case", "metric", "unit", "reference", "candidate", "ratio", 
 
 def _compare_cells(row) -> list[str]:
     change = "-" if row.change_pct is None else f"{row.change_pct:+.1f}%"
-    ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
     p_value = "-" if row.p_value is None else f"{row.p_value:.3g}"
-    return [
+    return [  # values and ratio as summary prints them: never rounded onto a trailing zero (1.0198, not 1.020)
         f"{row.bench}/{row.case}",
         row.metric,
         row.unit or "",
-        format_value(row.reference_value),
-        format_value(row.candidate_value),
-        ratio,
+        format_sig(row.reference_value),
+        format_sig(row.candidate_value),
+        format_sig(row.ratio),
         change,
         p_value,
         row.marker,
@@ -207,7 +206,7 @@ def comparison_tables(comparison) -> list[Table]:
                     "",
                     "",
                     "",
-                    f"{value:.3f}",
+                    format_sig(value),
                     f"{100 * (value - 1):+.1f}%",
                     "",
                     "",
@@ -229,9 +228,8 @@ def comparison_markdown(comparison) -> str:
         cells = [c.replace("|", "\\|") for c in _compare_cells(row)]
         lines.append("| " + " | ".join(cells) + " |")
     for (cand, metric), value in comparison.geomeans.items():
-        lines.append(
-            f"| geometric mean ({cand}) | {metric} |  |  |  | {value:.3f} | {100 * (value - 1):+.1f}% |  |  |  |"
-        )
+        ratio, change = format_sig(value), f"{100 * (value - 1):+.1f}%"
+        lines.append(f"| geometric mean ({cand}) | {metric} |  |  |  | {ratio} | {change} |  |  |  |")
     for warning in comparison.env_warnings:
         lines.append(f"\n> environment differs: {warning}")
     return "\n".join(lines) + "\n"

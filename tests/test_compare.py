@@ -307,3 +307,34 @@ def test_across_a_parameter_others_go_with(tmp_path):
     one_each = compare.across_param([compare.load_any(write_run(tmp_path / "s", single))], "exec")
     with pytest.raises(QbenchUsageError, match="no case in common"):  # m=1 is never joined with m=2
         compare.compare_runs(one_each, compare.CompareOptions())
+
+
+def test_group_compares_repeated_runs_by_their_median_with_pooled_samples(tmp_path):
+    """--group N: N consecutive runs per side, each metric the median over a side's runs (as summary
+    --across-runs median prints it), the U test on every run's samples pooled."""
+    old = [[10.0, 10.1, 9.9], [10.4, 10.5, 10.3], [9.6, 9.7, 9.5]]
+    new = [[9.0, 9.1, 8.9], [9.3, 9.4, 9.2], [8.6, 8.7, 8.5]]
+    paths = [write_run(tmp_path / f"old{i}", [timed_record({"m": 1}, s), timed_record({"m": 2}, s)])
+             for i, s in enumerate(old, 1)]
+    # new2 lacks case m=2: that case is left out of the new side and shows as missing there
+    paths += [write_run(tmp_path / f"new{i}", [timed_record({"m": 1}, s)] + ([timed_record({"m": 2}, s)] if i != 2
+                                                                          else [])) for i, s in enumerate(new, 1)]
+    runs = compare.group_runs([compare.load_any(p) for p in paths], 3)
+    assert [r.label for r in runs] == [f"{tmp_path}/old{{1,2,3}}", f"{tmp_path}/new{{1,2,3}}"]
+    result = compare.compare_runs(runs, compare.CompareOptions())
+    row = _row(result, "time", "m=1")
+    assert (row.reference_value, row.candidate_value) == (10.0, 9.0)  # medians of 10.0, 10.4, 9.6 and 9.0, 9.3, 8.6
+    pooled_old, pooled_new = [x for s in old for x in s], [x for s in new for x in s]
+    assert row.p_value == pytest.approx(compare.mann_whitney_p(pooled_old, pooled_new))
+    assert row.marker == "-"
+    assert any(r.marker == "n/a" and "m=2" in r.case for r in result.rows)
+
+
+def test_group_usage_errors_exit_2_with_one_line(slower_runs):
+    a, b = slower_runs
+    for args in ([a, b, a, "--group", "2"], [a, b, "--group", "2"], [a, b, a, b, "--group", "2", "--across", "m"],
+                 [a, b, "--group", "0"]):
+        result = _cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert _cli(a, a, b, b, "--group", "2").returncode == 0

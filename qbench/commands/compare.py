@@ -14,6 +14,7 @@ Examples:
   qbench compare tests/fixtures/seed_bnb_info.jsonl results/switchback-h200-20261121T1004Z --cross-env --markdown
   qbench compare results/fragmented-h200-modes/run1 --across exec   # compile and graph vs eager, one run
   qbench compare results/moe-h200x4-round3/moe-blocks-sweep100 --across system=a2a --metric step_time
+  qbench compare --group 3 results/switchback-h200-backward-order/{old,new}{1,2,3} --metric speedup_module
 """
 
 
@@ -30,11 +31,15 @@ Examples:
 @click.option("--across", default=None, metavar="PARAM[=REF]",
               help="Compare within the runs: records with PARAM=REF (exec: eager by default) against each other "
                    "value of PARAM, joined on the remaining parameters.")
+@click.option("--group", "group", type=int, default=None, metavar="N",
+              help="RUNS come in groups of N consecutive runs, the repeated runs of one side (an A/B made by "
+                   "alternating runs): each group compares as one, each metric the median over its runs, their "
+                   "samples pooled for the U test.")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a markdown table.")
 @click.option("--csv", "fmt", flag_value="csv", help="Print CSV.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
 def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, allow_missing, across,
-            fmt) -> None:
+            group, fmt) -> None:
     """Compare runs against the first (the reference): per case and metric the values, the ratio,
     the change, a Mann-Whitney U test on the samples, and a marker: + worse, - better, ~ beyond
     the threshold but not significant, = same, x not comparable, ! newly failing, * fixed,
@@ -43,12 +48,17 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     --allow-missing). RUNS are run directories or seed files (imported on the fly). Joins read a
     missing `exec` parameter as eager and `float16` as fp16, so runs from older versions still join."""
     from qbench import compare, report
+    from qbench.errors import QbenchUsageError
 
     options = compare.CompareOptions(
         tuple(metrics), compare.parse_threshold(threshold), pattern, cross_env, only_changed, sort
     )
     gates = compare.parse_fail_on(fail_on)
     loaded = [compare.load_any(r) for r in runs]
+    if group is not None and across:
+        raise QbenchUsageError("--group and --across are two ways of choosing what to compare; give one")
+    if group is not None:
+        loaded = compare.group_runs(loaded, group)
     if across:
         loaded = compare.across_param(loaded, across, cross_env)
     compare.require_metrics(loaded, options.metrics, gates)

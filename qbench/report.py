@@ -171,7 +171,7 @@ COMPARE_COLUMNS = ("case", "metric", "unit", "reference", "candidate", "ratio", 
 
 
 def _compare_cells(row) -> list[str]:
-    change = "-" if row.change_pct is None else f"{row.change_pct:+.1f}%"
+    change = format_change(row.change_pct)
     p_value = "-" if row.p_value is None else f"{row.p_value:.3g}"
     return [  # values and ratio as summary prints them: never rounded onto a trailing zero (1.0198, not 1.020)
         f"{row.bench}/{row.case}",
@@ -207,7 +207,7 @@ def comparison_tables(comparison) -> list[Table]:
                     "",
                     "",
                     format_sig(value),
-                    f"{100 * (value - 1):+.1f}%",
+                    format_change(100 * (value - 1)),
                     "",
                     "",
                     "",
@@ -228,7 +228,7 @@ def comparison_markdown(comparison) -> str:
         cells = [c.replace("|", "\\|") for c in _compare_cells(row)]
         lines.append("| " + " | ".join(cells) + " |")
     for (cand, metric), value in comparison.geomeans.items():
-        ratio, change = format_sig(value), f"{100 * (value - 1):+.1f}%"
+        ratio, change = format_sig(value), format_change(100 * (value - 1))
         lines.append(f"| geometric mean ({cand}) | {metric} |  |  |  | {ratio} | {change} |  |  |  |")
     for warning in comparison.env_warnings:
         lines.append(f"\n> environment differs: {warning}")
@@ -275,6 +275,14 @@ def print_comparison(comparison, fmt: str | None) -> None:
 
 
 # ---- numbers a note quotes (qbench summary) ----------------------------------------------------
+
+
+def format_change(pct: float | None) -> str:
+    """A signed change in percent to 3 significant digits, never rounded onto a trailing zero: +4.98%, not
+    +5.0% beside a 5% threshold it is within."""
+    if pct is None:
+        return "-"
+    return ("+" if pct >= 0 else "-") + format_sig(abs(pct), 3) + "%"
 
 
 def format_sig(value: Any, digits: int = 4) -> str:

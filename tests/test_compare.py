@@ -338,3 +338,12 @@ def test_group_usage_errors_exit_2_with_one_line(slower_runs):
         assert result.returncode == 2, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     assert _cli(a, a, b, b, "--group", "2").returncode == 0
+
+
+def test_compare_cells_never_round_onto_the_threshold():
+    """A +4.98% change within a 5% threshold prints as 1.0498 and +4.98%, not 1.050 and +5.0%."""
+    row = compare.Row("toy", "m=1", "time", "ms", "b", reference_value=10.0, candidate_value=10.498)
+    compare._verdict(row, -1, compare.CompareOptions())
+    cells = report._compare_cells(row)
+    assert cells[3:7] == ["10.00", "10.498", "1.0498", "+4.98%"] and row.marker == "="
+    assert report.format_change(-13.08) == "-13.1%" and report.format_change(None) == "-"

@@ -16,6 +16,7 @@ threshold, 'x' not comparable, '!' newly failing, '*' fixed, 'n/a' missing on on
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -340,14 +341,8 @@ def _group_label(labels: Sequence[str]) -> str:
     """dir/new1, dir/new2, dir/new3 -> dir/new{1,2,3}: the runs of a group as the shell would expand them."""
     if len(labels) == 1:
         return labels[0]
-    prefix = labels[0][: len(_common_prefix(labels))]
+    prefix = os.path.commonprefix(list(labels))
     return f"{prefix}{{{','.join(label[len(prefix):] for label in labels)}}}"
-
-
-def _common_prefix(labels: Sequence[str]) -> str:
-    first, last = min(labels), max(labels)
-    n = next((i for i, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
-    return first[:n]
 
 
 def _merged_record(group: Sequence[dict[str, Any]]) -> dict[str, Any]:

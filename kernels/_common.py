@@ -87,16 +87,42 @@ _INV_QMAX_SQUARED = tl.constexpr(1.0 / (127.0 * 127.0))
 
 
 @triton.jit
-def dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The SwitchBack int8 matmuls' fused dequantizing epilogue (pointer and TMA kernels): int32 tile
-    [BM, BN] -> fp32 acc * s_a[rm] * s_b / 127^2 (+ bias[rn]); s_b is one scale (global) or one per
-    column."""
+def quantized_zeros(BM: tl.constexpr, BN: tl.constexpr, FP8: tl.constexpr):
+    """The accumulator tile [BM, BN] of an 8-bit product: int32 for int8 (exact), fp32 for fp8."""
+    if FP8:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.int32)
+    return acc
+
+
+@triton.jit
+def quantized_dot(a, b, acc, FP8: tl.constexpr):
+    """acc + a . b of 8-bit tiles a [BM, BK], b [BK, BN]. int8 sums exactly in int32. fp8 (e4m3 or e5m2,
+    in any pairing) sums in fp32 with Triton's default accumulation (on Hopper the tensor cores' own,
+    without periodic promotion: the fast-accumulation mode of torch._scaled_mm)."""
+    if FP8:
+        acc = tl.dot(a, b, acc)
+    else:
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+    return acc
+
+
+@triton.jit
+def dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    FP8: tl.constexpr):
+    """The SwitchBack matmuls' fused dequantizing epilogue (pointer and TMA kernels): tile [BM, BN] ->
+    fp32 acc * s_a[rm] * s_b (+ bias[rn]); s_b is one scale (global) or one per column. int8 scales are
+    absmax values (the product is divided by 127^2 here), fp8 scales are multipliers (absmax / QMAX)."""
     sa = tl.load(sa_ptr + rm, mask=rm < M, other=0.0)
     if PER_COLUMN:
         sb = tl.load(sb_ptr + rn, mask=rn < N, other=0.0)[None, :]
     else:
         sb = tl.load(sb_ptr + tl.zeros([1], dtype=tl.int32))[:, None]
-    c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
+    if FP8:
+        c = acc * sa[:, None] * sb
+    else:
+        c = acc.to(tl.float32) * (sa[:, None] * _INV_QMAX_SQUARED) * sb
     if HAS_BIAS:
         c += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     return c

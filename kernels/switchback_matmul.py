@@ -1,11 +1,16 @@
-"""SwitchBack int8 matmul with a fused dequantizing epilogue.
+"""SwitchBack 8-bit matmuls (int8, and fp8 for the fp8 peers) with a fused dequantizing epilogue.
 
-  C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b / 127^2  (+ bias [N])
-A_q and B_q are int8 with K contiguous (both operands K-major, the layout the int8 tensor-core
-instructions of Ampere and Hopper read); the product accumulates in int32 (|acc| <= K * 127^2, safe
-for K < 133,000); s_a [M] fp32 are the rowwise scales of A; s_b is either one global scale ([1] fp32,
-`int8_matmul_rowwise_global`) or one scale per output column ([N] fp32,
-`int8_matmul_rowwise_columnwise`). C is written in the activation dtype (fp16 or bf16).
+  int8  C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b / 127^2  (+ bias [N])
+  fp8   C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b  (+ bias [N])
+A_q and B_q have K contiguous (both operands K-major, the layout the 8-bit tensor-core instructions of
+Ampere and Hopper read). int8: the product accumulates in int32 (|acc| <= K * 127^2, safe for
+K < 133,000), the scales are absmax values. fp8 (e4m3 or e5m2, either pairing, e.g. an e5m2 gradient
+times an e4m3 weight): the product accumulates in fp32, the scales are multipliers (absmax / QMAX, the
+quantizers' fp8 output). s_a [M] fp32 are the rowwise scales of A; s_b is either one global scale
+([1] fp32, `int8_matmul_rowwise_global`) or one scale per output column ([N] fp32,
+`int8_matmul_rowwise_columnwise`, `fp8_matmul_rowwise_columnwise`). C is written in the activation
+dtype (fp16 or bf16). The same kernels serve both formats, so the fp8 peer gets the int8 path's tiles,
+persistence and epilogue: an int8-vs-fp8 comparison measures the formats, not two implementations.
 Forward:     Y  = X W^T: A = Xq [M, K_in],  B = Wq [N_out, K_in]
 Grad-input:  dX = G W:   A = Gq [M, N_out], B = Wq^T [K_in, N_out] (the transposed quantizers' output)
 
@@ -30,6 +35,8 @@ from kernels._common import (
     dequantize_tile,
     interpreting,
     is_compiling,
+    quantized_dot,
+    quantized_zeros,
     register_op,
     use_triton,
 )
@@ -74,10 +81,10 @@ def _triton_configs() -> list:
 
 
 @triton.jit
-def _int8_matmul_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_am, stride_bn,
-                        stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        GROUP_M: tl.constexpr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        EVEN_K: tl.constexpr):
+def _quantized_matmul_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, stride_am, stride_bn,
+                             stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             GROUP_M: tl.constexpr, PER_COLUMN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                             EVEN_K: tl.constexpr, FP8: tl.constexpr):
     # grouped ordering: GROUP_M row-tiles share each column tile while it sits in L2
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -96,34 +103,39 @@ def _int8_matmul_kernel(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, bias_ptr, M, N, K, 
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + ram[:, None] * stride_am + rk[None, :]
     b_ptrs = b_ptr + rbn[:, None] * stride_bn + rk[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    acc = quantized_zeros(BLOCK_M, BLOCK_N, FP8)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
             k_left = K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0)
-            b = tl.load(b_ptrs, mask=rk[None, :] < k_left, other=0)
-        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
+            if FP8:  # the interpreter casts no integer to fp8
+                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0)
+                b = tl.load(b_ptrs, mask=rk[None, :] < k_left, other=0)
+        acc = quantized_dot(a, tl.trans(b), acc, FP8)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
 
-    c = dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN, HAS_BIAS)
+    c = dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN, HAS_BIAS, FP8)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     c_ptrs = c_ptr + rm[:, None].to(tl.int64) * stride_cm + rn[None, :]
     tl.store(c_ptrs, c.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 _kernel_even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})(
-    _int8_matmul_kernel
+    _quantized_matmul_kernel
 )
 _autotuned = triton.autotune(
-    configs=_triton_configs(), key=["M", "N", "K"], prune_configs_by={"early_config_prune": _prune}
+    configs=_triton_configs(), key=["M", "N", "K", "FP8"], prune_configs_by={"early_config_prune": _prune}
 )(_kernel_even_k)
 
 
-_POINTER = LaunchCache("switchback_int8_matmul")
+# by format (fp8?): the picks of the int8 and the fp8 kernel are recorded under their own names
+_POINTERS = {False: LaunchCache("switchback_int8_matmul"), True: LaunchCache("switchback_fp8_matmul")}
 
 
 def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None, impl="auto"):
@@ -137,16 +149,17 @@ def _launch(a, sa, b, sb, bias, out_dtype, per_column, config=None, impl="auto")
     args = (a, b, c, sa, sb, bias if bias is not None else sa, M, N, K, a.stride(0), b.stride(0), c.stride(0))
     if config is None and interpreting():
         config = _INTERPRETER_CONFIG
-    key = (M, N, K, a.stride(0), b.stride(0), out_dtype, per_column, bias is not None, config,
+    fp8 = a.dtype != torch.int8
+    key = (M, N, K, a.stride(0), b.stride(0), a.dtype, b.dtype, out_dtype, per_column, bias is not None, config,
            aligned(a, b, c, sa, sb, bias), a.device)
-    _POINTER.launch(key, args, lambda: _first_launch(args, per_column, bias is not None, config))
+    _POINTERS[fp8].launch(key, args, lambda: _first_launch(args, per_column, bias is not None, fp8, config))
     return c
 
 
-def _first_launch(args, per_column, has_bias, config):
+def _first_launch(args, per_column, has_bias, fp8, config):
     """Launch through Triton (autotuning when config is None); (compiled, grid, constexprs, config)."""
     M, N, K = args[6:9]
-    flags = {"PER_COLUMN": per_column, "HAS_BIAS": has_bias}
+    flags = {"PER_COLUMN": per_column, "HAS_BIAS": has_bias, "FP8": fp8}
     if config is None:
         grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)
         compiled = _autotuned[grid](*args, **flags)
@@ -156,14 +169,18 @@ def _first_launch(args, per_column, has_bias, config):
         group = 8
         compiled = _kernel_even_k[(cdiv(M, bm) * cdiv(N, bn),)](
             *args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group, num_stages=stages, num_warps=warps)
-    consts = (bm, bn, bk, group, per_column, has_bias, K % bk == 0)
+    consts = (bm, bn, bk, group, per_column, has_bias, K % bk == 0, fp8)
     pick = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_stages": stages, "num_warps": warps}
     return compiled, (cdiv(M, bm) * cdiv(N, bn),), consts, pick
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _check(a, sa, b, sb, bias, per_column):
-    if a.dtype != torch.int8 or b.dtype != torch.int8:
-        raise ValueError(f"int8 operands expected, got {a.dtype} and {b.dtype}")
+    """Both operands int8, or both fp8 (e4m3 or e5m2 each), 2-D with one K, and scales and bias that fit."""
+    if not ((a.dtype == b.dtype == torch.int8) or (a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES)):
+        raise ValueError(f"int8 operands or fp8 operands expected, got {a.dtype} and {b.dtype}")
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"shapes {tuple(a.shape)} and {tuple(b.shape)} do not share K (A [M, K], B [N, K])")
     if sa.numel() != a.shape[0] or sb.numel() != (b.shape[0] if per_column else 1):
@@ -191,11 +208,11 @@ def _matmul(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor
 def _matmul_with(a, sa, b, sb, bias, out_dtype, per_column, config, impl):
     a, sa, b, sb = _check(a, sa, b, sb, bias, per_column)
     if not use_triton(a, b, sa, sb):
-        return int8_matmul_reference(a, sa, b, sb, bias, out_dtype)
+        return quantized_matmul_reference(a, sa, b, sb, bias, out_dtype)
     return _launch(a, sa, b, sb, bias, out_dtype, per_column=per_column, config=config, impl=impl)
 
 
-_OP = register_op("sb_int8_matmul", _matmul,
+_OP = register_op("sb_quantized_matmul", _matmul,
                   lambda a, sa, b, sb, bias, out_dtype, per_column, impl: a.new_empty((a.shape[0], b.shape[0]),
                                                                                        dtype=out_dtype))
 
@@ -209,23 +226,41 @@ def _dispatch(a, sa, b, sb, bias, out_dtype, per_column, config, impl):
     return _matmul_with(a, sa, b, sb, bias, out_dtype, per_column, config, impl)
 
 
+def _operands(a, b, fp8: bool) -> None:
+    """ValueError unless both operands are of the format the function takes (int8, or fp8 of either kind)."""
+    ok = a.dtype in FP8_DTYPES and b.dtype in FP8_DTYPES if fp8 else a.dtype == b.dtype == torch.int8
+    if not ok:
+        raise ValueError(f"{'fp8' if fp8 else 'int8'} operands expected, got {a.dtype} and {b.dtype}")
+
+
 def int8_matmul_rowwise_global(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None, impl="auto"):
     """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (one scale s_b [1]) -> [M, N] in out_dtype."""
+    _operands(a, b, fp8=False)
     return _dispatch(a, sa, b, sb, bias, out_dtype, False, config, impl)
 
 
 def int8_matmul_rowwise_columnwise(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None,
                                    impl="auto"):
     """A_q [M, K] (row scales s_a [M]) x B_q [N, K]^T (row scales of B, s_b [N]) -> [M, N]."""
+    _operands(a, b, fp8=False)
     return _dispatch(a, sa, b, sb, bias, out_dtype, True, config, impl)
 
 
-def int8_matmul_reference(a, sa, b, sb, bias=None, out_dtype=torch.float16):
-    """Plain torch: the int32 product computed in fp32 (exact while |acc| < 2**24; beyond, fp32
-    rounding is far below the output dtype's), then the same epilogue as the kernel."""
+def fp8_matmul_rowwise_columnwise(a, sa, b, sb, bias=None, out_dtype=torch.float16, config=None, impl="auto"):
+    """A_q [M, K] fp8 (multipliers s_a [M]) x B_q [N, K]^T fp8 (multipliers s_b [N], one per row of B)
+    -> [M, N] in out_dtype (+ bias [N]): the fp8 peers' products, on the int8 kernels (see the top)."""
+    _operands(a, b, fp8=True)
+    return _dispatch(a, sa, b, sb, bias, out_dtype, True, config, impl)
+
+
+def quantized_matmul_reference(a, sa, b, sb, bias=None, out_dtype=torch.float16):
+    """Plain torch: the product computed in fp32 (exact for int8 while |acc| < 2**24, and for the products
+    of fp8 values; beyond, fp32 rounding is far below the output dtype's), then the same epilogue as the
+    kernel (int8 scales divided by 127^2, fp8 scales as multipliers)."""
     acc = a.float() @ b.float().t()
     sb = sb.float().reshape(1, -1)
-    c = acc * (sa.float()[:, None] * (1.0 / QMAX_SQUARED)) * sb
+    unit = 1.0 / QMAX_SQUARED if a.dtype == torch.int8 else 1.0
+    c = acc * (sa.float()[:, None] * unit) * sb
     if bias is not None:
         c = c + bias.float()[None, :]
     return c.to(out_dtype)

@@ -1,7 +1,8 @@
-"""Persistent, TMA-fed variant of the SwitchBack int8 matmul (Hopper and newer).
+"""Persistent, TMA-fed variant of the SwitchBack 8-bit matmul (Hopper and newer).
 
 Same math and contract as kernels/switchback_matmul.py:
-  C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b / 127^2  (+ bias [N]), int32 accumulation
+  int8  C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b / 127^2  (+ bias [N]), int32 accumulation
+  fp8   C [M, N] = (A_q [M, K] . B_q [N, K]^T) * s_a[:, None] * s_b  (+ bias [N]), fp32 accumulation
 One program per SM walks output tiles in grouped order; operand tiles arrive through tensor
 descriptors (the bulk tensor copy engine on Hopper; out-of-range rows and the K tail read as zero,
 so the loop needs no masks) and the epilogue is stored through a descriptor too (clipped at the
@@ -18,14 +19,24 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._common import LaunchCache, aligned, best_tile, capability, cdiv, dequantize_tile, device_properties
+from kernels._common import (
+    LaunchCache,
+    aligned,
+    best_tile,
+    capability,
+    cdiv,
+    dequantize_tile,
+    device_properties,
+    quantized_dot,
+    quantized_zeros,
+)
 
 
 @triton.jit
-def _int8_matmul_tma_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N, K,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, PER_COLUMN: tl.constexpr,
-                            HAS_BIAS: tl.constexpr):
+def _quantized_matmul_tma_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M, N, K,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, PER_COLUMN: tl.constexpr,
+                                 HAS_BIAS: tl.constexpr, FP8: tl.constexpr):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -35,18 +46,19 @@ def _int8_matmul_tma_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, bias_ptr, M,
         group_size = min(num_m - first_m, GROUP_M)
         off_m = (first_m + (tile % per_group) % group_size) * BLOCK_M
         off_n = ((tile % per_group) // group_size) * BLOCK_N
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        acc = quantized_zeros(BLOCK_M, BLOCK_N, FP8)
         for ki in range(k_tiles):
             a = a_desc.load([off_m, ki * BLOCK_K])
             b = b_desc.load([off_n, ki * BLOCK_K])
-            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+            acc = quantized_dot(a, b.T, acc, FP8)
         rm = off_m + tl.arange(0, BLOCK_M)
         rn = off_n + tl.arange(0, BLOCK_N)
-        c = dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN, HAS_BIAS)
+        c = dequantize_tile(acc, rm, rn, M, N, sa_ptr, sb_ptr, bias_ptr, PER_COLUMN, HAS_BIAS, FP8)
         c_desc.store([off_m, off_n], c.to(c_desc.dtype))
 
 
-_CACHE = LaunchCache("switchback_int8_matmul_tma")
+# by format (fp8?): the picks of the int8 and the fp8 kernel are recorded under their own names
+_CACHES = {False: LaunchCache("switchback_int8_matmul_tma"), True: LaunchCache("switchback_fp8_matmul_tma")}
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -77,16 +89,20 @@ def _descriptors(a, b, c, bm, bn, bk):
 
 
 def launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
-    """C [M, N] in out_dtype. config = (BLOCK_M, BLOCK_N, BLOCK_K, num_stages, num_warps), or None to
-    autotune once per shape; later launches of a shape replay the compiled kernel."""
+    """C [M, N] in out_dtype from int8 or fp8 operands (a.dtype says which). config = (BLOCK_M, BLOCK_N,
+    BLOCK_K, num_stages, num_warps), or None to autotune once per shape; later launches of a shape replay
+    the compiled kernel."""
     M, K = a.shape
     N = b.shape[0]
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     tail = (sa, sb, bias if bias is not None else sa, M, N, K)
-    key = (M, N, K, out_dtype, per_column, bias is not None, config, aligned(a, b, c, sa, sb, bias), a.device)
-    entry = _CACHE.entry(key)
+    fp8 = a.dtype != torch.int8
+    key = (M, N, K, a.dtype, b.dtype, out_dtype, per_column, bias is not None, config,
+           aligned(a, b, c, sa, sb, bias), a.device)
+    cache = _CACHES[fp8]
+    entry = cache.entry(key)
     if entry is None:
-        _CACHE.store(key, *_first_launch(a, b, c, tail, per_column, bias is not None, config))
+        cache.store(key, *_first_launch(a, b, c, tail, per_column, bias is not None, fp8, config))
         return c
     replay, _, consts, _ = entry
     descs = _reused_descriptors((key, threading.get_ident()), a, b, c, consts[:3])
@@ -95,11 +111,11 @@ def launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
     return c
 
 
-def _first_launch(a, b, c, tail, per_column, has_bias, config):
+def _first_launch(a, b, c, tail, per_column, has_bias, fp8, config):
     """Launch through Triton (autotuning when config is None); (compiled, grid, constexprs, config)."""
     M, N = tail[3], tail[4]
     sms = device_properties(a.device).multi_processor_count
-    flags = {"NUM_PROGRAMS": sms, "PER_COLUMN": per_column, "HAS_BIAS": has_bias}
+    flags = {"NUM_PROGRAMS": sms, "PER_COLUMN": per_column, "HAS_BIAS": has_bias, "FP8": fp8}
     if config is None:
         # 16-byte dummy block shapes, replaced by _set_block_shapes before each launch
         descs = (TensorDescriptor.from_tensor(a, [1, 16]), TensorDescriptor.from_tensor(b, [1, 16]),
@@ -111,10 +127,10 @@ def _first_launch(a, b, c, tail, per_column, has_bias, config):
         bm, bn, bk, stages, warps = config
         group = 8
         grid = (min(sms, cdiv(M, bm) * cdiv(N, bn)),)
-        compiled = _int8_matmul_tma_kernel[grid](*_descriptors(a, b, c, bm, bn, bk), *tail, BLOCK_M=bm, BLOCK_N=bn,
-                                                 BLOCK_K=bk, GROUP_M=group, **flags, num_stages=stages,
-                                                 num_warps=warps)
-    consts = (bm, bn, bk, group, sms, per_column, has_bias)
+        compiled = _quantized_matmul_tma_kernel[grid](*_descriptors(a, b, c, bm, bn, bk), *tail, BLOCK_M=bm, BLOCK_N=bn,
+                                                      BLOCK_K=bk, GROUP_M=group, **flags, num_stages=stages,
+                                                      num_warps=warps)
+    consts = (bm, bn, bk, group, sms, per_column, has_bias, fp8)
     grid = (min(sms, cdiv(M, bm) * cdiv(N, bn)),)
     pick = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "num_stages": stages, "num_warps": warps}
     return compiled, grid, consts, pick
@@ -147,5 +163,5 @@ def _prune(configs, named_args, **kwargs):
 _autotuned = triton.autotune(
     configs=[triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=s, num_warps=w,
                            pre_hook=_set_block_shapes) for bm, bn, bk, s, w in CONFIGS],
-    key=["M", "N", "K"], prune_configs_by={"early_config_prune": _prune},
-)(_int8_matmul_tma_kernel)
+    key=["M", "N", "K", "FP8"], prune_configs_by={"early_config_prune": _prune},
+)(_quantized_matmul_tma_kernel)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.switchback_matmul import fp8_matmul_rowwise_columnwise, quantized_matmul_reference
 from kernels.switchback_quantize import quantize_rowwise
-from qbench.layers.fp8 import RECIPES, Fp8Linear, scaled_mm, scaled_mm_reference
+from qbench.layers.fp8 import RECIPES, Fp8Linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # e4m3 keeps 3 mantissa bits (relative rounding <= 2^-4 per element), e5m2 2 bits (<= 2^-3); over a
@@ -49,12 +50,26 @@ def test_fp8_layer_matches_16bit_within_fp8_rounding(recipe, shape):
         assert 1e-4 < rel(dw, dw0) < BOUND["dw_fp8"], f"fp8 dW rel err {rel(dw, dw0):.3f}"
 
 
-def test_scaled_mm_matches_its_reference():
-    a, b = torch.randn(32, 48, device=DEVICE).to(torch.bfloat16), torch.randn(16, 48, device=DEVICE).to(torch.bfloat16)
-    (aq, sa), (bq, sb) = quantize_rowwise(a, "e4m3"), quantize_rowwise(b, "e4m3")
-    got, want = scaled_mm(aq, sa, bq, sb, torch.bfloat16), scaled_mm_reference(aq, sa, bq, sb, torch.bfloat16)
+@pytest.mark.parametrize("formats", [("e4m3", "e4m3"), ("e5m2", "e4m3")])
+@pytest.mark.parametrize("shape", [(32, 48, 16), (40, 24, 56)])  # (M, K, N); the second unaligned for TMA
+def test_fp8_matmul_matches_its_reference(formats, shape):
+    M, K, N = shape
+    torch.manual_seed(M)
+    a, b = torch.randn(M, K, device=DEVICE).to(torch.bfloat16), torch.randn(N, K, device=DEVICE).to(torch.bfloat16)
+    bias = torch.randn(N, device=DEVICE).to(torch.bfloat16)
+    (aq, sa), (bq, sb) = quantize_rowwise(a, formats[0]), quantize_rowwise(b, formats[1])
+    got = fp8_matmul_rowwise_columnwise(aq, sa, bq, sb, bias, torch.bfloat16)
+    want = quantized_matmul_reference(aq, sa, bq, sb, bias, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == (M, N)
     assert rel(got, want) < 1e-2
-    assert rel(want, a.float() @ b.float().t()) < BOUND["y"]
+    assert rel(want, a.float() @ b.float().t() + bias.float()) < BOUND["dx"]  # the scales are multipliers
+
+
+def test_fp8_matmul_refuses_int8_operands():
+    q = torch.zeros(16, 16, dtype=torch.int8, device=DEVICE)
+    s = torch.ones(16, device=DEVICE)
+    with pytest.raises(ValueError, match="fp8 operands expected"):
+        fp8_matmul_rowwise_columnwise(q, s, q, s)
 
 
 def test_compiled_fp8_layer_matches_eager():

@@ -18,7 +18,7 @@ from qbench.options import (
     repeat_option,
 )
 
-KERNEL_VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "int8_cublas", "module")  # = sweep.VARIANTS
+KERNEL_VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module")  # = sweep.VARIANTS
 BLOCK_VARIANTS = ("16bit", "switchback", "fp8", "fp8_all", "torchao")  # = benches.switchback.model.VARIANTS
 MODEL_PRESETS = ("vit-h", "vit-l", "gpt2-xl")  # shown in help; a hidden test size "tiny" exists too
 TRAIN_SIZES = ("lm-small", "lm-tiny")

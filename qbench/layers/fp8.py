@@ -3,16 +3,17 @@
 Shapes: x [..., K] (K = in_features), W [N, K], bias [N], G = dY [M, N]; M = all leading dims together.
 Every quantizer is a fused Triton kernel (kernels/switchback_quantize.py): one scale per row, or per
 column with the output written transposed; e4m3 for activations and weights, e5m2 for gradients (its
-wider range). The matmuls are torch._scaled_mm with rowwise scales (one per row of A, one per column
-of the product), which writes bf16; an fp16 layer casts its outputs back.
+wider range). The matmuls are SwitchBack's own kernels in their fp8 form (kernels/switchback_matmul.py:
+the same tiles, persistence and fused epilogue as int8, fp32 accumulation, one scale per row of A and
+one per column of the product, the bias added and the activation dtype written in the epilogue).
 - recipe "switchback": Y = X W^T and dX = G W in fp8, dW = G^T X in 16-bit (SwitchBack's layout)
       Y:  A = Xq [M, K] (row scales),  B = Wq [N, K] (row scales: one per output feature)
       dX: A = Gq [M, N] (row scales),  B = (W^T)q [K, N] (one scale per input feature k)
 - recipe "all": dW in fp8 too, the rowwise recipe of current fp8 training
       dW: A = (G^T)q [N, M] (one scale per output feature, over the tokens), B = (X^T)q [K, M]
-Bias grad is G summed over rows (by G's quantizer where dX is computed). Without a CUDA device of compute
-capability >= 8.9 the matmuls run as their plain-torch reference (dequantize in fp32, multiply), so the
-layer runs on a CPU in tests.
+Bias grad is G summed over rows (by G's quantizer where dX is computed). fp8 tensor cores need a CUDA
+device of compute capability >= 8.9; on a CPU the kernels run through the Triton interpreter in tests, or
+as their plain-torch reference (dequantize in fp32, multiply).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from kernels._common import is_compiling, register_op
+from kernels.switchback_matmul import fp8_matmul_rowwise_columnwise
 from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise
 from qbench.layers.switchback import grad_operands, in_order, weight_grad_first
 
@@ -29,26 +31,9 @@ ACT, GRAD = "e4m3", "e5m2"
 
 
 def fp8_matmuls_supported(device) -> bool:
-    """torch._scaled_mm with fp8 operands: CUDA compute capability 8.9 or newer."""
+    """fp8 tensor cores: a CUDA device of compute capability 8.9 or newer."""
     device = torch.device(device)
-    return device.type == "cuda" and hasattr(torch, "_scaled_mm") and torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-def scaled_mm(a, sa, b, sb, out_dtype):
-    """A [M, K] fp8 (row scales sa [M]) times B [N, K]^T fp8 (row scales sb [N]) -> [M, N] in out_dtype;
-    the scales are dequantization multipliers (absmax / QMAX)."""
-    if a.is_cuda:
-        if a.shape[1] % 16 or b.shape[0] % 16:
-            raise ValueError(f"fp8 matmul of A {tuple(a.shape)} and B {tuple(b.shape)}: torch._scaled_mm needs the "
-                             "inner and output dimensions to be multiples of 16")
-        y = torch._scaled_mm(a, b.t(), scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16)
-        return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
-    return scaled_mm_reference(a, sa, b, sb, out_dtype)
-
-
-def scaled_mm_reference(a, sa, b, sb, out_dtype):
-    """Plain torch: dequantize both operands in fp32 and multiply (exact products of fp8 values)."""
-    return ((a.float() * sa[:, None]) @ (b.float() * sb[:, None]).t()).to(out_dtype)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -59,8 +44,7 @@ def _fp8_forward(x2: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -
     """Y [M, N] = Xq Wq^T (+ bias), X and W rowwise in e4m3."""
     xq, sx = quantize_rowwise(x2, ACT)
     wq, sw = quantize_rowwise(w, ACT)
-    y = scaled_mm(xq, sx, wq, sw, x2.dtype)
-    return y if bias is None else y + bias
+    return fp8_matmul_rowwise_columnwise(xq, sx, wq, sw, bias, x2.dtype)
 
 
 def _fp8_backward(g2: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, recipe: str, need_x: bool, need_w: bool,
@@ -73,7 +57,7 @@ def _fp8_backward(g2: torch.Tensor, x2: torch.Tensor, w: torch.Tensor, recipe: s
         if not need_x:
             return empty, db
         wtq, swt = quantize_columnwise_transpose(w, ACT)  # [K, N], one scale per input feature
-        return scaled_mm(*quantized, wtq, swt, g2.dtype), db
+        return fp8_matmul_rowwise_columnwise(*quantized, wtq, swt, None, g2.dtype), db
 
     # in SwitchBack's order (layers/switchback.py, weight_grad_first)
     dw, (dx, db) = in_order(lambda: _weight_grad(g2, x2, recipe) if need_w else empty, rest,
@@ -88,7 +72,7 @@ def _weight_grad(g2, x2, recipe: str):
         return g2.t() @ x2
     gtq, sgt = quantize_columnwise_transpose(g2, GRAD)  # [N, M]
     xtq, sxt = quantize_columnwise_transpose(x2, ACT)  # [K, M]
-    return scaled_mm(gtq, sgt, xtq, sxt, g2.dtype)
+    return fp8_matmul_rowwise_columnwise(gtq, sgt, xtq, sxt, None, g2.dtype)
 
 
 # One torch custom op per direction: a compiled graph dispatches two ops per step (see layers/switchback.py)
@@ -122,7 +106,7 @@ class Fp8LinearFn(torch.autograd.Function):
 
 class Fp8Linear(nn.Linear):
     """nn.Linear whose training matmuls run in fp8 (recipe "switchback": forward and grad-input;
-    recipe "all": grad-weight too). Dimensions must be multiples of 16 for torch._scaled_mm."""
+    recipe "all": grad-weight too)."""
 
     def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, recipe="switchback"):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)

@@ -135,7 +135,7 @@ def block_linears(model: nn.Module) -> list[nn.Linear]:
 def unavailable(variant: str, device: str) -> str | None:
     """Why `variant` cannot run on `device` (a reason to record as skipped), or None."""
     if variant in ("fp8", "fp8_all") and device == "cuda" and not fp8_matmuls_supported("cuda"):
-        return "fp8 matmuls (torch._scaled_mm) need CUDA compute capability >= 8.9"
+        return "fp8 matmuls need CUDA compute capability >= 8.9 (fp8 tensor cores)"
     if variant != "torchao":
         return None
     try:

@@ -71,6 +71,9 @@ def switchback(params: Mapping, hw: Hardware) -> dict[str, Floor]:
                                                "global_bwd")], hw)
     f["time_fp8"] = combine([f[k] for k in ("fp8_quantize_x", "fp8_quantize_g", "fp8_quantize_w",
                                             "fp8_quantize_w_t", "standard_gw", "fp8_fwd", "fp8_bwd")], hw)
+    f["time_fp8_cublas"] = combine([f[k] for k in ("fp8_quantize_x", "fp8_quantize_g", "fp8_quantize_w",
+                                                   "fp8_quantize_w_t", "standard_gw", "fp8_cublas_fwd",
+                                                   "fp8_cublas_bwd")], hw)
     f["time_int8_cublas"] = combine([f[k] for k in ("x_quantize_rowwise", "g_quantize_rowwise",
                                                     "w_quantize_rowwise", "w_quantize_colwise_transpose",
                                                     "standard_gw", "int8_cublas_fwd", "int8_cublas_bwd")], hw)
@@ -80,13 +83,16 @@ def switchback(params: Mapping, hw: Hardware) -> dict[str, Floor]:
 
 
 def _switchback_peers(M, K, N, e, hw: Hardware) -> dict[str, Floor]:
-    """fp8 SwitchBack (torch._scaled_mm, bf16 output) and cuBLAS int8 (torch._int_mm, int32 output)."""
+    """fp8 SwitchBack (16-bit output, from SwitchBack's kernels or torch._scaled_mm: the same bytes at the
+    floor, the latter's cast of its bf16 output to fp16 being overhead) and cuBLAS int8 (torch._int_mm,
+    int32 output)."""
     out = {
         "fp8_fwd": analyze(2 * M * K * N, M * K + N * K + M * N * 2 + (M + N) * SCALE_BYTES, hw, "fp8"),
         "fp8_bwd": analyze(2 * M * K * N, M * N + N * K + M * K * 2 + (M + N) * SCALE_BYTES, hw, "fp8"),
         "int8_cublas_fwd": analyze(2 * M * K * N, M * K + N * K + M * N * 4, hw, "int8"),
         "int8_cublas_bwd": analyze(2 * M * K * N, M * N + N * K + M * K * 4, hw, "int8"),
     }
+    out["fp8_cublas_fwd"], out["fp8_cublas_bwd"] = out["fp8_fwd"], out["fp8_bwd"]
     for name, rows, cols in (("x", M, K), ("g", M, N), ("w", N, K), ("w_t", N, K)):
         out[f"fp8_quantize_{name}"] = _stream(rows * cols * e, rows * cols, hw)
     return out

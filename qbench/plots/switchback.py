@@ -22,7 +22,8 @@ SPEEDUPS = (
     ("speedup_global", "SwitchBack global (int8)"),
     ("speedup_rowwise", "SwitchBack rowwise (int8)"),
     ("speedup_int8_cublas", "torch._int_mm int8"),
-    ("speedup_fp8", "fp8 (torch._scaled_mm)"),
+    ("speedup_fp8", "fp8 (SwitchBack's kernels)"),
+    ("speedup_fp8_cublas", "fp8 (torch._scaled_mm)"),
 )
 
 

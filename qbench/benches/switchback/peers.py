@@ -1,11 +1,15 @@
 """Peers of SwitchBack in the same run.
 
-- fp8 ("fp8", SwitchBack's layout): forward and grad-input through torch._scaled_mm with rowwise
-  scales (one per row of A and one per output column; that mode writes bf16), grad-weight in 16-bit.
+- fp8 ("fp8", SwitchBack's layout): forward and grad-input in fp8 with rowwise scales (one per row of
+  A and one per output column), on the fp8 form of SwitchBack's own matmul kernels (the int8 path's
+  tiles and fused epilogue, fp32 accumulation; kernels/switchback_matmul.py), grad-weight in 16-bit.
   Quantized by the same fused kernels as int8 (kernels/switchback_quantize.py): X and W rowwise in
   e4m3, G rowwise in e5m2, W columnwise-and-transposed in e4m3 for the grad-input.
 - fp8 everywhere ("fp8_all", the rowwise recipe of current fp8 training): the same plus grad-weight
   in fp8, dW = (G^T)q (X^T)q with G^T and X^T quantized per output / input feature over the tokens.
+- fp8 through the vendor library ("fp8_cublas"): fp8's operands and layout, its two products through
+  torch._scaled_mm with rowwise scales (cuBLASLt / CUTLASS; that mode writes bf16, cast to an fp16
+  layer's dtype after it): the library path fp8 training recipes call.
 - cuBLAS int8: torch._int_mm (int8 x int8 -> int32) on SwitchBack's vectorwise operands, then the
   dequantizing epilogue as separate torch ops (cuBLAS has no fused rowwise-scale epilogue here).
 Each peer is skipped (absent from the record) where the GPU or the shape does not support it.
@@ -18,10 +22,13 @@ TOTALS = {
                  "fp8_fwd", "fp8_bwd"),
     "time_fp8_all": ("fp8_quantize_x", "fp8_quantize_g", "fp8_quantize_w", "fp8_quantize_w_t", "fp8_quantize_g_t",
                      "fp8_quantize_x_t", "fp8_fwd", "fp8_bwd", "fp8_gw"),
+    "time_fp8_cublas": ("fp8_quantize_x", "fp8_quantize_g", "fp8_quantize_w", "fp8_quantize_w_t", "standard_gw",
+                        "fp8_cublas_fwd", "fp8_cublas_bwd"),
     "time_int8_cublas": ("x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_rowwise",
                          "w_quantize_colwise_transpose", "standard_gw", "int8_cublas_fwd", "int8_cublas_bwd"),
 }
-MATMUL_RATE = {"fp8_fwd": "tflops", "fp8_bwd": "tflops", "fp8_gw": "tflops", "int8_cublas_fwd": "tops",
+MATMUL_RATE = {"fp8_fwd": "tflops", "fp8_bwd": "tflops", "fp8_gw": "tflops", "fp8_cublas_fwd": "tflops",
+               "fp8_cublas_bwd": "tflops", "int8_cublas_fwd": "tops",
                "int8_cublas_bwd": "tops"}
 # each fp8 quantizer next to the int8 quantizer of the same shape and layout (the fairness check)
 INT8_TWIN = {"fp8_quantize_x": "x_quantize_rowwise", "fp8_quantize_g": "g_quantize_rowwise",
@@ -42,14 +49,19 @@ def quantize_bytes(shape) -> dict:
 
 
 def fp8_supported(ops) -> bool:
+    """fp8 tensor cores: compute capability 8.9 or newer."""
     import torch
 
-    if ops.device != "cuda" or not hasattr(torch, "_scaled_mm"):
-        return False
+    return ops.device == "cuda" and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def fp8_cublas_supported(ops) -> bool:
+    """torch._scaled_mm on fp8 tensor cores; it needs dims that are multiples of 16."""
+    import torch
+
     M, K = ops.x.shape
     N = ops.w.shape[0]
-    # fp8 tensor cores from compute capability 8.9; _scaled_mm needs dims that are multiples of 16
-    return torch.cuda.get_device_capability() >= (8, 9) and all(d % 16 == 0 for d in (M, K, N))
+    return fp8_supported(ops) and hasattr(torch, "_scaled_mm") and all(d % 16 == 0 for d in (M, K, N))
 
 
 def int8_cublas_supported(ops) -> bool:
@@ -71,16 +83,31 @@ def _fp8_quantized(ops) -> dict:
             "x_t": sq.quantize_columnwise_transpose(ops.x, "e4m3")}
 
 
-def _fp8_ops(ops, variants) -> dict:
-    """The fp8 matmuls on operands quantized once, outside the timed region."""
-    from qbench.layers.fp8 import scaled_mm
+def _fp8_ops(ops, variants, q: dict) -> dict:
+    """The fp8 matmuls on operands quantized once (q), outside the timed region."""
+    from kernels.switchback_matmul import fp8_matmul_rowwise_columnwise as mm
 
-    q, dt = _fp8_quantized(ops), ops.dtype
-    fns = {"fp8_fwd": lambda: scaled_mm(*q["x"], *q["w"], dt),  # Y = X W^T  [M, N]
-           "fp8_bwd": lambda: scaled_mm(*q["g"], *q["w_t"], dt)}  # dX = G W  [M, K]
+    dt = ops.dtype
+    fns = {"fp8_fwd": lambda: mm(*q["x"], *q["w"], None, dt),  # Y = X W^T  [M, N]
+           "fp8_bwd": lambda: mm(*q["g"], *q["w_t"], None, dt)}  # dX = G W  [M, K]
     if "fp8_all" in variants:
-        fns["fp8_gw"] = lambda: scaled_mm(*q["g_t"], *q["x_t"], dt)  # dW = G^T X  [N, K]
+        fns["fp8_gw"] = lambda: mm(*q["g_t"], *q["x_t"], None, dt)  # dW = G^T X  [N, K]
     return fns
+
+
+def _scaled_mm(a, sa, b, sb, out_dtype):
+    """torch._scaled_mm of A [M, K] fp8 (multipliers sa [M]) and B [N, K]^T fp8 (multipliers sb [N]): bf16
+    out (what its rowwise mode writes), cast to out_dtype."""
+    import torch
+
+    y = torch._scaled_mm(a, b.t(), scale_a=sa[:, None], scale_b=sb[None, :], out_dtype=torch.bfloat16)
+    return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
+
+
+def _fp8_cublas_ops(ops, q: dict) -> dict:
+    dt = ops.dtype
+    return {"fp8_cublas_fwd": lambda: _scaled_mm(*q["x"], *q["w"], dt),
+            "fp8_cublas_bwd": lambda: _scaled_mm(*q["g"], *q["w_t"], dt)}
 
 
 def _int8_cublas_ops(ops) -> dict:
@@ -102,8 +129,13 @@ def _int8_cublas_ops(ops) -> dict:
 def peer_outputs(ops, variants) -> dict:
     """name -> callable of the peers' matmuls (for errors as well as timing)."""
     out = {}
-    if ("fp8" in variants or "fp8_all" in variants) and fp8_supported(ops):
-        out.update(_fp8_ops(ops, variants))
+    fp8 = ("fp8" in variants or "fp8_all" in variants) and fp8_supported(ops)
+    cublas = "fp8_cublas" in variants and fp8_cublas_supported(ops)
+    q = _fp8_quantized(ops) if fp8 or cublas else None
+    if fp8:
+        out.update(_fp8_ops(ops, variants, q))
+    if cublas:
+        out.update(_fp8_cublas_ops(ops, q))
     if "int8_cublas" in variants and int8_cublas_supported(ops):
         out.update(_int8_cublas_ops(ops))
     return out
@@ -111,7 +143,7 @@ def peer_outputs(ops, variants) -> dict:
 
 def peer_components(ops, variants) -> dict:
     fns = peer_outputs(ops, variants)
-    if "fp8_fwd" in fns:
+    if "fp8_fwd" in fns or "fp8_cublas_fwd" in fns:
         from kernels import switchback_quantize as sq
 
         x, g, w = ops.x, ops.g, ops.w

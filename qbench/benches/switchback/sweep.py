@@ -4,8 +4,9 @@ For each (batch_size = M tokens, dim_in = K, dim_out = N) the bench times every 
 original bitsandbytes benchmark (keys and totals named exactly as in its info.jsonl; see
 ../shared reference switchback.md), adds speed-ups, % time saved, throughput of every component, the
 relative error of each int8 matmul against the 16-bit result, the module-level forward+backward of
-SwitchBackLinear against nn.Linear, and two peers: fp8 SwitchBack (torch._scaled_mm, rowwise scales)
-and cuBLAS int8 (torch._int_mm + a scale epilogue). Peers live in benches/switchback/peers.py.
+SwitchBackLinear against nn.Linear, and peers: fp8 SwitchBack (the fp8 form of SwitchBack's kernels,
+rowwise scales; and the same products through torch._scaled_mm) and cuBLAS int8 (torch._int_mm + a scale
+epilogue). Peers live in benches/switchback/peers.py.
 
 Correctness comes first: quantizers are compared with their references and every int8 matmul with
 the worst-case quantization bound on a sample of rows; a failure gives an "error" record, untimed.
@@ -28,7 +29,7 @@ SEED_PAIRS = ((1024, 4096, 4), (1280, 5120, 4), (1408, 5632, 4), (1408, 6144, 4.
 GPU_BATCHES = tuple(2**i for i in range(10, 18))  # 1024 ... 131072 tokens, as the original
 CPU_DIMS = (64, 96)
 CPU_BATCHES = (64, 256)
-VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "int8_cublas", "module")
+VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module")
 TIME_BUDGET_MS = {"cuda": 100.0, "cpu": 5.0}  # per component: enough repeats for stable medians
 MAX_SAMPLES = 50  # raw samples kept per total (keeps a committed run small)
 
@@ -167,7 +168,7 @@ def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig)
         if all(k in m for k in keys):
             m[total] = sum(m[k] for k in keys)
     base = m["time_standard"]
-    for name in ("global", "rowwise", "fp8", "fp8_all", "int8_cublas"):
+    for name in ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas"):
         if f"time_{name}" in m:
             m[f"speedup_{name}"] = base / m[f"time_{name}"]
             if name in ("global", "rowwise"):

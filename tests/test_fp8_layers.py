@@ -8,7 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.switchback_matmul import fp8_matmul_rowwise_columnwise, quantized_matmul_reference
+from kernels.switchback_matmul import (
+    fp8_matmul_rowwise_columnwise,
+    int8_matmul_rowwise_columnwise,
+    quantized_matmul_reference,
+)
 from kernels.switchback_quantize import quantize_rowwise
 from qbench.layers.fp8 import RECIPES, Fp8Linear
 
@@ -86,3 +90,10 @@ def test_compiled_fp8_layer_matches_eager():
 def test_unknown_recipe_is_rejected():
     with pytest.raises(ValueError, match="unknown fp8 recipe"):
         Fp8Linear(16, 16, recipe="tensorwise")
+
+
+def test_int8_matmul_refuses_fp8_operands():
+    q = torch.zeros(16, 16, device=DEVICE).to(torch.float8_e4m3fn)
+    s = torch.ones(16, device=DEVICE)
+    with pytest.raises(ValueError, match="int8 operands expected"):
+        int8_matmul_rowwise_columnwise(q, s, q, s)

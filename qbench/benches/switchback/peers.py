@@ -73,14 +73,17 @@ def int8_cublas_supported(ops) -> bool:
     return ops.device == "cuda" and hasattr(torch, "_int_mm") and M > 16 and K % 8 == 0 and N % 8 == 0
 
 
-def _fp8_quantized(ops) -> dict:
-    """name -> (fp8 tensor, scales) of every fp8 operand, made once by the fused kernels."""
+def _fp8_quantized(ops, grad_weight: bool) -> dict:
+    """name -> (fp8 tensor, scales) of the fp8 operands, made once by the fused kernels; G^T and X^T
+    ([N, M], [K, M]: two more activation-sized buffers) only for fp8_all's grad-weight product."""
     from kernels import switchback_quantize as sq
 
-    return {"x": sq.quantize_rowwise(ops.x, "e4m3"), "g": sq.quantize_rowwise(ops.g, "e5m2"),
-            "w": sq.quantize_rowwise(ops.w, "e4m3"), "w_t": sq.quantize_columnwise_transpose(ops.w, "e4m3"),
-            "g_t": sq.quantize_columnwise_transpose(ops.g, "e5m2"),
-            "x_t": sq.quantize_columnwise_transpose(ops.x, "e4m3")}
+    q = {"x": sq.quantize_rowwise(ops.x, "e4m3"), "g": sq.quantize_rowwise(ops.g, "e5m2"),
+         "w": sq.quantize_rowwise(ops.w, "e4m3"), "w_t": sq.quantize_columnwise_transpose(ops.w, "e4m3")}
+    if grad_weight:
+        q.update(g_t=sq.quantize_columnwise_transpose(ops.g, "e5m2"),
+                 x_t=sq.quantize_columnwise_transpose(ops.x, "e4m3"))
+    return q
 
 
 def _fp8_ops(ops, variants, q: dict) -> dict:
@@ -131,7 +134,7 @@ def peer_outputs(ops, variants) -> dict:
     out = {}
     fp8 = ("fp8" in variants or "fp8_all" in variants) and fp8_supported(ops)
     cublas = "fp8_cublas" in variants and fp8_cublas_supported(ops)
-    q = _fp8_quantized(ops) if fp8 or cublas else None
+    q = _fp8_quantized(ops, grad_weight=fp8 and "fp8_all" in variants) if fp8 or cublas else None
     if fp8:
         out.update(_fp8_ops(ops, variants, q))
     if cublas:

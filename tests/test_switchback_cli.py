@@ -134,3 +134,13 @@ def test_fp8_quantizers_are_put_next_to_their_int8_twins():
     ratios = peers.twin_ratios(medians)
     assert ratios == pytest.approx({"fp8_quantize_x_over_int8": 1.1, "fp8_quantize_w_t_over_int8": 0.8})
     assert set(units_of(ratios).values()) == {"ratio"}
+
+
+def test_slowest_component_is_a_share_of_time_global_or_nothing():
+    from qbench.benches.switchback.table import slowest
+
+    parts = dict.fromkeys(TOTALS["time_global"], 1.0)
+    parts["standard_gw"] = 2.0
+    assert slowest({**parts, "time_global": sum(parts.values())}) == f"standard_gw {100 * 2 / sum(parts.values()):.0f}%"
+    # a --variants run without global: only the shared 16-bit components, no total to take a share of
+    assert slowest({"standard_gw": 2.0, "standard_fwd": 1.0}) == "-"

@@ -3,8 +3,6 @@ module in each execution mode), the module's host time per eager step, and the s
 
 from __future__ import annotations
 
-import math
-
 from qbench import units
 from qbench.benches.switchback.components import TOTALS
 
@@ -41,9 +39,10 @@ def table(records: list[dict]):
 
 
 def slowest(metrics: dict) -> str:
-    parts = [(metrics[k], k) for k in TOTALS["time_global"] if metrics.get(k) is not None]
-    if not parts:
+    """The largest component of time_global and its share; '-' without time_global (a --variants run without
+    global times only the components it shares, e.g. standard_gw)."""
+    total = metrics.get("time_global")
+    if not total:
         return "-"
-    value, name = max(parts)
-    total = metrics.get("time_global") or math.nan
+    value, name = max((metrics[k], k) for k in TOTALS["time_global"])
     return f"{name.replace('_quantize', '_q')} {100 * value / total:.0f}%"

@@ -344,10 +344,10 @@ def test_selector_gradient_kernel_matches_torch(n, f, b, out, dtype, device):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("n,f,b,out", [(3, 7, 5, 9), (1, 33, 1, 4), (8, 64, 16, 100), (5, 40, 17, 33), (2, 8, 65, 20)])
 def test_fragment_outputs_kernel_matches_torch(n, f, b, out, dtype, device):
-    """z = x_f W_f and the low-rank partials v_f C_f^T per fragment, then c = sum_f of the partials and
-    y = sum_f p_f z_f + c E^T from them, each kernel against its plain-torch formula and float64 (17 rows: a
-    padded row block; 65 rows: beyond the kernels' row limit, the torch path; rank 70: two chunks of the
-    low-rank product and two column blocks of its partials, the second ragged)."""
+    """z = x_f W_f per fragment and c = v C^T in one kernel, then y = sum_f p_f z_f + c E^T from z, each
+    kernel against its plain-torch formula and float64 (17 rows: a padded row block; 65 rows: beyond the
+    kernels' row limit, the torch path; rank 70: two chunks of the low-rank product and five blocks of c's
+    programs, the last ragged)."""
     from kernels.fragmented_experts import (
         expert_sum,
         expert_sum_reference,
@@ -362,17 +362,16 @@ def test_fragment_outputs_kernel_matches_torch(n, f, b, out, dtype, device):
     cw = torch.randn(70, n * f, dtype=x.dtype, device=device) / (n * f) ** 0.5
     p = torch.softmax(torch.randn(b, n, device=device), dim=1)
     e = torch.randn(out, 70, dtype=x.dtype, device=device) / 70**0.5
-    z, cz = fragment_outputs(x, w, v, cw)
-    y, c = expert_sum(z, p, cz, e)
-    assert z.shape == (n, b, out) and cz.shape == (n, b, 70) and y.shape == (b, out) and c.shape == (b, 70)
-    assert z.dtype == y.dtype == c.dtype == x.dtype and cz.dtype == torch.float32
+    z, c = fragment_outputs(x, w, v, cw)
+    y = expert_sum(z, p, c, e)
+    assert z.shape == (n, b, out) and c.shape == (b, 70) and y.shape == (b, out)
+    assert z.dtype == c.dtype == y.dtype == x.dtype
     exact = torch.bmm(x.double().view(b, n, f).transpose(0, 1), w.double())
     c_exact = v.double() @ cw.double().t()
     y_exact = torch.einsum("bn,nbo->bo", p.double(), z.double()) + c.double() @ e.double().t()
-    z_want, cz_want = fragment_outputs_reference(x, w, v, cw)
-    y_want, c_want = expert_sum_reference(z, p, cz, e)
+    z_want, c_want = fragment_outputs_reference(x, w, v, cw)
     tol = 1e-2 if dtype != "fp32" else 1e-5
-    for name, got, want in (("z", z, z_want), ("cz", cz, cz_want), ("y", y, y_want), ("c", c, c_want),
+    for name, got, want in (("z", z, z_want), ("c", c, c_want), ("y", y, expert_sum_reference(z, p, c, e)),
                             ("z exact", z, exact), ("c exact", c, c_exact), ("y exact", y, y_exact)):
         assert relerr(got, want) <= tol, f"{name}: rel err {relerr(got, want):.2e}"
 

@@ -146,9 +146,9 @@ class SoftFragmentedFn(torch.autograd.Function):
     the same pass forms dE and dc, and one light pass dv and dC, so the low-rank path's four small matmuls
     no longer run one after another after dW.
     When x needs no gradient (the layer's input is data), the forward keeps the per-fragment outputs
-    z [N, B, out] (z_f = x_f W_f), from one read of W as u W_flat reads it, with the low-rank product's
-    per-fragment partials v_f C_f^T in the same launch, and forms c and y = sum_f p_f z_f + c E^T from them
-    in one light pass (kernels/fragmented_experts.py): three launches in all; the selector's gradient then takes
+    z [N, B, out] (z_f = x_f W_f), from one read of W as u W_flat reads it, with the low-rank code c = v C^T
+    in the same launch, and forms y = sum_f p_f z_f + c E^T from z in one light pass
+    (kernels/fragmented_experts.py): three launches in all; the selector's gradient then takes
     <du_f, x_f> as <dy, z_f>, so backward never reads W for du = dy W_flat^T (the one big matmul a dense
     layer's backward does not have). Only while z is no larger than W (B <= F)."""
 
@@ -159,10 +159,10 @@ class SoftFragmentedFn(torch.autograd.Function):
         keep_z = not ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and x.shape[0] <= f
         z = expert = None
         if keep_z:
-            # z [N, B, out] (W read once) and the low-rank product's per-fragment partials in one launch, then
-            # y = sum_f p_f z_f + c E^T and c = v C^T in one pass over them
-            z, cz = fragment_outputs(x, w, v, c_w)
-            y, c = expert_sum(z, p, cz, e_w)
+            # z [N, B, out] (W read once) and c = v C^T [B, c] in one launch, then y = sum_f p_f z_f + c E^T in
+            # one pass over z
+            z, c = fragment_outputs(x, w, v, c_w)
+            y = expert_sum(z, p, c, e_w)
         else:
             side = _fork(x)  # the pass over W is issued first: the side stream's work never delays it
             expert = u @ w.view(-1, w.shape[-1])

@@ -101,25 +101,31 @@ _autotuned = triton.autotune(
 _LAUNCHES = LaunchCache("fragment_outputs")
 
 
-def _fragment_outputs(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor, cw: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def _fragment_outputs(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor | None, cw: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
     b = x.shape[0]
     n, f, out = w.shape
-    r = cw.shape[0]
-    if not (use_triton(x, w, v, cw) and b <= MAX_ROWS and x.stride(1) == 1 and v.stride(1) == 1 and b > 0
-            and v.dtype == x.dtype and cw.dtype == w.dtype):
+    low_rank = v is not None
+    if not (use_triton(x, w) and b <= MAX_ROWS and x.stride(1) == 1 and b > 0
+            and (not low_rank or (use_triton(v, cw) and v.stride(1) == 1 and v.dtype == x.dtype
+                                  and cw.dtype == w.dtype))):
         return fragment_outputs_reference(x, w, v, cw)
-    w, cw = w.contiguous(), cw.contiguous()
+    w = w.contiguous()
     z = torch.empty((n, b, out), dtype=x.dtype, device=x.device)
-    c = torch.empty((b, r), dtype=x.dtype, device=x.device)
+    if low_rank:  # c's programs after W's column blocks
+        cw, r = cw.contiguous(), cw.shape[0]
+        c = torch.empty((b, r), dtype=x.dtype, device=x.device)
+    else:  # R = 0: no programs for c (its pointers are never read)
+        v, cw, c, r = x, w, z, 0
     args = (x, w, z, v, cw, c, b, f, out, r, n * f, x.stride(0), v.stride(0))
     key = (b, n, f, out, r, x.stride(0), v.stride(0), x.dtype, w.dtype, aligned(x, w, z, v, cw, c), x.device)
     _LAUNCHES.launch(key, args, lambda: _first_launch(args, n, x.dtype))
-    return z, c
+    return z, (c if low_rank else None)
 
 
 # c's programs: BLOCK_C rows of C each (16 programs at r = 256), streaming in [BLOCK_C, BLOCK_CK] tiles; fp32
-# keeps to short tiles (its exact products unroll into FMA code whose compile time grows with the tile)
+# keeps to short tiles (its exact products unroll into FMA code whose compile time grows with the tile), and
+# the layer computes fp32's c apart (qbench/layers/fragmented.py, FUSED_LOW_RANK)
 BLOCK_C = 16
 BLOCK_CK = {False: 256, True: 64}  # by fp32
 
@@ -146,24 +152,36 @@ def _first_launch(args, n: int, dtype):
     return compiled, grid(best.kwargs["BLOCK_O"]), consts, {**config_dict(best), "BLOCK_B": block_b, **low_rank}
 
 
-_OP = register_op("fragment_outputs", _fragment_outputs,
+def _op_with_low_rank(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor, cw: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fragment_outputs(x, w, v, cw)
+
+
+def _op_z(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _fragment_outputs(x, w, None, None)[0]
+
+
+_OP = register_op("fragment_outputs", _op_with_low_rank,
                   lambda x, w, v, cw: (x.new_empty((w.shape[0], x.shape[0], w.shape[2])),
                                        x.new_empty((x.shape[0], cw.shape[0]))))
+_Z_OP = register_op("fragment_outputs_z", _op_z, lambda x, w: x.new_empty((w.shape[0], x.shape[0], w.shape[2])))
 
 
-def fragment_outputs(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor, cw: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def fragment_outputs(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor | None = None, cw: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(z [N, B, out] = x_f W_f, c [B, r] = v C^T), both in x.dtype, for x, v [B, in], W [N, F, out], C [r, in];
-    see the module docstring."""
+    c is None when v and C are not given. See the module docstring."""
+    if v is None:
+        return (_Z_OP(x, w) if is_compiling() else _fragment_outputs(x, w, None, None)[0]), None
     return _OP(x, w, v, cw) if is_compiling() else _fragment_outputs(x, w, v, cw)
 
 
-def fragment_outputs_reference(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor, cw: torch.Tensor
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+def fragment_outputs_reference(x: torch.Tensor, w: torch.Tensor, v: torch.Tensor | None = None,
+                               cw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain torch, same math: a batched matmul and a matmul."""
     b = x.shape[0]
     n, f, _ = w.shape
-    return torch.bmm(x.reshape(b, n, f).transpose(0, 1), w), v @ cw.t()
+    return torch.bmm(x.reshape(b, n, f).transpose(0, 1), w), (None if v is None else v @ cw.t())
 
 
 @triton.jit

@@ -364,6 +364,8 @@ def test_fragment_outputs_kernel_matches_torch(n, f, b, out, dtype, device):
     e = torch.randn(out, 70, dtype=x.dtype, device=device) / 70**0.5
     z, c = fragment_outputs(x, w, v, cw)
     y = expert_sum(z, p, c, e)
+    z_alone, no_c = fragment_outputs(x, w)  # without v and C: no programs for c
+    assert no_c is None and torch.equal(z_alone, z)
     assert z.shape == (n, b, out) and c.shape == (b, 70) and y.shape == (b, out)
     assert z.dtype == c.dtype == y.dtype == x.dtype
     exact = torch.bmm(x.double().view(b, n, f).transpose(0, 1), w.double())

@@ -48,10 +48,12 @@ MAX_ROWS = 64  # rows held by one program: beyond, W would be read once per row 
 @triton.jit
 def _fragment_outputs_kernel(x_ptr, w_ptr, z_ptr, v_ptr, cw_ptr, c_ptr, B, F, OUT, R, IN, stride_x, stride_v,
                              IEEE: tl.constexpr, UPCAST: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_O: tl.constexpr,
-                             BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr):
+                             BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CK: tl.constexpr,
+                             LOW_RANK: tl.constexpr):
     """Program (column block, fragment f, row block): z[f, rows, cols] = x_f W_f for the first cdiv(OUT,
-    BLOCK_O) column blocks; after them, fragment 0's programs compute c[rows, BLOCK_C rows of C] = v C^T over
-    all of in (the other fragments' programs there have nothing to do)."""
+    BLOCK_O) column blocks; after them (LOW_RANK), fragment 0's programs compute c[rows, BLOCK_C rows of C] =
+    v C^T over all of in (the other fragments' programs there have nothing to do). Without LOW_RANK the
+    kernel is z's alone, as compiled before c moved in."""
     f = tl.program_id(1)
     rows = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)
     row_in = rows < B
@@ -70,7 +72,7 @@ def _fragment_outputs_kernel(x_ptr, w_ptr, z_ptr, v_ptr, cw_ptr, c_ptr, B, F, OU
             acc = dot_accumulate(a, w, acc, IEEE, UPCAST)
         z_rows = z_ptr + (f * B + rows[:, None]).to(tl.int64) * OUT + cols[None, :]
         tl.store(z_rows, acc.to(z_ptr.dtype.element_ty), mask=row_in[:, None] & col_in[None, :])
-    elif f == 0:
+    elif LOW_RANK and f == 0:
         ranks = (tl.program_id(0) - out_blocks) * BLOCK_C + tl.arange(0, BLOCK_C)
         ks = tl.arange(0, BLOCK_CK)
         rank_in = ranks < R
@@ -135,7 +137,8 @@ def _first_launch(args, n: int, dtype):
     b, out, r = args[6], args[8], args[9]
     block_b = dot_rows(b)
     flags = (ieee(dtype), upcast(dtype), block_b)
-    low_rank = {"BLOCK_C": BLOCK_C, "BLOCK_CK": 32 if interpreting() else BLOCK_CK[dtype == torch.float32]}
+    low_rank = {"BLOCK_C": BLOCK_C, "BLOCK_CK": 32 if interpreting() else BLOCK_CK[dtype == torch.float32],
+                "LOW_RANK": r > 0}
 
     def grid(block_o):  # W's column blocks, then c's
         return (cdiv(out, block_o) + cdiv(r, BLOCK_C), n, cdiv(b, block_b))

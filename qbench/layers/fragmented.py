@@ -39,9 +39,10 @@ from kernels.grouped_gemm import grouped_matmul
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
 # dtypes whose low-rank code c = v C^T is computed inside the pass over W (kernels/fragmented_experts.py), which
-# saves the eager forward cuBLAS's split-K launches; fp32 keeps the cuBLAS product: its exact (IEEE) products
-# made c's few programs the pass's straggler (one H200, graphed forward + backward at batch 16: 0.3567 ms with
-# c inside against 0.2835 without; 16-bit: 0.1352 against 0.1354)
+# saves the eager forward cuBLAS's split-K launches; fp32 keeps the cuBLAS product (beside the pass over W on a
+# side stream in a graph): its exact (IEEE) products made c's few programs the pass's straggler (one H200,
+# graphed forward + backward at batch 16: 0.3567 ms with c inside against 0.2835 without; 16-bit: 0.1352
+# against 0.1354)
 FUSED_LOW_RANK = (torch.float16, torch.bfloat16)
 
 
@@ -163,19 +164,19 @@ class SoftFragmentedFn(torch.autograd.Function):
         n, f = s.shape
         keep_z = not ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and x.shape[0] <= f
         z = expert = None
-        if keep_z:
-            # z [N, B, out] (W read once) and, in 16-bit, c = v C^T [B, c] in the same launch (FUSED_LOW_RANK),
-            # then y = sum_f p_f z_f + c E^T in one pass over z
-            fused = x.dtype in FUSED_LOW_RANK
-            z, c = fragment_outputs(x, w, v, c_w) if fused else (fragment_outputs(x, w)[0], v @ c_w.t())
-            y = expert_sum(z, p, c, e_w)
+        if keep_z and x.dtype in FUSED_LOW_RANK:  # z [N, B, out] (W read once) and c = v C^T [B, c], one launch
+            z, c = fragment_outputs(x, w, v, c_w)
         else:
             side = _fork(x)  # the pass over W is issued first: the side stream's work never delays it
-            expert = u @ w.view(-1, w.shape[-1])
+            if keep_z:
+                z = fragment_outputs(x, w)[0]  # [N, B, out]: W read once
+            else:
+                expert = u @ w.view(-1, w.shape[-1])
             with _on(side):  # the low-rank path's small matmul beside the pass over W
                 c = v @ c_w.t()  # [B, c]
             _join(side)
-            y = torch.addmm(expert, c, e_w.t())
+        # y = sum_f p_f z_f + c E^T in one pass over z, or the expert output plus c E^T
+        y = expert_sum(z, p, c, e_w) if keep_z else torch.addmm(expert, c, e_w.t())
         ctx.save_for_backward(x, s, p, u, v, c, w, c_w, e_w, z)
         return y
 

@@ -10,8 +10,8 @@ every SM has programs to stream it with (on an H200, bf16, 8192 x 8192, 8 fragme
 against 44.6 us for one program per column block walking all fragments, probe). The same launch computes c
 in further programs, one per block of C's rows, which the grid places among the first (fragment 0's), so
 they run beside the pass over W: the layer's forward is three launches (select_scale, these two) where c
-was a cuBLAS matmul of its own (a split-K product at these shapes: a memset and two more launches, the
-largest host cost of an eager forward on an H100 host, probe). `expert_sum` then forms y from z (2 MB at
+was a cuBLAS matmul of its own (a split-K product at these shapes, a memset before its kernel: the largest
+host cost of an eager forward in a profile on an H100 host, probe). `expert_sum` then forms y from z (2 MB at
 that size, against W's 128 MiB) and adds the low-rank path in the same pass, so the layer's forward needs
 no separate addmm. Both serve skinny batches (B <= MAX_ROWS, the layer's regime: W read once is the whole
 cost); larger batches, and devices Triton cannot run on, use the torch references (same math). Eager calls

@@ -364,8 +364,8 @@ def test_fragment_outputs_kernel_matches_torch(n, f, b, out, dtype, device):
     e = torch.randn(out, 70, dtype=x.dtype, device=device) / 70**0.5
     z, c = fragment_outputs(x, w, v, cw)
     y = expert_sum(z, p, c, e)
-    z_alone, no_c = fragment_outputs(x, w)  # without v and C: no programs for c
-    assert no_c is None and torch.equal(z_alone, z)
+    z_alone, no_c = fragment_outputs(x, w)  # without v and C: no programs for c (a GPU may tune other tiles)
+    assert no_c is None and relerr(z_alone, z) <= (1e-2 if dtype != "fp32" else 1e-5)
     assert z.shape == (n, b, out) and c.shape == (b, 70) and y.shape == (b, out)
     assert z.dtype == c.dtype == y.dtype == x.dtype
     exact = torch.bmm(x.double().view(b, n, f).transpose(0, 1), w.double())

@@ -9,8 +9,8 @@ both records: ratio = candidate / reference, signed % change, and whether that i
 by the unit's declared direction (qbench.units). With >= 2 samples on both sides a two-sided
 Mann-Whitney U test decides whether a change beyond the noise threshold is significant.
 
-Markers: '+' worse, '-' better, '~' beyond the threshold but not significant, '=' within the
-threshold, 'x' not comparable, '!' newly failing, '*' fixed, 'n/a' missing on one side.
+Markers: '+' worse, '-' better, '~' beyond the threshold but not significant (with --group: or the sides' runs
+overlap), '=' within the threshold, 'x' not comparable, '!' newly failing, '*' fixed, 'n/a' missing on one side.
 """
 
 from __future__ import annotations
@@ -171,7 +171,21 @@ def _compare_records(ref_rec, cand_rec, metric: str, candidate: str, options: Co
         row.marker, row.note = "x", f"units differ: {unit} vs {cand_unit}"
         return row
     _verdict(row, units.direction(unit), options)
+    if row.marker in "+-" and _runs_overlap(ref_rec, cand_rec, metric):
+        row.marker, row.note = "~", "the sides' runs overlap"
     return row
+
+
+def _runs_overlap(ref_rec, cand_rec, metric: str) -> bool:
+    """--group: whether some run of one side lies within the other side's runs for this metric. Pooled
+    samples test the spread within runs; between runs a host or a GPU can drift further (on one H200, one
+    code run three times against itself, alternately: +18.4% in an eager step, U-test p = 0.0017), so a
+    change counts only when every run of the candidate lies beyond every run of the reference."""
+    a = (ref_rec.get("run_values") or {}).get(metric)
+    b = (cand_rec.get("run_values") or {}).get(metric)
+    if not a or not b:
+        return False
+    return not (max(a) < min(b) or max(b) < min(a))
 
 
 def _status_row(ref_rec, cand_rec, candidate: str) -> Row | None:
@@ -319,9 +333,10 @@ def group_runs(runs: Sequence[Run], size: int) -> list[Run]:
 
 def merge_runs(runs: Sequence[Run]) -> Run:
     """Repeated runs of one command as one Run: per configuration (joined as compare joins) each metric is
-    the median over the runs of their values, as `summary --across-runs median` prints it, and the samples
-    of every run are pooled, so that the U test sees the spread between runs as well as within them. A
-    configuration some run of the group lacks is left out (it then shows as missing on this side)."""
+    the median over the runs of their values, as `summary --across-runs median` prints it (the runs' own
+    values kept as `run_values`), and the samples of every run are pooled for the U test; a change counts
+    (+ or -) only where the two sides' runs do not overlap (_runs_overlap). A configuration some run of the
+    group lacks is left out (it then shows as missing on this side)."""
     gpus = {run.env.get("gpu_name") or None for run in runs}
     if len(gpus) > 1:
         names = ", ".join(run.label for run in runs)
@@ -353,15 +368,15 @@ def _merged_record(group: Sequence[dict[str, Any]]) -> dict[str, Any]:
     failed = next((rec for rec in group if rec.get("status", "ok") != "ok"), None)
     if failed is not None:
         return failed
-    metrics, samples = {}, {}
+    metrics, samples, run_values = {}, {}, {}
     for name in group[0].get("metrics", {}):
         values = [rec.get("metrics", {}).get(name) for rec in group]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            metrics[name] = percentile(values, 50)
+            metrics[name], run_values[name] = percentile(values, 50), values
             pooled = [x for rec in group for x in rec.get("samples", {}).get(name, [])]
             if pooled:
                 samples[name] = pooled
-    return {**group[0], "metrics": metrics, "samples": samples}
+    return {**group[0], "metrics": metrics, "samples": samples, "run_values": run_values}
 
 
 def _mark_cross_env(rows: list[Row], allowed: bool) -> None:

@@ -330,6 +330,25 @@ def test_group_compares_repeated_runs_by_their_median_with_pooled_samples(tmp_pa
     assert any(r.marker == "n/a" and "m=2" in r.case for r in result.rows)
 
 
+def test_group_marks_a_change_only_where_the_sides_runs_do_not_overlap(tmp_path):
+    """Each run is tight (the pooled U test finds the new side faster, p < 0.05) but one new run is as slow as
+    an old one: the change is '~' ("the sides' runs overlap"), not '-'. With that run moved past every old
+    run the same change is '-'."""
+    old = [[10.0, 10.01, 9.99] * 4, [10.5, 10.51, 10.49] * 4, [10.2, 10.21, 10.19] * 4]
+
+    def verdict(new, name):
+        paths = [write_run(tmp_path / f"{name}-old{i}", [timed_record({"m": 1}, s)]) for i, s in enumerate(old, 1)]
+        paths += [write_run(tmp_path / f"{name}-new{i}", [timed_record({"m": 1}, s)]) for i, s in enumerate(new, 1)]
+        runs = compare.group_runs([compare.load_any(p) for p in paths], 3)
+        return _row(compare.compare_runs(runs, compare.CompareOptions()), "time")
+
+    row = verdict([[9.0, 9.01, 8.99] * 4, [9.1, 9.11, 9.09] * 4, [10.3, 10.31, 10.29] * 4], "overlap")
+    assert row.change_pct < -5 and row.p_value < 0.05
+    assert (row.marker, row.note) == ("~", "the sides' runs overlap")
+    row = verdict([[9.0, 9.01, 8.99] * 4, [9.1, 9.11, 9.09] * 4, [9.3, 9.31, 9.29] * 4], "apart")
+    assert row.marker == "-" and row.note == ""
+
+
 def test_group_usage_errors_exit_2_with_one_line(slower_runs):
     a, b = slower_runs
     for args in ([a, b, a, "--group", "2"], [a, b, "--group", "2"], [a, b, a, b, "--group", "2", "--across", "m"],

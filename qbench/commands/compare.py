@@ -34,7 +34,8 @@ Examples:
 @click.option("--group", "group", type=int, default=None, metavar="N",
               help="RUNS come in groups of N consecutive runs, the repeated runs of one side (an A/B made by "
                    "alternating runs): each group compares as one, each metric the median over its runs, their "
-                   "samples pooled for the U test.")
+                   "samples pooled for the U test; a change is + or - only where no run of one side lies within "
+                   "the other side's runs (else ~).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a markdown table.")
 @click.option("--csv", "fmt", flag_value="csv", help="Print CSV.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
@@ -42,11 +43,12 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
             group, fmt) -> None:
     """Compare runs against the first (the reference): per case and metric the values, the ratio,
     the change, a Mann-Whitney U test on the samples, and a marker: + worse, - better, ~ beyond
-    the threshold but not significant, = same, x not comparable, ! newly failing, * fixed,
-    n/a missing. Lower is better for times, higher for throughputs (declared by each metric's
-    unit). With --fail-on, a case the reference has and a candidate lacks also fails (unless
-    --allow-missing). RUNS are run directories or seed files (imported on the fly). Joins read a
-    missing `exec` parameter as eager and `float16` as fp16, so runs from older versions still join."""
+    the threshold but not significant (or, with --group, the sides' runs overlap), = same, x not
+    comparable, ! newly failing, * fixed, n/a missing. Lower is better for times, higher for
+    throughputs (declared by each metric's unit). With --fail-on, a case the reference has and a
+    candidate lacks also fails (unless --allow-missing). RUNS are run directories or seed files
+    (imported on the fly). Joins read a missing `exec` parameter as eager and `float16` as fp16, so
+    runs from older versions still join."""
     from qbench import compare, report
     from qbench.errors import QbenchUsageError
 

@@ -63,7 +63,7 @@ def grad_operands(g2: torch.Tensor, need_x: bool, need_b: bool, format: str = "i
 #   32768 x 4096 -> 1024);
 # - last where the GPU bounds the step: an H200 runs int8 products slower the longer it has been under load,
 #   so the int8 grad-input product goes before it (graphed, 131072 x 4096 -> 16384: 56.66 ms with it last,
-#   59.82 with it first; results/switchback-h200-backward-order-graph).
+#   59.82 with it first, medians of runs that overlap; results/switchback-h200-backward-order-graph).
 WEIGHT_GRAD_FIRST_BELOW = 2**40  # multiply-adds of one of the layer's products, M * N * K
 
 

@@ -41,8 +41,8 @@ SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argma
 # dtypes whose low-rank code c = v C^T is computed inside the pass over W (kernels/fragmented_experts.py),
 # which saves the eager forward cuBLAS's split-K matmul (a memset and its kernel); fp32 keeps the cuBLAS
 # product (beside the pass over W on a side stream in a graph): its exact (IEEE) products made c's few programs
-# the pass's straggler (one H200, graphed forward + backward at batch 16: 0.3567 ms with c inside against
-# 0.2835 without; 16-bit: 0.1352 against 0.1354)
+# the pass's straggler (one H200, graphed forward + backward at batch 16: 0.3567 ms with c inside, probe,
+# against 0.2835 without; 16-bit: 0.1352 against 0.1354)
 FUSED_LOW_RANK = (torch.float16, torch.bfloat16)
 
 

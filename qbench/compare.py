@@ -129,8 +129,9 @@ def _hardware_differs(reference: Run, candidate: Run) -> bool:
     return (a or None) != (b or None)
 
 
-def _verdict(row: Row, direction: int, options: CompareOptions) -> None:
-    """Fill ratio, change, p-value and marker of a row whose two values are both present."""
+def _verdict(row: Row, direction: int, options: CompareOptions, runs_overlap: bool = False) -> None:
+    """Fill ratio, change, p-value and marker of a row whose two values are both present. runs_overlap
+    (--group, _runs_overlap): a change beyond the threshold is not significant, whatever the U test says."""
     ref, cand = row.reference_value, row.candidate_value
     if ref is None or cand is None or ref == 0 or direction == 0:
         row.marker = "x"
@@ -144,9 +145,11 @@ def _verdict(row: Row, direction: int, options: CompareOptions) -> None:
         row.marker = "="
         return
     worse = (row.change_pct > 0) == (direction < 0)
-    significant = row.p_value is None or row.p_value < options.alpha
+    significant = (row.p_value is None or row.p_value < options.alpha) and not runs_overlap
     row.marker = ("+" if worse else "-") if significant else "~"
-    if row.p_value is None:
+    if runs_overlap:
+        row.note = "the sides' runs overlap"
+    elif row.p_value is None:
         row.note = "no samples to test"
 
 
@@ -170,9 +173,7 @@ def _compare_records(ref_rec, cand_rec, metric: str, candidate: str, options: Co
     if cand_unit and unit and cand_unit != unit:
         row.marker, row.note = "x", f"units differ: {unit} vs {cand_unit}"
         return row
-    _verdict(row, units.direction(unit), options)
-    if row.marker in "+-" and _runs_overlap(ref_rec, cand_rec, metric):
-        row.marker, row.note = "~", "the sides' runs overlap"
+    _verdict(row, units.direction(unit), options, _runs_overlap(ref_rec, cand_rec, metric))
     return row
 
 

@@ -39,7 +39,7 @@ from kernels import switchback_matmul_tma as library
 from kernels._common import LaunchCache, aligned, cdiv, device_properties
 from qbench import store, units
 from qbench.env import capture_env
-from qbench.timing import time_fn
+from qbench.timing import percentile, time_fn
 
 INV_QMAX_SQUARED = gl.constexpr(1.0 / (127.0 * 127.0))
 
@@ -233,7 +233,7 @@ def measure(fmt: str, M: int, K: int, N: int, config: tuple, repeat: int) -> dic
             timing = time_fn(fn, device="cuda", repeat=repeat, flush_l2=True, gpu_only=True)
             samples.setdefault(f"{name}_ms", []).extend(timing.samples_ms)
     for name in fns:
-        ms = sorted(samples[f"{name}_ms"])[len(samples[f"{name}_ms"]) // 2]
+        ms = percentile(samples[f"{name}_ms"], 50)
         metrics[f"{name}_ms"], metrics[f"{name}_tops"] = ms, ops / ms / 1e9
     metrics["speedup_async"] = metrics["library_ms"] / metrics["async_ms"]
     unit = {"library_ms": units.MS, "async_ms": units.MS, "library_tops": units.TOPS, "async_tops": units.TOPS,

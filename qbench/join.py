@@ -15,8 +15,9 @@ from qbench import units
 from qbench.store import case_id
 
 # Parameters benches added later, and the value every run made before them implicitly had: `exec`
-# (eager | compile | graph) came with the compile and CUDA-graph modes; before it every layer ran eager.
-PARAM_DEFAULTS: dict[str, Any] = {"exec": "eager"}
+# (eager | compile | graph) came with the compile and CUDA-graph modes; before it every layer ran eager;
+# `backward_thread` (device | calling) came later still, and every run before it had PyTorch's default.
+PARAM_DEFAULTS: dict[str, Any] = {"exec": "eager", "backward_thread": "device"}
 
 
 def join_params(params: Mapping[str, Any]) -> dict[str, Any]:

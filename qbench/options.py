@@ -188,3 +188,18 @@ def exec_option(fn=None, *, default: str = "all the device supports (GPU: all th
                             help=f"Execution modes, e.g. eager,compile,graph. [default: {default}]")(f)
 
     return add(fn) if fn is not None else add
+
+
+BACKWARD_THREADS = ("device", "calling")
+
+
+def backward_thread_option(fn):
+    """--backward-thread: which thread runs autograd's backward in eager and compiled steps: 'device' (PyTorch's
+    default: one engine thread per GPU) or 'calling' (the thread that calls backward(), what
+    torch.autograd.set_multithreading_enabled(False) asks for); a comma list sweeps both."""
+    return click.option(
+        "--backward-thread", "backward_threads", default="device", show_default=True,
+        callback=callback(parse_names(BACKWARD_THREADS)),
+        help="Thread that runs autograd's backward: device (PyTorch's default, one engine thread per GPU) or "
+             "calling (the thread that calls backward(), torch.autograd.set_multithreading_enabled(False)); "
+             "device,calling sweeps both.")(fn)

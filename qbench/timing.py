@@ -327,6 +327,16 @@ def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: in
     return Timing(tuple(samples), device)
 
 
+def backward_thread(name: str):
+    """A context in which autograd runs backward on `name`'s thread: "device" (PyTorch's default: one engine
+    thread per GPU, which the calling thread hands each backward to) or "calling" (the thread that calls
+    backward(), torch.autograd.set_multithreading_enabled(False)). A layer whose backward is Python (an
+    autograd Function) then runs it without the hand-over to another thread; see the README, fragmented."""
+    import torch
+
+    return torch.autograd.set_multithreading_enabled(name == "device")
+
+
 def graph_replay(fn: Callable[[], object], prepare: Callable[[], None] | None = None) -> Callable[[], None]:
     """fn (already warmed up) captured into one CUDA graph; returns its replay (GPU only). See _graph_of
     for prepare (set a training step's gradients to None outside the capture)."""

@@ -235,8 +235,9 @@ def test_a_run_made_before_exec_joins_as_eager(tmp_path):
 
 
 def test_param_normalization():
-    assert join.join_params({"m": 1}) == {"m": 1, "exec": "eager"}
-    assert join.join_params({"dtype": "bfloat16", "exec": "graph"}) == {"dtype": "bf16", "exec": "graph"}
+    assert join.join_params({"m": 1}) == {"m": 1, "exec": "eager", "backward_thread": "device"}
+    assert join.join_params({"dtype": "bfloat16", "exec": "graph"}) == {"dtype": "bf16", "exec": "graph",
+                                                                        "backward_thread": "device"}
     assert join.join_params({"dtype": "e9m9"})["dtype"] == "e9m9"  # unknown names join as they are spelt
 
 

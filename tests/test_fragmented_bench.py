@@ -9,7 +9,8 @@ from qbench.benches import fragmented as bench
 from qbench.cli import main
 from qbench.store import load_run
 
-PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragments", "dtype", "exec"}
+PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragments", "dtype", "exec",
+          "backward_thread"}
 
 
 def run_cli(args, capsys):
@@ -147,6 +148,43 @@ def test_plan_orders_baselines_first_and_respects_choices():
     cases = bench.plan(bench.resolve(config))
     assert [(c.layer, c.fragments) for c in cases] == [("fragmented", 2), ("blockdiag", 2),
                                                        ("fragmented", 4), ("blockdiag", 4)]
+
+
+def test_plan_sweeps_backward_threads_only_where_a_step_runs_backward():
+    config = bench.FragmentedConfig(sizes=(64,), batch_sizes=(1,), fragments=(2,), modes=("train", "inference"),
+                                    baselines=(), device="cpu", execs=("eager", "compile"),
+                                    backward_threads=("calling", "device"))
+    cases = bench.plan(bench.resolve(config))
+    assert [(c.mode, c.exec, c.backward_thread) for c in cases] == [
+        ("train", "eager", "calling"), ("train", "eager", "device"), ("train", "compile", "calling"),
+        ("train", "compile", "device"), ("inference", "eager", "calling"), ("inference", "compile", "calling")]
+
+
+def test_training_steps_run_with_the_case_backward_thread(tmp_path, capsys, monkeypatch):
+    """--backward-thread device,calling: each train case's steps run with autograd's multithreading as its
+    backward_thread param says (on the CPU both run on the calling thread, so the engine flag is what differs)."""
+    import torch
+
+    from qbench.benches.fragmented import steps
+
+    seen = []
+    measure_training = steps.measure_training
+
+    def spy(*args, **kwargs):
+        seen.append(torch._C._is_multithreading_enabled())
+        return measure_training(*args, **kwargs)
+
+    monkeypatch.setattr(steps, "measure_training", spy)
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--modes", "train",
+                                 "--baselines", "none", "--steps", "2", "--warmup", "1",
+                                 "--backward-thread", "device,calling", "--out", str(out)], capsys)
+    assert code == 0, err
+    _, records = load_run(out)
+    assert [r["params"]["backward_thread"] for r in records] == ["device", "calling"]
+    assert seen == [True, False]
+    assert torch._C._is_multithreading_enabled()  # restored after the sweep
+    assert "bwd thread" in stdout
 
 
 def test_forward_cost_counts_useful_work():

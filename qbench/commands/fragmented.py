@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from qbench.options import (
+    backward_thread_option,
     callback,
     device_option,
     exec_option,
@@ -43,12 +44,13 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
               help="'seed' prints the original report layout (Forward time / Backward time / ...).")
 @exec_option
+@backward_thread_option
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also draw the standard figure of the run into this file (.png, .svg, .pdf).")
 @device_option
 @out_options
 def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
-            execs, plot_path, device, out, append, force, as_json) -> None:
+            execs, backward_threads, plot_path, device, out, append, force, as_json) -> None:
     """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
     selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
@@ -58,7 +60,8 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
 
     config = bench.resolve(bench.FragmentedConfig(
         sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
-        steps, warmup, not no_graph, device, execs=execs))
+        steps, warmup, not no_graph, device, execs=execs,
+        backward_threads=backward_threads))
     if plot_path:
         plots.check_figure_path(plot_path)  # a bad figure name is found before the sweep, not after it
     out = out or str(store.default_run_dir(bench.BENCH))

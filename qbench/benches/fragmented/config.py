@@ -8,6 +8,8 @@ selection, still with autograd and the Adam step, as the seed's "Inference"), "i
 Execution modes (the `exec` param): "eager", "compile" (torch.compile(fullgraph=True), inductor,
 static shapes) and "graph" (forward + loss + backward, or the inference forward, captured into one
 CUDA graph; GPU only).
+Backward threads (the `backward_thread` param, qbench.timing.backward_thread): "device" (PyTorch's default)
+or "calling"; train and eval steps in eager and compiled mode run with each one asked for.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class FragmentedConfig:
     device: str = "auto"
     seed: int = 0
     execs: tuple[str, ...] | None = None  # None: all the device supports (GPU: all three; CPU: eager)
+    backward_threads: tuple[str, ...] = ("device",)  # qbench.timing.backward_thread: device, calling
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,12 @@ class Case:
     fragments: int
     dtype: str
     exec: str = "eager"
+    backward_thread: str = "device"
 
     def params(self) -> dict:
         return {"in_features": self.size, "out_features": self.size, "batch_size": self.batch,
                 "layer": self.layer, "mode": self.mode, "fragments": self.fragments, "dtype": self.dtype,
-                "exec": self.exec}
+                "exec": self.exec, "backward_thread": self.backward_thread}
 
 
 def resolve(config: FragmentedConfig) -> FragmentedConfig:
@@ -94,6 +98,13 @@ def plan(config: FragmentedConfig) -> list[Case]:
                     layers = [(b, 0) for b in ("linear", "lowrank") if b in config.baselines]
                     for n in config.fragments:
                         layers += [("fragmented", n)] + ([("blockdiag", n)] if "blockdiag" in config.baselines else [])
-                    cases += [Case(size, batch, layer, mode, n, dtype, ex) for layer, n in layers
-                              for ex in config.execs]
+                    cases += [Case(size, batch, layer, mode, n, dtype, ex, thread) for layer, n in layers
+                              for ex in config.execs for thread in _threads(config, mode, ex)]
     return cases
+
+
+def _threads(config: FragmentedConfig, mode: str, exec: str) -> tuple[str, ...]:
+    """The backward threads a case runs with: each asked-for one where autograd runs a backward at every step
+    (train and eval steps, eager or compiled); elsewhere (inference, a replayed graph) only the first."""
+    steps_backward = mode != "inference" and exec != "graph"
+    return config.backward_threads if steps_backward else config.backward_threads[:1]

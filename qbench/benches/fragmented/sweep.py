@@ -25,6 +25,7 @@ from qbench.benches.fragmented.config import BENCH, Case, FragmentedConfig
 from qbench.benches.fragmented.cost import UNITS, forward_cost, roofline
 from qbench.benches.fragmented.gate import TOLERANCE, gate
 from qbench.store import make_record
+from qbench.timing import backward_thread
 from qbench.units import torch_dtype
 
 
@@ -134,7 +135,8 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
     if case.mode == "inference":
         phases, extra, failure = _infer(model, runner, x, case, config, baseline)
     else:
-        phases, extra, fwd_bwd, failure = _train(model, runner, x, target, case, config, baseline)
+        with backward_thread(case.backward_thread):
+            phases, extra, fwd_bwd, failure = _train(model, runner, x, target, case, config, baseline)
     if failure:
         return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure, device=device)
     medians, samples = _phase_metrics(phases)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-TABLE_PARAMS = ("dtype", "in_features", "batch_size", "layer", "mode", "fragments", "exec")
+TABLE_PARAMS = ("dtype", "in_features", "batch_size", "layer", "mode", "fragments", "exec", "backward_thread")
+VARYING_ONLY = ("dtype", "backward_thread")  # columns shown only where the records differ in them
 TABLE_METRICS = ("forward_ms", "forward_graph_ms", "backward_ms", "optimizer_ms", "backward_optimizer_ms",
                  "step_ms", "fwd_bwd_ms", "host_step_ms", "host_fwd_bwd_ms", "peak_memory_mb", "parameters",
                  "tflops")
 HEADERS = {"in_features": "size", "batch_size": "batch", "forward_graph_ms": "fwd graph",
            "backward_optimizer_ms": "bwd+opt", "fwd_bwd_ms": "fwd+bwd", "host_step_ms": "host step",
-           "host_fwd_bwd_ms": "host f+b", "peak_memory_mb": "peak mem"}
+           "host_fwd_bwd_ms": "host f+b", "peak_memory_mb": "peak mem", "backward_thread": "bwd thread"}
 
 
 def table(fmt: str = "table"):
     """A function records -> renderable: the seed's text report, or a table of the columns any record
-    fills (GPU-only metrics are left out on the CPU; the dtype column only when dtypes differ)."""
+    fills (GPU-only metrics are left out on the CPU; the dtype and backward-thread columns only when records
+    differ in them)."""
     from rich.text import Text
 
     from qbench import report
@@ -24,7 +26,8 @@ def table(fmt: str = "table"):
 
     def render(records):
         metrics = [m for m in TABLE_METRICS if any(r["metrics"].get(m) is not None for r in records)]
-        params = [p for p in TABLE_PARAMS if p != "dtype" or len({r["params"]["dtype"] for r in records}) > 1]
+        params = [p for p in TABLE_PARAMS
+                  if p not in VARYING_ONLY or len({r["params"].get(p) for r in records}) > 1]
         return report.records_table(records, params, metrics, title="FragmentedLinear", headers=HEADERS)
 
     return render

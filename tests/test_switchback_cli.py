@@ -46,7 +46,7 @@ def test_cpu_run_writes_seed_compatible_records(tmp_path):
         (48, 192, False), (192, 48, True)]
     for rec in records:
         assert rec["status"] == "ok", rec["error"]
-        assert set(rec["params"]) == {"batch_size", "dim_in", "dim_out", "wm", "switch", "dtype"}
+        assert set(rec["params"]) == {"batch_size", "dim_in", "dim_out", "wm", "switch", "dtype", "backward_thread"}
         m = rec["metrics"]
         assert all(k in m and m[k] > 0 for k in SEED_KEYS), [k for k in SEED_KEYS if k not in m]
         for total, keys in TOTALS.items():
@@ -78,7 +78,7 @@ def test_pairs_json_and_bf16(tmp_path):
     assert res.returncode == 0, res.stderr
     (rec,) = json.loads(res.stdout)
     assert rec["params"] == {"batch_size": 24, "dim_in": 40, "dim_out": 72, "wm": 1.8, "switch": False,
-                             "dtype": "bf16"}
+                             "dtype": "bf16", "backward_thread": "device"}
     assert "time_global" in rec["metrics"] and "time_rowwise" not in rec["metrics"]
 
 
@@ -88,11 +88,24 @@ def test_pairs_json_and_bf16(tmp_path):
     (["--dims", "8", "--pairs", "8x16"], "not both"),
     (["--variants", "global,int4"], "unknown int4"),
     (["--dtype", "fp32"], "fp32"),
+    (["--backward-thread", "main"], "unknown main"),
+    (["--backward-thread", "device,calling", "--format", "seed"], "give one --backward-thread"),
+    (["--model", "vit-h", "--backward-thread", "calling"], "applies to the layer bench"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     res = qbench(*args, cwd=tmp_path)
     assert res.returncode == 2
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_module_steps_run_once_per_backward_thread(tmp_path):
+    res = qbench("--pairs", "40x72", "--batch-sizes", "24", "--variants", "global,module", "--repeat", "2",
+                 "--backward-thread", "device,calling", "--out", str(tmp_path / "r"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    _, records = store.load_run(tmp_path / "r")
+    assert [r["params"]["backward_thread"] for r in records] == ["device", "calling"]
+    assert all(r["status"] == "ok" and r["metrics"]["module_switchback_ms"] > 0 for r in records)
+    assert "bwd thread" in res.stdout
 
 
 def test_help_ends_with_examples(tmp_path):

@@ -14,6 +14,7 @@ Examples:
   qbench switchback --pairs 1408x6144,6144x1408 --batch-sizes 8192,32768 --dtype bf16
   qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out results/sb --plot
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # a GPU: module eager vs CUDA graph
+  qbench switchback --pairs 1024x4096 --variants global,module --backward-thread device,calling
   qbench switchback --format seed --out results/sb-seed    # also <run>/info.jsonl for the original plots
   qbench switchback --model vit-h --batch-sizes 256 --exec compile   # 4-block CLIP ViT-H training step
   qbench switchback --model vit-l,gpt2-xl --variants 16bit,switchback,fp8 --layers 2
@@ -55,7 +56,7 @@ def _layer_bench(f: dict) -> str:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
     config = bench.resolve(bench.SwitchbackConfig(
         f["dims"], f["pairs"], f["wm"], f["batch_sizes"], f["dtype"] or "fp16",
-        variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"]))
+        variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"], f["backward_threads"]))
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:
         run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,

@@ -7,6 +7,7 @@ import click
 
 from qbench.options import (
     FiniteFloat,
+    backward_thread_option,
     callback,
     device_option,
     dtype_option,
@@ -66,6 +67,10 @@ def check_flags(flags: dict) -> None:
         raise click.UsageError("--steps applies to --train-check (--model times steps: use --repeat)")
     if block and flags["fmt"] == "seed":
         raise click.UsageError("--format seed writes the layer bench's info.jsonl; drop --model/--train-check")
+    if flags["fmt"] == "seed" and len(flags["backward_threads"]) > 1:
+        raise click.UsageError("--format seed writes one line per shape: give one --backward-thread")
+    if block and flags["backward_threads"] != ("device",):
+        raise click.UsageError("--backward-thread applies to the layer bench; drop --model/--train-check")
     if flags["train_check"] and (flags["execs"] or flags["repeat"]):
         raise click.UsageError("--train-check trains eagerly and times nothing: drop --exec/--repeat")
 
@@ -110,6 +115,7 @@ _OPTIONS = [
     click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/<bench>.png) afterwards."),
     block_options,
     exec_option,
+    backward_thread_option,
     repeat_option,
     device_option,
     out_options,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from qbench import store, units
 from qbench.benches.switchback import components as comp
 from qbench.benches.switchback import modules, peers
+from qbench.timing import backward_thread
 
 BENCH = "switchback"
 # The seed's (dim_in, dim_out) up-projections; each also runs transposed (the down-projection).
@@ -45,6 +46,7 @@ class SwitchbackConfig:
     repeat: int | None = None
     device: str = "auto"
     execs: tuple[str, ...] | None = None  # module-level execution modes; None: all the device supports
+    backward_threads: tuple[str, ...] = ("device",)  # qbench.timing.backward_thread for the module steps
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,11 @@ class Shape:
     dim_out: int
     wm: float
     switch: bool
+    backward_thread: str = "device"  # the thread autograd runs the module steps' backward on
 
     def params(self, dtype: str) -> dict:
         return {"batch_size": self.batch_size, "dim_in": self.dim_in, "dim_out": self.dim_out,
-                "wm": self.wm, "switch": self.switch, "dtype": dtype}
+                "wm": self.wm, "switch": self.switch, "dtype": dtype, "backward_thread": self.backward_thread}
 
 
 def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
@@ -108,7 +111,10 @@ def _pairs(config: SwitchbackConfig) -> list[tuple[int, int, float, bool]]:
 
 
 def plan(config: SwitchbackConfig) -> list[Shape]:
-    return [Shape(m, i, o, wm, switch) for m in config.batch_sizes for i, o, wm, switch in _pairs(config)]
+    """Every shape, once per backward thread (each a whole record: the kernels are timed again beside the
+    modules, so every record's ratios come from one stretch of the machine's time)."""
+    return [Shape(m, i, o, wm, switch, thread) for m in config.batch_sizes for i, o, wm, switch in _pairs(config)
+            for thread in config.backward_threads]
 
 
 def run(config: SwitchbackConfig) -> Iterator[dict]:
@@ -132,8 +138,9 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
         timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget)
         module_metrics, module_samples, failure = ({}, {}, None)
         if "module" in config.variants:
-            module_metrics, module_samples, failure = modules.measure(
-                ops, config.execs, config.variants, repeat=config.repeat, budget_ms=budget)
+            with backward_thread(shape.backward_thread):
+                module_metrics, module_samples, failure = modules.measure(
+                    ops, config.execs, config.variants, repeat=config.repeat, budget_ms=budget)
         if failure:
             return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
         metrics = derive(shape, timings, relerrs, config)

@@ -21,12 +21,14 @@ def table(records: list[dict]):
     from qbench.report import format_value, speedup_style
 
     t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
-    for name in ("M", "in", "out", *TABLE_TOTALS.values(), *TABLE_SPEEDUPS.values(), "host ms", "slowest",
+    threads = len({r["params"].get("backward_thread") for r in records}) > 1  # its column only when it varies
+    for name in ("M", "in", "out", *(("bwd thread",) if threads else ()), *TABLE_TOTALS.values(), *TABLE_SPEEDUPS.values(), "host ms", "slowest",
                  "status"):
         t.add_column(name, justify="right")
     for rec in records:
         p, m = rec["params"], rec["metrics"]
         cells = [str(p["batch_size"]), str(p["dim_in"]), str(p["dim_out"])]
+        cells += [str(p.get("backward_thread"))] if threads else []
         cells += [format_value(m.get(k)) for k in TABLE_TOTALS]
         for k in TABLE_SPEEDUPS:
             style = speedup_style(m.get(k))

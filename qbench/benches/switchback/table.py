@@ -22,8 +22,8 @@ def table(records: list[dict]):
 
     t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
     threads = len({r["params"].get("backward_thread") for r in records}) > 1  # its column only when it varies
-    for name in ("M", "in", "out", *(("bwd thread",) if threads else ()), *TABLE_TOTALS.values(), *TABLE_SPEEDUPS.values(), "host ms", "slowest",
-                 "status"):
+    for name in ("M", "in", "out", *(("bwd thread",) if threads else ()), *TABLE_TOTALS.values(),
+                 *TABLE_SPEEDUPS.values(), "host ms", "slowest", "status"):
         t.add_column(name, justify="right")
     for rec in records:
         p, m = rec["params"], rec["metrics"]

@@ -47,8 +47,8 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     comparable, ! newly failing, * fixed, n/a missing. Lower is better for times, higher for
     throughputs (declared by each metric's unit). With --fail-on, a case the reference has and a
     candidate lacks also fails (unless --allow-missing). RUNS are run directories or seed files
-    (imported on the fly). Joins read a missing `exec` parameter as eager and `float16` as fp16, so
-    runs from older versions still join."""
+    (imported on the fly). Joins read a missing `exec` parameter as eager, a missing
+    `backward_thread` as device and `float16` as fp16, so runs from older versions still join."""
     from qbench import compare, report
     from qbench.errors import QbenchUsageError
 

@@ -311,41 +311,20 @@ def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: in
     step (on an H200 host, nn.Linear forward + backward at 131072 x 4096 -> 16384 fp16 took 1.45 ms
     of host time as the first call after a synchronize and 0.25 ms back to back; 8192 x 1024 -> 4096:
     0.32 and 0.19 ms). On a CPU device each sample is the call's time."""
-    return host_time_interleaved({"fn": fn}, device=device, warmup=warmup, repeat=repeat)["fn"]
-
-
-def host_time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None = None, warmup: int = 3,
-                          repeat: int = 20) -> dict[str, Timing]:
-    """host_time of several calls against each other: one block of each per round, in an order that
-    rotates every round, so that the host's speed, which moves while a run lasts, falls on every call
-    alike and their ratios stay put. On a lent H200 host the host time of one step moved by up to 2x
-    within seconds, for nn.Linear and SwitchBackLinear together (probe: 0.11 -> 0.21 and 0.27 -> 0.55 ms,
-    SwitchBack 1024 -> 4096, M = 8192, eager, in rounds of 40 steps each over 80 s)."""
     device = resolve_device(device)
-    for fn in fns.values():
-        for _ in range(max(1, warmup)):
+    for _ in range(max(1, warmup)):
+        fn()
+    samples: list[float] = []
+    while len(samples) < max(1, repeat):
+        _synchronize(device)
+        for _ in range(HOST_SETTLE):
             fn()
-    names, want = list(fns), max(1, repeat)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    r = 0
-    while len(samples[names[0]]) < want:
-        for i in range(len(names)):
-            name = names[(r + i) % len(names)]
-            _synchronize(device)
-            _host_block(fns[name], samples[name], min(HOST_BLOCK, want - len(samples[name])))
-        r += 1
+        for _ in range(min(HOST_BLOCK, max(1, repeat) - len(samples))):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e3)
     _synchronize(device)
-    return {name: Timing(tuple(samples[name]), device) for name in names}
-
-
-def _host_block(fn: Callable[[], object], samples: list[float], count: int) -> None:
-    """HOST_SETTLE untimed calls, then `count` timed ones appended to samples (ms)."""
-    for _ in range(HOST_SETTLE):
-        fn()
-    for _ in range(count):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
+    return Timing(tuple(samples), device)
 
 
 def backward_thread(name: str):

@@ -73,7 +73,7 @@ def torch_dtype(dtype):
 
 # Metric-name conventions shared by the benches: a suffix names the unit, a prefix the kind of ratio.
 _SUFFIXES = (("_ms", MS), ("_mb", MB), ("_tflops", TFLOPS), ("_tops", TOPS), ("_gbps", GBPS),
-             ("_over_int8", RATIO), ("_over_linear", RATIO))
+             ("_over_int8", RATIO))
 _PREFIXES = (("speedup_", SPEEDUP), ("pct_saved_", PERCENT_SAVED), ("relerr_", REL_ERROR))
 
 

@@ -64,10 +64,6 @@ def test_cpu_run_writes_seed_compatible_records(tmp_path):
         for mode in modes:  # the kernel chains timed with each mode's module steps; host samples kept
             samples = rec["samples"][f"host_switchback_{mode}_ms"]
             assert samples and math.isclose(m[f"host_switchback_{mode}_ms"], statistics.median(samples))
-            assert len(samples) == len(rec["samples"][f"host_linear_{mode}_ms"])  # the same rounds
-            assert math.isclose(m[f"host_switchback_{mode}_over_linear"],
-                                m[f"host_switchback_{mode}_ms"] / m[f"host_linear_{mode}_ms"], rel_tol=1e-12)
-            assert rec["units"][f"host_switchback_{mode}_over_linear"] == "ratio"
             assert m[f"chain_standard_{mode}_ms"] > 0 and m[f"chain_global_{mode}_ms"] > 0
             assert math.isclose(m[f"speedup_chain_{mode}"],
                                 m[f"chain_standard_{mode}_ms"] / m[f"chain_global_{mode}_ms"], rel_tol=1e-12)

@@ -169,34 +169,3 @@ def test_host_time_times_calls_back_to_back_after_settling_calls(monkeypatch):
     blocks = "".join("s" if e == "sync" else "c" for e in events[1:]).split("s")[1:-1]
     settle = timing.HOST_SETTLE
     assert [len(b) for b in blocks] == [settle + timing.HOST_BLOCK, settle + 11 - timing.HOST_BLOCK]
-
-
-def test_host_time_interleaved_rotates_blocks_over_the_calls(monkeypatch):
-    """One block of each call per round, the order rotating every round; every block starts on a
-    synchronized device with untimed settling calls; each call gets exactly `repeat` samples."""
-    events = []
-    monkeypatch.setattr(timing, "_synchronize", lambda device: events.append("|"))
-    got = timing.host_time_interleaved({"a": lambda: events.append("a"), "b": lambda: events.append("b")},
-                                       device="cpu", warmup=1, repeat=timing.HOST_BLOCK + 3)
-    assert [len(t.samples_ms) for t in got.values()] == [timing.HOST_BLOCK + 3] * 2
-    blocks = "".join(events[2:]).split("|")[1:-1]  # after the warm-up calls, one block per synchronize
-    settle = timing.HOST_SETTLE
-    assert blocks == ["a" * (settle + timing.HOST_BLOCK), "b" * (settle + timing.HOST_BLOCK),
-                      "b" * (settle + 3), "a" * (settle + 3)]
-
-
-def test_host_time_interleaved_keeps_ratios_while_the_host_slows_down():
-    """A host whose speed halves during the run slows both calls alike: the ratio of their medians stays
-    that of their costs, where timing them one after the other would not."""
-    clock = {"calls": 0}
-
-    def cost(ms):
-        def call():
-            clock["calls"] += 1
-            time.sleep(ms * (2 if clock["calls"] > 60 else 1) / 1e3)  # the host halves its speed mid-run
-        return call
-
-    got = timing.host_time_interleaved({"slow": cost(2.0), "fast": cost(1.0)}, device="cpu", warmup=1,
-                                       repeat=40)
-    ratio = got["slow"].median / got["fast"].median
-    assert 1.6 < ratio < 2.5, ratio

@@ -10,10 +10,7 @@ nn.Linear, each doing forward + backward (dX, dW, db) on the same X
 Metrics (ms; eager keeps the historic names):
   module_<layer>_ms, speedup_module[_fp8|_fp8_all]                       eager
   module_<layer>_<m>_ms, speedup_module[_fp8|_fp8_all]_<m>                m = compile, graph
-  host_<layer>_<m>_ms   CPU time spent issuing one step (every mode), the layers of a mode interleaved
-  host_<layer>_<m>_over_linear   host_<layer>_<m>_ms / host_linear_<m>_ms: the layer's host cost in units
-                                 of nn.Linear's, measured in the same rounds (steadier from run to run than
-                                 either time: the host's speed moves while a run lasts)
+  host_<layer>_<m>_ms   CPU time spent issuing one step (every mode)
   module_kernel_ratio_<m>   speedup_module_<m> / speedup_global: how much of the kernel-sum speed-up
                             the module keeps (1.0: all of it)
   chain_<total>_<m>_ms      the kernels of a total (time_standard, time_global) run back to back as one
@@ -125,7 +122,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
     results are taken first: SwitchBack against nn.Linear, then every mode against eager."""
     import torch
 
-    from qbench.timing import DEFAULT_BUDGET_MS, host_time_interleaved, time_interleaved
+    from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved
 
     x = ops.x.detach().requires_grad_(True)
     layers = _layers(ops, variants)
@@ -154,9 +151,9 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
             key = f"{name}_{mode}_ms" if name in chains else (
                 f"module_{name}_ms" if mode == "eager" else f"module_{name}_{mode}_ms")
             metrics[key], samples[key] = timing.median, list(timing.samples_ms)
-        # host time interleaved too (the host's speed moves within a run); samples kept (README, reruns)
-        for name, host in host_time_interleaved(steps, device=ops.device).items():
-            metrics[f"host_{name}_{mode}_ms"], samples[f"host_{name}_{mode}_ms"] = host.median, list(host.samples_ms)
+            if name in steps:  # its samples kept: host time varies from run to run (README, reruns)
+                host, key = host_time(steps[name], device=ops.device), f"host_{name}_{mode}_ms"
+                metrics[key], samples[key] = host.median, list(host.samples_ms)
         del steps
     return metrics, samples, None
 
@@ -189,9 +186,8 @@ def _speedup_key(name: str, mode: str) -> str:
 
 
 def derive(metrics: dict) -> dict:
-    """Speed-ups of each module over nn.Linear per mode, their host times over nn.Linear's, and
-    SwitchBack's ratio to the kernel-sum speed-up, isolated (module_kernel_ratio_<mode>) and chained
-    (module_chain_ratio_<mode>)."""
+    """Speed-ups of each module over nn.Linear per mode, and SwitchBack's ratio to the kernel-sum
+    speed-up, isolated (module_kernel_ratio_<mode>) and chained (module_chain_ratio_<mode>)."""
     out = {}
     for mode in EXECS:
         suffix = "" if mode == "eager" else f"_{mode}"
@@ -200,11 +196,6 @@ def derive(metrics: dict) -> dict:
             ms = metrics.get(f"module_{name}{suffix}_ms")
             if ms and ref:
                 out[_speedup_key(name, mode)] = ref / ms
-        host_ref = metrics.get(f"host_linear_{mode}_ms")
-        for name in ("switchback", "fp8", "fp8_all"):
-            host = metrics.get(f"host_{name}_{mode}_ms")
-            if host and host_ref:
-                out[f"host_{name}_{mode}_over_linear"] = host / host_ref
         module = out.get(_speedup_key("switchback", mode))
         if module and metrics.get("speedup_global"):
             out[f"module_kernel_ratio_{mode}"] = module / metrics["speedup_global"]

@@ -1,6 +1,5 @@
 """The rich table of `qbench switchback`: per shape the totals, the speed-ups (kernel sums and the
-module in each execution mode), the module's host time per eager step (and over nn.Linear's), and the
-slowest component."""
+module in each execution mode), the module's host time per eager step, and the slowest component."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ def table(records: list[dict]):
     t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
     threads = len({r["params"].get("backward_thread") for r in records}) > 1  # its column only when it varies
     for name in ("M", "in", "out", *(("bwd thread",) if threads else ()), *TABLE_TOTALS.values(),
-                 *TABLE_SPEEDUPS.values(), "host ms", "host/lin", "slowest", "status"):
+                 *TABLE_SPEEDUPS.values(), "host ms", "slowest", "status"):
         t.add_column(name, justify="right")
     for rec in records:
         p, m = rec["params"], rec["metrics"]
@@ -37,8 +36,7 @@ def table(records: list[dict]):
             cells.append(f"[{style}]{text}[/{style}]" if style else text)
         # error text is data: '[...]' in it must print as written, not as rich markup
         status = rec["status"] if rec["status"] == "ok" else escape(f"{rec['status']}: {(rec['error'] or '')[:50]}")
-        t.add_row(*cells, format_value(m.get("host_switchback_eager_ms")),
-                  format_value(m.get("host_switchback_eager_over_linear"), units.RATIO), slowest(m), status)
+        t.add_row(*cells, format_value(m.get("host_switchback_eager_ms")), slowest(m), status)
     return t
 
 

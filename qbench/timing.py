@@ -121,15 +121,17 @@ def _repeat_count(one_call_ms: float, repeat: int | None, budget_ms: float | Non
 
 
 class _Clock:
-    """One start/stop pair: CUDA events on GPU, perf_counter on CPU."""
+    """One start/stop pair: CUDA events on GPU, perf_counter on CPU. external: events that a CUDA-graph
+    capture records as event-record nodes (cudaEventRecordExternal), so that every replay re-records them;
+    ordinary events are only ordering points inside a capture and time nothing."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, external: bool = False):
         self.device = device
         if device == "cuda":
             import torch
 
-            self._start = torch.cuda.Event(enable_timing=True)
-            self._end = torch.cuda.Event(enable_timing=True)
+            self._start = torch.cuda.Event(enable_timing=True, external=external)
+            self._end = torch.cuda.Event(enable_timing=True, external=external)
 
     def start(self) -> None:
         if self.device == "cuda":
@@ -350,14 +352,17 @@ class PhaseTimer:
     Use `with timer.phase("dispatch"): ...` inside a step and `timer.next_step()` between steps;
     `results_ms()` synchronizes once and returns {phase: [ms per step]} (a phase entered twice in a
     step counts the sum). On GPU the events are recorded on the current stream.
+    A step captured into a CUDA graph (`captured=True`: its events become record nodes of the graph)
+    is timed by `replay_ms()` after each replay: the phases of that replay.
     """
 
     device: str = "cpu"
+    captured: bool = False
     _steps: list[dict[str, list[_Clock]]] = field(default_factory=lambda: [{}])
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        clock = _Clock(self.device)
+        clock = _Clock(self.device, external=self.captured)
         clock.start()
         try:
             yield
@@ -377,6 +382,12 @@ class PhaseTimer:
         steps = [s for s in self._steps if s]
         names = sorted({name for step in steps for name in step})
         return {name: [sum(c.elapsed_ms() for c in step.get(name, [])) for step in steps] for name in names}
+
+    def replay_ms(self) -> dict[str, float]:
+        """{phase: ms} of the captured step's latest replay (the one step recorded while capturing)."""
+        _synchronize(self.device)
+        (step,) = [s for s in self._steps if s]
+        return {name: sum(c.elapsed_ms() for c in clocks) for name, clocks in sorted(step.items())}
 
 
 def max_over_ranks(values_ms: list[float], group=None) -> list[float]:

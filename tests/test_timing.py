@@ -169,3 +169,42 @@ def test_host_time_times_calls_back_to_back_after_settling_calls(monkeypatch):
     blocks = "".join("s" if e == "sync" else "c" for e in events[1:]).split("s")[1:-1]
     settle = timing.HOST_SETTLE
     assert [len(b) for b in blocks] == [settle + timing.HOST_BLOCK, settle + 11 - timing.HOST_BLOCK]
+
+
+def test_phase_timer_replay_ms_reads_the_one_captured_step():
+    """replay_ms: the phases of the one step recorded while capturing, a phase entered twice summed;
+    a timer holding more than one step (not a captured step) is refused."""
+    timer = timing.PhaseTimer("cpu", captured=True)
+    for name, seconds in (("a", 0.002), ("b", 0.001), ("a", 0.002)):
+        with timer.phase(name):
+            time.sleep(seconds)
+    got = timer.replay_ms()
+    assert list(got) == ["a", "b"] and got["a"] >= 4.0 and 1.0 <= got["b"] < got["a"], got
+    timer.next_step()
+    with timer.phase("a"):
+        pass
+    with pytest.raises(ValueError):
+        timer.replay_ms()
+
+
+@pytest.mark.gpu
+def test_phase_timer_times_the_phases_of_every_graph_replay():
+    """Phases recorded while capturing a CUDA graph time each replay: a sleeping kernel of ~2 ms inside
+    one phase, nothing inside the other."""
+    import torch
+
+    timer = timing.PhaseTimer("cuda", captured=True)
+    cycles = int(2e-3 * timing._sm_clock_hz())
+    x = torch.zeros(16, device="cuda")
+
+    def step():
+        with timer.phase("sleep"):
+            torch.cuda._sleep(cycles)
+        with timer.phase("add"):
+            x.add_(1.0)
+
+    replay = timing.graph_replay(step, timer.discard)
+    for _ in range(3):
+        replay()
+        got = timer.replay_ms()
+        assert got["sleep"] >= 1.5 and got["add"] < 0.5, got

@@ -3,7 +3,8 @@
   eager    the step as written; timed in two passes (steps.time_steps: phase breakdown in the second)
   compile  torch.compile(model, fullgraph=True, dynamic=False): inductor on a GPU, aot_eager on the CPU
            (no C++ toolchain needed for a smoke run); the MoE kernels are custom ops in the graph
-  graph    the whole step (forward, backward, SGD) captured into one CUDA graph and replayed (GPU only)
+  graph    the whole step (forward, backward, SGD) captured into one CUDA graph and replayed (GPU only);
+           its phase breakdown from a second capture with the phases' events in it (graph_phases)
 compile and graph need the layer's static shapes (MoELayer.static_reason() is None: fixed capacity, or
 world size 1 without capped capacity, no replication): otherwise the host reads each step's plan
 (with dropless routing at world size > 1 it must learn the all-to-all's split sizes), and the record
@@ -19,7 +20,7 @@ import torch
 
 from qbench.benches.moe.steps import make_step
 from qbench.layers.moe.reference import TOLERANCE, rel_error
-from qbench.timing import graph_replay
+from qbench.timing import PhaseTimer, graph_replay, max_over_ranks
 
 WARMUP = 3  # eager steps before a capture (autotuning, first launches, allocator), compilation steps
 
@@ -48,16 +49,44 @@ def compiled(model, device: str):
     return torch.compile(model, fullgraph=True, dynamic=False, backend="inductor" if device == "cuda" else "aot_eager")
 
 
-def graphed(config, model, x, dy, out: dict):
+def graphed(config, model, x, dy, out: dict, timer=None):
     """step(i) replaying one CUDA graph of the whole training step, after WARMUP eager steps. The
-    gradients and the kept output are dropped outside the capture (timing.graph_replay's prepare)."""
+    gradients and the kept output are dropped outside the capture (timing.graph_replay's prepare).
+    timer: a PhaseTimer(captured=True) whose phases (forward, backward, and the layer's own while it is
+    the layer's timer) the graph records at every replay; it keeps only the captured step's."""
     warm = make_step(config, model, x, dy, _no_phase, out)
     for i in range(WARMUP):
         warm(i)
     torch.cuda.synchronize()
-    captured = make_step(config, model, x, dy, _no_phase, out, reset=False)
-    replay = graph_replay(lambda: captured(0), lambda: (captured.optimizer.zero_grad(set_to_none=True), out.clear()))
+    captured = make_step(config, model, x, dy, _no_phase if timer is None else timer.phase, out, reset=False)
+
+    def prepare() -> None:
+        captured.optimizer.zero_grad(set_to_none=True)
+        out.clear()
+        if timer is not None:
+            timer.discard()  # the eager call before the capture recorded phases too
+
+    replay = graph_replay(lambda: captured(0), prepare)
     return lambda i: replay()
+
+
+def graph_phases(ctx, config, model, moe, x, dy, out: dict) -> dict[str, list[float]]:
+    """<phase>_time samples (ms per replay, the most of any rank) of the graphed step, from a second
+    capture whose phases are event-record nodes: the breakdown that eager's second pass gives, without
+    an eager step's host gaps between kernels (the timed graph, step_time, carries no such nodes)."""
+    timer = PhaseTimer("cuda", captured=True)
+    moe.timer = timer
+    try:
+        replay = graphed(config, model, x, dy, out, timer)
+    finally:
+        moe.timer = None
+    replay(0)  # the first replay uploads the graph
+    samples: dict[str, list[float]] = {}
+    for i in range(config.num_steps):
+        replay(i)
+        for name, ms in timer.replay_ms().items():
+            samples.setdefault(f"{name}_time", []).append(ms)
+    return {name: max_over_ranks(values) for name, values in sorted(samples.items())}
 
 
 def step_results(model, out: dict) -> list:

@@ -107,6 +107,12 @@ def measure_mode(ctx, config, case, params, built, stats, detail: str, want: lis
         return make_record(BENCH, params, status="error", error=failure or "failed on another rank", device=device)
     finite = outputs_finite(ctx, out) and weights_finite(ctx, model)
     extra = {"peak_memory_mb": peak_memory_mb(ctx), "host_ms": host_ms(ctx, config, step)}
+    if mode == "graph":  # after the peak memory: the second capture holds a pool of its own
+        try:
+            samples.update(modes.graph_phases(ctx, config, model, moe, x, dy, out))
+        except Exception as exc:  # noqa: BLE001 - the record says why, the sweep goes on
+            return make_record(BENCH, params, status="error", device=device,
+                               error=f"graph phases: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     if config.trace_dir and mode == "eager":
         trace_steps(moe, lambda phase: make_step(config, model, x, dy, phase), Path(config.trace_dir),
                     case_label(case), ctx.rank)

@@ -4,7 +4,8 @@
               the step keeps its output (for the finiteness check after timing)
   time_steps  an eager step in two passes: steps without the layer's phase events (step, forward and
               backward times), then steps with them (the phase breakdown and step_time_instrumented)
-  time_plain  one pass of any step (compiled: with forward / backward phases; graph replays: none)
+  time_plain  one pass of any step (compiled: with forward / backward phases; graph replays: none,
+              their phases come from a second capture, modes.graph_phases)
   host_ms     CPU time spent issuing one step (qbench.timing.host_time), the most of any rank
 Samples are per step, in ms, the maximum over ranks.
 """

@@ -226,6 +226,7 @@ def time_fn(
     flush_l2: bool = True,
     cuda_graph: bool = False,
     gpu_only: bool = False,
+    observe: Callable[[], None] | None = None,
 ) -> Timing:
     """Time fn() and return one sample (ms) per repeat.
 
@@ -236,18 +237,20 @@ def time_fn(
     gpu_only (kernel benchmarks): before each repeat the GPU spins for HOST_AHEAD_MS, so the host has
     enqueued fn's launches before the start event fires and the sample is the kernels' GPU time even
     when issuing them takes longer than running them. Without it (layer steps) a host-bound call is
-    timed as the training loop sees it.
+    timed as the training loop sees it. observe() (e.g. qbench.telemetry.GpuReadings) is called after
+    each timed call is issued, outside the timed span.
     """
     device = resolve_device(device)
     _warm_up({"fn": fn}, device, warmup)
     call = _graph_of(fn) if (cuda_graph and device == "cuda") else fn
     ahead = HOST_AHEAD_MS if gpu_only and device == "cuda" else 0.0  # each repeat's spin counts against the budget
-    return _sample({"fn": call}, device, repeat, budget_ms, flush_l2, _spin(device, gpu_only), ahead)["fn"]
+    return _sample({"fn": call}, device, repeat, budget_ms, flush_l2, _spin(device, gpu_only), ahead,
+                   observe)["fn"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None = None, warmup: int = 3,
-                     repeat: int | None = None, budget_ms: float | None = None, flush_l2: bool = True
-                     ) -> dict[str, Timing]:
+                     repeat: int | None = None, budget_ms: float | None = None, flush_l2: bool = True,
+                     observe: Callable[[], None] | None = None) -> dict[str, Timing]:
     """Time several calls against each other: one sample of each per round, in an order that rotates
     every round, so that a drift of the machine over the run (clocks, power, temperature, a busy host)
     falls on every call alike and their ratios (speed-ups) stay put. Same rules as time_fn (warm-up
@@ -256,10 +259,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None
     Each sample starts on an idle device (synchronized after the flush, outside the timed span): a call
     whose host issues its launches slower than the GPU runs them would otherwise get a head start from
     the GPU work its neighbour left queued (a CUDA-graph replay returns at once) and look faster than
-    its host allows."""
+    its host allows. observe() is called once per round, after the round's last call is issued."""
     device = resolve_device(device)
     _warm_up(fns, device, warmup)
-    return _sample(fns, device, repeat, budget_ms, flush_l2, functools.partial(_synchronize, device), 0.0)
+    return _sample(fns, device, repeat, budget_ms, flush_l2, functools.partial(_synchronize, device), 0.0, observe)
 
 
 def _warm_up(fns: dict, device: str, warmup: int) -> None:
@@ -270,10 +273,11 @@ def _warm_up(fns: dict, device: str, warmup: int) -> None:
     _synchronize(device)
 
 
-def _sample(fns: dict, device: str, repeat, budget_ms, flush_l2: bool, before, ahead_ms: float) -> dict[str, Timing]:
+def _sample(fns: dict, device: str, repeat, budget_ms, flush_l2: bool, before, ahead_ms: float,
+            observe: Callable[[], None] | None = None) -> dict[str, Timing]:
     """The timed samples of warmed-up calls: a probe round sets the round count (repeat, or budget_ms over
     the round's length, ahead_ms of `before` per call included); then per round one sample of each call,
-    the order rotating every round, each after an L2 flush and before()."""
+    the order rotating every round, each after an L2 flush and before(); observe() after each round."""
     names = list(fns)
     flush = _make_flush(device, flush_l2)
 
@@ -294,6 +298,8 @@ def _sample(fns: dict, device: str, repeat, budget_ms, flush_l2: bool, before, a
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
             clocks[name].append(timed(name))
+        if observe is not None:
+            observe()
     _synchronize(device)
     return {name: Timing(tuple(c.elapsed_ms() for c in clocks[name]), device) for name in names}
 

@@ -23,6 +23,8 @@ FLAG = "flag"
 TOKENS_PER_S = "tokens/s"  # training throughput
 NATS = "nats"  # cross-entropy per token
 SHARE = "share"  # informative fraction of a whole (a step's time in its linear layers): no verdict
+MHZ = "MHz"  # a GPU clock while work ran: informative, no verdict
+WATTS = "W"  # a GPU's board power while work ran: informative, no verdict
 
 LOWER_IS_BETTER = {MS, S, MB, GB, REL_ERROR, RATIO, NATS}
 HIGHER_IS_BETTER = {TFLOPS, TOPS, GBPS, SPEEDUP, PERCENT_SAVED, FRACTION_OF_ROOFLINE, TOKENS_PER_S}
@@ -74,7 +76,8 @@ def torch_dtype(dtype):
 # Metric-name conventions shared by the benches: a suffix names the unit, a prefix the kind of ratio.
 _SUFFIXES = (("_ms", MS), ("_mb", MB), ("_tflops", TFLOPS), ("_tops", TOPS), ("_gbps", GBPS),
              ("_over_int8", RATIO))
-_PREFIXES = (("speedup_", SPEEDUP), ("pct_saved_", PERCENT_SAVED), ("relerr_", REL_ERROR))
+_PREFIXES = (("speedup_", SPEEDUP), ("pct_saved_", PERCENT_SAVED), ("relerr_", REL_ERROR),
+             ("sm_clock_mhz_", MHZ), ("power_w_", WATTS))
 
 
 def by_name(name: str) -> str | None:

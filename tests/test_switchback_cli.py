@@ -59,6 +59,7 @@ def test_cpu_run_writes_seed_compatible_records(tmp_path):
         assert rec["units"]["speedup_global"] == "x" and rec["units"]["global_fwd_tops"] == "TOP/s"
         assert len(rec["samples"]["time_global"]) == 3 and rec["device"] == "cpu"
         assert m["module_switchback_ms"] > 0 and m["module_linear_ms"] > 0
+        assert not [k for k in m if k.startswith(("sm_clock_mhz_", "power_w_"))]  # no GPU, no readings
         modes = [mode for mode in ("eager", "compile", "graph") if f"host_switchback_{mode}_ms" in m]
         assert "eager" in modes
         for mode in modes:  # the kernel chains timed with each mode's module steps; host samples kept

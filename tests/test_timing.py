@@ -208,3 +208,30 @@ def test_phase_timer_times_the_phases_of_every_graph_replay():
         replay()
         got = timer.replay_ms()
         assert got["sleep"] >= 1.5 and got["add"] < 0.5, got
+
+
+def test_observe_is_called_once_per_round_outside_the_samples():
+    """time_fn calls observe after every timed call, time_interleaved after every round of calls."""
+    seen = []
+    got = timing.time_fn(lambda: seen.append("call"), device="cpu", warmup=1, repeat=4,
+                         observe=lambda: seen.append("observe"))
+    # warm-up call, probe call, then call/observe per repeat
+    assert len(got.samples_ms) == 4 and seen == ["call", "call"] + ["call", "observe"] * 4
+    seen.clear()
+    timing.time_interleaved({"a": lambda: seen.append("a"), "b": lambda: seen.append("b")}, device="cpu",
+                            warmup=1, repeat=2, observe=lambda: seen.append("observe"))
+    assert seen[4:] == ["a", "b", "observe", "b", "a", "observe"]  # after warm-up and the probe round
+
+
+def test_gpu_readings_report_medians_and_nothing_without_a_reading():
+    from qbench import units
+    from qbench.telemetry import GpuReadings
+
+    cpu = GpuReadings("cpu")
+    cpu()
+    assert not cpu.available and cpu.metrics("kernels") == {}
+    readings = GpuReadings("cpu")
+    readings.clock_mhz, readings.power_w = [1980.0, 1590.0, 1605.0], [120.0, 690.0, 692.0]
+    assert readings.metrics("graph") == {"sm_clock_mhz_graph": 1605.0, "power_w_graph": 690.0}
+    assert units.by_name("sm_clock_mhz_graph") == units.MHZ and units.by_name("power_w_graph") == units.WATTS
+    assert units.direction(units.MHZ) == units.direction(units.WATTS) == 0  # informative: no verdict

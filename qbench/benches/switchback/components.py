@@ -210,11 +210,12 @@ def error_gate(relerrs: dict) -> str | None:
     return None
 
 
-def time_all(ops: Operands, variants, *, repeat, budget_ms) -> dict:
+def time_all(ops: Operands, variants, *, repeat, budget_ms, observe=None) -> dict:
+    """Timing per component, each timed alone (GPU-only); observe: see qbench.timing.time_fn."""
     from qbench.timing import time_fn
 
     return {name: time_fn(fn, device=ops.device, repeat=repeat, budget_ms=budget_ms, flush_l2=True,
-                          gpu_only=True)
+                          gpu_only=True, observe=observe)
             for name, fn in components(ops, variants).items()}
 
 

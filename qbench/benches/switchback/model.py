@@ -11,6 +11,8 @@ exec, dtype. Metrics (ms are medians, their samples kept):
   linear_share     linear_ms / step_ms (see model_steps.py for what it does and does not say)
   speedup_linears  linear_ms of 16bit / linear_ms
   host_ms          CPU time spent issuing one step (steps issued back to back: qbench.timing.host_time)
+  sm_clock_mhz_step, power_w_step   the GPU's SM clock and power over the timed steps (medians, NVML;
+                   qbench.telemetry; GPU only)
   peak_memory_mb   torch.cuda.max_memory_allocated over one step after warm-up (graph mode: over the
                    eager step before its capture and the capture), less what was allocated before the
                    model existed (input and target)

@@ -123,6 +123,7 @@ def _measure(case, config, variant: str, exec: str, data) -> tuple[dict, dict, s
     from qbench.benches.fragmented.steps import allocated, peak_mb, sync_and_reset
     from qbench.benches.switchback.model import memory_estimate_bytes
     from qbench.layers.transformer import block_linears, build
+    from qbench.telemetry import GpuReadings
     from qbench.timing import host_time, time_fn
 
     x, target, state, reference = data
@@ -140,7 +141,9 @@ def _measure(case, config, variant: str, exec: str, data) -> tuple[dict, dict, s
     if failure:
         return metrics, {}, failure
     kw = {"device": device, "repeat": config.repeat or timing["repeat"], "budget_ms": timing["budget_ms"]}
-    steps = time_fn(step, warmup=1, flush_l2=False, **kw)  # back to back, as training runs them
+    readings = GpuReadings(device)  # the clock and power the steps ran at
+    steps = time_fn(step, warmup=1, flush_l2=False, observe=readings, **kw)  # back to back, as training runs them
+    metrics.update(readings.metrics("step"))
     metrics["host_ms"] = host_time(step, device=device, warmup=1, repeat=timing["host"]).median
     del step, out
     linears = block_linears(model)

@@ -18,6 +18,9 @@ Metrics (ms; eager keeps the historic names):
   speedup_chain_<m>         chain_standard_<m>_ms / chain_global_<m>_ms: the kernel-sum speed-up in the
                             module steps' regime
   module_chain_ratio_<m>    speedup_module_<m> / speedup_chain_<m>
+  sm_clock_mhz_<m>, power_w_<m>   the GPU's SM clock and power over the mode's rounds (medians, NVML;
+                            qbench.telemetry), beside sm_clock_mhz_kernels / power_w_kernels of the
+                            components timed alone
 Why the chains: the components are timed one at a time with the GPU idling in between, the module steps
 back to back, and an H200 runs the int8 kernels markedly slower under sustained load than isolated (the
 16-bit ones less so; README, switchback section), so module_kernel_ratio mixes the layer's own overhead
@@ -122,6 +125,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
     results are taken first: SwitchBack against nn.Linear, then every mode against eager."""
     import torch
 
+    from qbench.telemetry import GpuReadings
     from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved
 
     x = ops.x.detach().requires_grad_(True)
@@ -145,8 +149,11 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
                 return metrics, samples, f"{mode} {name} differs from eager: {failure}"
         # the layers' steps and the kernel chains interleaved, so their ratios do not move with the
         # machine's drift and every one runs in the same (sustained) regime
+        readings = GpuReadings(ops.device)  # the clock and power of the mode's rounds
         timings = time_interleaved({**steps, **chains}, device=ops.device, repeat=repeat,
-                                   budget_ms=(budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains)))
+                                   budget_ms=(budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains)),
+                                   observe=readings)
+        metrics.update(readings.metrics(mode))
         for name, timing in timings.items():
             key = f"{name}_{mode}_ms" if name in chains else (
                 f"module_{name}_ms" if mode == "eager" else f"module_{name}_{mode}_ms")

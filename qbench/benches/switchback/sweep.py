@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from qbench import store, units
 from qbench.benches.switchback import components as comp
 from qbench.benches.switchback import modules, peers
+from qbench.telemetry import GpuReadings
 from qbench.timing import backward_thread
 
 BENCH = "switchback"
@@ -135,7 +136,8 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
         if failure:
             return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
         budget = config.repeat is None and TIME_BUDGET_MS[config.device] or None
-        timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget)
+        readings = GpuReadings(config.device)  # the clock and power the components ran at
+        timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget, observe=readings)
         module_metrics, module_samples, failure = ({}, {}, None)
         if "module" in config.variants:
             with backward_thread(shape.backward_thread):
@@ -144,6 +146,7 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
         if failure:
             return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
         metrics = derive(shape, timings, relerrs, config)
+        metrics.update(readings.metrics("kernels"))
         metrics.update(module_metrics)
         metrics.update(modules.derive(metrics))
     except comp.OutOfMemory as exc:

@@ -417,12 +417,14 @@ def time_ranks(
     device: str | None = None,
     group=None,
     on_warmup_end: Callable[[], None] | None = None,
+    observe: Callable[[], None] | None = None,
 ) -> Timing:
     """Time a distributed step: barrier, start, step(i), synchronize, stop; max over ranks per step.
 
     step(i) gets the step index (warm-up steps get negative indices). on_warmup_end lets the caller
     reset its own PhaseTimer so that phases and steps cover the same steps. Every rank returns the
-    same Timing (samples = per-step maxima over ranks).
+    same Timing (samples = per-step maxima over ranks). observe() is called after each timed step is
+    issued, outside the timed span's host work.
     """
     import torch.distributed as dist
 
@@ -442,6 +444,8 @@ def time_ranks(
         clock.start()
         step(i)
         clock.stop()
+        if observe is not None:
+            observe()
         _synchronize(device)
         local.append(clock.elapsed_ms())
     return Timing(tuple(max_over_ranks(local, group)), device)

@@ -44,6 +44,17 @@ def test_a_drifting_run_records_an_error_never_ok():
     assert "drifted" in drifting["error"] and drifting["samples"]["step_time"], drifting["error"]
 
 
+def test_clock_and_power_samples_get_their_units_and_medians():
+    params = {"exec": "graph", "world_size": 1}
+    extra = {"peak_memory_mb": None, "host_ms": 0.5}
+    samples = {"step_time": _steps(2.0, 2.0), "sm_clock_mhz_step": [1980.0, 1515.0, 1500.0],
+               "power_w_step": [600.0, 690.0, 700.0]}
+    record = record_of(CONFIG, CASE, params, 1, samples, dict(STATS), extra, DETAIL, "cuda")
+    m, u = record["metrics"], record["units"]
+    assert (m["sm_clock_mhz_step"], m["power_w_step"]) == (1515.0, 690.0)
+    assert (u["sm_clock_mhz_step"], u["power_w_step"], u["step_time"]) == ("MHz", "W", "ms")
+
+
 def test_a_diverged_run_records_an_error():
     record = _record(_steps(2.0, 2.0), finite=False)
     assert record["status"] == "error" and "not finite" in record["error"] and not record["metrics"]

@@ -235,3 +235,9 @@ def test_gpu_readings_report_medians_and_nothing_without_a_reading():
     assert readings.metrics("graph") == {"sm_clock_mhz_graph": 1605.0, "power_w_graph": 690.0}
     assert units.by_name("sm_clock_mhz_graph") == units.MHZ and units.by_name("power_w_graph") == units.WATTS
     assert units.direction(units.MHZ) == units.direction(units.WATTS) == 0  # informative: no verdict
+
+
+def test_time_ranks_observes_each_timed_step_not_the_warm_up():
+    seen = []
+    timing.time_ranks(lambda i: seen.append(i), steps=3, warmup=2, device="cpu", observe=lambda: seen.append("o"))
+    assert seen == [-2, -1, 0, "o", 1, "o", 2, "o"]

@@ -43,7 +43,7 @@ def experts_tflops(config: MoEBenchConfig, stats: dict, world_size: int, metrics
 
 def summarize(config, case, world_size, samples, stats, memory, device):
     metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v and "_rank" not in k}
-    unit_of = {k: units.MS for k in metrics}
+    unit_of = {k: units.by_name(k) or units.MS for k in metrics}  # phase times in ms; clock, power by name
     step = metrics["step_time"]
     E = case["num_local_experts"] * world_size
     metrics["tflops"] = seed_flops(config) / (step * 1e-3) / 1e12

@@ -7,6 +7,8 @@
   time_plain  one pass of any step (compiled: with forward / backward phases; graph replays: none,
               their phases come from a second capture, modes.graph_phases)
   host_ms     CPU time spent issuing one step (qbench.timing.host_time), the most of any rank
+  sm_clock_mhz_step, power_w_step   the GPUs' SM clock (lowest rank) and power (highest rank) over the
+              plain pass's steps (qbench.telemetry; GPU only)
 Samples are per step, in ms, the maximum over ranks.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from qbench.telemetry import GpuReadings
 from qbench.timing import PhaseTimer, host_time, max_over_ranks, time_ranks
 
 PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
@@ -75,18 +78,23 @@ def time_steps(ctx, config, model, moe, x, dy, out: dict) -> dict[str, list[floa
 
 
 def time_plain(ctx, config, model, moe, x, dy, out: dict, step=None) -> dict[str, list[float]]:
-    """step_time (and forward_time / backward_time where the step has those phases) of one pass; `step`:
-    a ready step(i) (a graph replay), else make_step's step of `model`."""
-    timing, timer = _timed_pass(ctx, config, model, moe, x, dy, out, phases=False, step=step)
+    """step_time (and forward_time / backward_time where the step has those phases) of one pass, with the
+    GPUs' SM clock and power per step where NVML reads them (sm_clock_mhz_step: the lowest of any rank,
+    power_w_step: the highest); `step`: a ready step(i) (a graph replay), else make_step's step of `model`."""
+    readings = GpuReadings(_device_kind(ctx))
+    timing, timer = _timed_pass(ctx, config, model, moe, x, dy, out, phases=False, step=step, observe=readings)
     samples = {"step_time": list(timing.samples_ms)}
     for name, values in timer.results_ms().items():  # forward, backward
         samples[f"{name}_time"] = max_over_ranks(values)
+    if max_over_ranks([0.0 if readings.clock_mhz else 1.0]) == [0.0]:  # every rank read its GPU
+        samples["sm_clock_mhz_step"] = [-v for v in max_over_ranks([-v for v in readings.clock_mhz])]
+        samples["power_w_step"] = max_over_ranks(readings.power_w)
     return samples
 
 
-def _timed_pass(ctx, config, model, moe, x, dy, out: dict, phases: bool, step=None):
+def _timed_pass(ctx, config, model, moe, x, dy, out: dict, phases: bool, step=None, observe=None):
     """time_ranks over the steps with a PhaseTimer around forward and backward, and inside the layer
-    too when `phases`: (Timing of the steps, the PhaseTimer)."""
+    too when `phases`: (Timing of the steps, the PhaseTimer); observe: see qbench.timing.time_ranks."""
     device = _device_kind(ctx)
     timer = PhaseTimer(device)
     moe.timer = timer if phases else None
@@ -98,7 +106,7 @@ def _timed_pass(ctx, config, model, moe, x, dy, out: dict, phases: bool, step=No
 
     try:
         timing = time_ranks(timed, steps=config.num_steps, warmup=config.warmup, device=device,
-                            on_warmup_end=timer.discard)
+                            on_warmup_end=timer.discard, observe=observe)
     finally:
         moe.timer = None
     return timing, timer

@@ -6,7 +6,8 @@ medians (`sm_clock_mhz_<what>`, `power_w_<what>`), so that a time can be read ag
 at: an H200 holds its boost clock on work that stays below its power limit and lowers it on work that
 reaches the limit, so one kernel timed alone and the same kernel in a training loop can run at
 different clocks. NVML comes through torch.cuda.clock_rate / power_draw (pynvml); where it cannot be
-read (no GPU, no pynvml) nothing is recorded.
+read (no GPU, no pynvml) nothing is recorded. NVML averages power over its own sample period (1/6 s to
+1 s by product), so timed work shorter than that reads partly the moments before it.
 """
 
 from __future__ import annotations

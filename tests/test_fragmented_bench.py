@@ -50,6 +50,7 @@ def test_cpu_run_writes_complete_records(tmp_path, capsys):
         assert rec["status"] == "ok", rec["error"]
         assert set(rec["params"]) == PARAMS
         assert set(rec["metrics"]) <= set(rec["units"])
+        assert not [k for k in rec["metrics"] if k.startswith(("sm_clock_mhz_", "power_w_"))]  # no GPU, no readings
         assert rec["metrics"]["forward_ms"] > 0 and len(rec["samples"]["forward_ms"]) == 2
         if rec["params"]["mode"] == "inference":
             assert "backward_ms" not in rec["metrics"]
@@ -185,6 +186,42 @@ def test_training_steps_run_with_the_case_backward_thread(tmp_path, capsys, monk
     assert seen == [True, False]
     assert torch._C._is_multithreading_enabled()  # restored after the sweep
     assert "bwd thread" in stdout
+
+
+def test_records_carry_the_median_clock_and_power_of_each_timed_loop(tmp_path, capsys, monkeypatch):
+    """With readable GPU telemetry (faked here: one fixed reading per call), a train record gets the clock and
+    power medians of its timed steps (step) and forward + backward calls (fwd_bwd), an inference record those of
+    its forward calls, one reading per timed step, with units MHz and W by name."""
+    from qbench.benches.fragmented import steps
+    from qbench.telemetry import GpuReadings
+
+    made = []
+
+    class Readable(GpuReadings):
+        def __init__(self, device):
+            super().__init__(device)
+            self.available = True
+            made.append(self)
+
+        def __call__(self):  # first, median and last of three calls all differ
+            i = len(self.clock_mhz) % 3
+            self.clock_mhz.append((1980.0, 1600.0, 1500.0)[i])
+            self.power_w.append((700.0, 450.0, 300.0)[i])
+
+    monkeypatch.setattr(steps, "GpuReadings", Readable)
+    out = tmp_path / "run"
+    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--modes", "train,inference",
+                            "--baselines", "none", "--steps", "3", "--warmup", "1", "--out", str(out)], capsys)
+    assert code == 0, err
+    _, records = load_run(out)
+    assert [r["params"]["mode"] for r in records] == ["train", "inference"]
+    assert [len(r.clock_mhz) for r in made] == [3, 3, 3]  # train steps, fwd_bwd calls, inference calls
+    whats = {"train": ("step", "fwd_bwd"), "inference": ("forward",)}
+    for rec in records:
+        telemetry = {k: v for k, v in rec["metrics"].items() if k.startswith(("sm_clock_mhz_", "power_w_"))}
+        what = whats[rec["params"]["mode"]]
+        assert telemetry == {**{f"sm_clock_mhz_{w}": 1600.0 for w in what}, **{f"power_w_{w}": 450.0 for w in what}}
+        assert all(rec["units"][k] == ("MHz" if k.startswith("sm_") else "W") for k in telemetry)
 
 
 def test_forward_cost_counts_useful_work():

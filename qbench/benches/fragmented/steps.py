@@ -8,6 +8,10 @@
   inference                     forward calls under torch.inference_mode(), cold L2 before each
   host time                     CPU time spent issuing one step (host_step_ms, host_fwd_bwd_ms,
                                 host_forward_ms), the device synchronized outside each sample
+  clock and power               GPU only: SM clock (MHz) and board power (W) while the timed work ran,
+                                medians of one NVML reading per timed step taken outside the timed spans
+                                (qbench.telemetry): sm_clock_mhz_<what> and power_w_<what>, <what> step
+                                (training steps), fwd_bwd or forward (inference)
 peak_memory_mb: torch.cuda.max_memory_allocated over the timed steps (reset after warm-up):
 parameters, gradients, both Adam moments, input and target, activations saved for backward and kernel
 temporaries (inference: parameters, input, activations).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import gc
 
+from qbench.telemetry import GpuReadings
 from qbench.timing import PhaseTimer, graph_replay, host_time, time_fn
 
 
@@ -59,7 +64,8 @@ def compiled(model, exec: str):
 
 def measure_training(model, x, target, steps: int, warmup: int, device: str, baseline: int = 0
                      ) -> tuple[dict, dict]:
-    """Training steps timed phase by phase. Returns ({phase: [ms per step]}, memory and host metrics)."""
+    """Training steps timed phase by phase. Returns ({phase: [ms per step]}, memory, host, clock and power
+    metrics)."""
     import torch
     import torch.nn.functional as F
 
@@ -89,13 +95,16 @@ def measure_training(model, x, target, steps: int, warmup: int, device: str, bas
         step()
     sync_and_reset(device)
     timer.discard()
+    readings = GpuReadings(device)  # the clock and power the timed steps ran at
     for _ in range(steps):
         step()
+        readings()  # after the step is issued, outside its phases (as qbench.timing's observe)
     phases = timer.results_ms()
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0)
     extra = {"peak_memory_mb": peak_mb(device, baseline), "optimizer_state_mb": state / 2**20,
-             "host_step_ms": host_time(plain_step, device=device, warmup=1, repeat=steps).median}
+             "host_step_ms": host_time(plain_step, device=device, warmup=1, repeat=steps).median,
+             **readings.metrics("step")}
     return phases, extra
 
 
@@ -134,10 +143,12 @@ def fwd_bwd_results(model, x, target, exec: str):
     return step, [out["y"].detach().clone()] + grads
 
 
-def time_fwd_bwd(step, steps: int, device: str) -> tuple[list[float], float]:
-    """(samples of fwd_bwd_ms, host ms per fwd_bwd)."""
-    timing = time_fn(step, device=device, warmup=1, repeat=steps, flush_l2=True)
-    return list(timing.samples_ms), host_time(step, device=device, warmup=1, repeat=steps).median
+def time_fwd_bwd(step, steps: int, device: str) -> tuple[list[float], dict]:
+    """(samples of fwd_bwd_ms, {host_fwd_bwd_ms, and on a GPU the clock and power the timed calls ran at})."""
+    readings = GpuReadings(device)
+    timing = time_fn(step, device=device, warmup=1, repeat=steps, flush_l2=True, observe=readings)
+    host = host_time(step, device=device, warmup=1, repeat=steps).median
+    return list(timing.samples_ms), {"host_fwd_bwd_ms": host, **readings.metrics("fwd_bwd")}
 
 
 def forward_fn(model, x, mode: str):
@@ -166,9 +177,11 @@ def measure_inference(model, x, steps: int, warmup: int, device: str, baseline: 
     peak = peak_mb(device, baseline)
     if graph:
         fn = graph_replay(fn)
-    timing = time_fn(fn, device=device, warmup=1, repeat=steps)
+    readings = GpuReadings(device)  # the clock and power the timed calls ran at
+    timing = time_fn(fn, device=device, warmup=1, repeat=steps, observe=readings)
     host = host_time(fn, device=device, warmup=1, repeat=steps).median
-    return {"forward": list(timing.samples_ms)}, {"peak_memory_mb": peak, "host_forward_ms": host}
+    return {"forward": list(timing.samples_ms)}, {"peak_memory_mb": peak, "host_forward_ms": host,
+                                                  **readings.metrics("forward")}
 
 
 def graph_forward_ms(model, x, mode: str, steps: int, device: str) -> list[float] | None:

@@ -9,6 +9,8 @@ Measured per record (ms are medians over the timed steps, samples kept):
   fwd_bwd_ms             forward + loss + backward alone (the graph mode's one measure of training)
   host_*_ms              CPU time spent issuing a step (see benches/fragmented/steps.py)
   forward_graph_ms       the eager forward replayed as one CUDA graph (GPU only; no launch overhead)
+  sm_clock_mhz_<what>    GPU only: SM clock (MHz) and board power (W, power_w_<what>) while the timed work ran;
+                         <what>: step (training steps), fwd_bwd (forward + backward), forward (inference)
   peak_memory_mb, param_memory_mb, optimizer_state_mb, parameters, tflops (useful forward flops /
   forward_ms), roofline_fraction (GPU with a preset)
 Before timing, FragmentedLinear's train, eval and inference outputs are checked against the float64
@@ -26,7 +28,7 @@ from qbench.benches.fragmented.cost import UNITS, forward_cost, roofline
 from qbench.benches.fragmented.gate import TOLERANCE, gate
 from qbench.store import make_record
 from qbench.timing import backward_thread
-from qbench.units import torch_dtype
+from qbench.units import by_name, torch_dtype
 
 
 def build(case: Case, bias: bool, device: str):
@@ -90,7 +92,8 @@ def _train(model, runner, x, target, case: Case, config: FragmentedConfig, basel
         failure = _mismatch(got, steps.fwd_bwd_results(model, x, target, "eager")[1], case.dtype)
         if failure:
             return phases, extra, None, f"{ex}: {failure}"
-    samples, extra["host_fwd_bwd_ms"] = steps.time_fwd_bwd(step, config.steps, device)
+    samples, timed = steps.time_fwd_bwd(step, config.steps, device)
+    extra.update(timed)
     return phases, extra, samples, None
 
 
@@ -149,7 +152,12 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
         if graph:
             samples["forward_graph_ms"], metrics["forward_graph_ms"] = graph, _median(graph)
     _throughput(metrics, case, selected, device)
-    return make_record(BENCH, case.params(), metrics, units=UNITS, samples=samples, device=device)
+    return make_record(BENCH, case.params(), metrics, units=_units(metrics), samples=samples, device=device)
+
+
+def _units(metrics: dict) -> dict:
+    """UNITS, and the unit each other metric's name declares (the GPU's clock, MHz, and power, W)."""
+    return {**UNITS, **{k: unit for k in metrics if k not in UNITS and (unit := by_name(k))}}
 
 
 def _throughput(metrics: dict, case: Case, selected, device: str) -> None:

@@ -110,3 +110,31 @@ def test_default_modes_are_every_mode_the_device_runs(monkeypatch):
     monkeypatch.setattr(dist, "visible_gpus", lambda: 1)
     assert resolve(MoEBenchConfig(world_size=1, backend="auto", device="cuda")).execs == EXECS
     assert resolve(MoEBenchConfig(world_size=1, backend="gloo", device="cpu", execs=("graph",))).execs == ("graph",)
+
+
+def test_the_plan_runs_each_backward_thread_where_autograd_runs_a_backward():
+    config = MoEBenchConfig(world_size=1, backend="gloo", device="cpu", execs=("eager", "compile", "graph"),
+                            backward_threads=("device", "calling"))
+    assert [(i["exec"], i["backward_thread"]) for i in plan(config)] == [
+        ("eager", "device"), ("eager", "calling"), ("compile", "device"), ("compile", "calling"), ("graph", "device")]
+    forward_only = MoEBenchConfig(world_size=1, backend="gloo", device="cpu", eval=True, backward_threads=("calling",
+                                                                                                         "device"))
+    assert [i["backward_thread"] for i in plan(forward_only)] == ["calling"]
+
+
+def test_a_cpu_run_records_each_backward_thread_and_restores_the_engine(tmp_path, capsys):
+    import json
+
+    from qbench.cli import main
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(["moe", "--device", "cpu", "--world-size", "1", "--model-dim", "16", "--hidden-size", "24", "--samples",
+              "32", "--num-local-experts", "2", "--num-steps", "3", "--warmup", "1", "--backward-thread",
+              "device,calling", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert exc.value.code == 0, printed
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["params"]["backward_thread"], r["status"]) for r in records] == [("device", "ok"), ("calling", "ok")]
+    assert "bwd" in printed  # the column, shown because the records differ in it
+    assert torch.autograd.is_multithreading_enabled()  # the default is back once the run is over

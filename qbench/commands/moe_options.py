@@ -8,6 +8,7 @@ from qbench.benches.moe.config import GEMMS, KERNEL_BENCHES, SYSTEMS, TRANSPORTS
 from qbench.options import (
     MAX_SIZE,
     FiniteFloat,
+    backward_thread_option,
     callback,
     device_option,
     dtype_option,
@@ -72,6 +73,6 @@ OPTIONS = [
 
 def moe_options(fn):
     """Every option of `qbench moe`, in --help order."""
-    for option in reversed([*OPTIONS, exec_option(), out_options]):
+    for option in reversed([*OPTIONS, exec_option(), backward_thread_option, out_options]):
         fn = option(fn)
     return fn

@@ -48,6 +48,7 @@ from qbench.benches.moe.config import (
     TRANSPORTS,
     MoEBenchConfig,
     resolve,
+    threads_of,
 )
 from qbench.benches.moe.metrics import floor_ms, full_flops, seed_flops, summarize
 from qbench.benches.moe.output import block_lines, seed_lines, table
@@ -67,7 +68,8 @@ def plan(config: MoEBenchConfig) -> list:
         from qbench.benches.moe import grouped
 
         return grouped.plan(config)
-    return [dict(case, exec=mode) for case in cases(config) for mode in config.execs or ("eager",)]
+    return [dict(case, exec=mode, backward_thread=thread) for case in cases(config)
+            for mode in config.execs or ("eager",) for thread in threads_of(config, mode)]
 
 
 def run(config: MoEBenchConfig) -> Iterator[dict]:

@@ -56,6 +56,13 @@ class MoEBenchConfig:
     transport: str = "auto"  # blocks: auto (symm where available, else a2a) | symm[-fused-ga|-fused] | a2a
     kernels: str | None = None  # "grouped": time the grouped GEMM kernels instead of the layer
     execs: tuple[str, ...] | None = None  # eager | compile | graph (modes.py); None: DEFAULT_EXECS[device]
+    backward_threads: tuple[str, ...] = ("device",)  # qbench.timing.backward_thread: device, calling
+
+
+def threads_of(config: MoEBenchConfig, exec: str) -> tuple[str, ...]:
+    """The backward threads a mode runs with: each asked-for one where autograd runs the step's backward
+    (eager and compiled training steps); a replayed graph and --eval run no autograd: only the first."""
+    return config.backward_threads if exec != "graph" and not config.eval else config.backward_threads[:1]
 
 
 def resolve(config: MoEBenchConfig) -> MoEBenchConfig:

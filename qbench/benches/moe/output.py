@@ -25,10 +25,12 @@ def table(records: list[dict[str, Any]]):
         metrics.append("remote_fraction")
     elif any(r["params"].get("locality") is not None for r in records):
         params.append("locality")
+    if len({r["params"].get("backward_thread") for r in records}) > 1:  # its column only when it varies
+        params.append("backward_thread")
     return records_table(records, params, metrics, title="qbench moe (ms: median over steps of the max over ranks)",
                          headers={"a2a_ffn_overlap_degree": "overlap", "num_local_experts": "experts/rank",
                                   "expert_load_max_over_mean": "load max/mean", "replicate_hot": "hot",
-                                  "experts_tflops": "FFN tflops"})
+                                  "experts_tflops": "FFN tflops", "backward_thread": "bwd thread"})
 
 
 def seed_lines(record: dict) -> list[str]:

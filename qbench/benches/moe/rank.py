@@ -23,7 +23,7 @@ import torch.distributed as dist
 from qbench import units
 from qbench.benches.moe import modes
 from qbench.benches.moe.cases import case_label, cases, params_of, resolve_gemm
-from qbench.benches.moe.config import BENCH, MoEBenchConfig
+from qbench.benches.moe.config import BENCH, MoEBenchConfig, threads_of
 from qbench.benches.moe.metrics import summarize
 from qbench.benches.moe.steps import host_ms, make_step, time_plain, time_steps
 from qbench.benches.moe.trace import trace_steps
@@ -31,7 +31,7 @@ from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_paramet
 from qbench.layers.moe.reference import check_layer
 from qbench.layers.moe.routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
 from qbench.store import make_record
-from qbench.timing import drift_error, max_over_ranks
+from qbench.timing import backward_thread, drift_error, max_over_ranks
 from qbench.units import torch_dtype
 
 HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
@@ -70,8 +70,14 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> Iterator[dict
 
 
 def _every_exec(config, params: dict[str, Any], device: str, error: str) -> Iterator[dict]:
-    for mode in config.execs:
-        yield make_record(BENCH, dict(params, exec=mode), status="error", error=error, device=device)
+    for p in _mode_params(config, params):
+        yield make_record(BENCH, p, status="error", error=error, device=device)
+
+
+def _mode_params(config, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The params of every record of one configuration: one per execution mode and backward thread."""
+    return [dict(params, exec=mode, backward_thread=thread) for mode in config.execs
+            for thread in threads_of(config, mode)]
 
 
 def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str, Any], built,
@@ -84,15 +90,17 @@ def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str,
     if case.get("system") == "blocks":
         stats.update(block_stats(ctx, moe))
     want: list = []  # an eager step's output and gradients, taken once for the compile / graph checks
-    for mode in config.execs:
-        p = dict(params, exec=mode)
+    for p in _mode_params(config, params):
+        mode = p["exec"]
         reason = modes.refusal(mode, config, moe, ctx.world_size)
         if reason is not None:
             yield make_record(BENCH, p, status="skipped", error=reason, device=_device_kind(ctx))
             continue
         if mode != "eager" and not want:
             want = _eager_results(config, model, x, dy)
-        yield measure_mode(ctx, config, case, p, built, stats, detail, want)
+        with backward_thread(p["backward_thread"]):
+            record = measure_mode(ctx, config, case, p, built, stats, detail, want)
+        yield record
 
 
 def measure_mode(ctx, config, case, params, built, stats, detail: str, want: list) -> dict:

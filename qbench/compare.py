@@ -262,13 +262,19 @@ def _counts(rows: list[Row]) -> dict[str, dict[str, int]]:
     return counts
 
 
+def _selected(rows: list[Row], pattern: str | None) -> list[Row]:
+    """The rows whose 'bench/case metric' matches -k (all without it)."""
+    if not pattern:
+        return rows
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise QbenchUsageError(f"-k {pattern!r} is not a valid regular expression ({exc})") from None
+    return [r for r in rows if regex.search(f"{r.bench}/{r.case} {r.metric}")]
+
+
 def _filter_and_sort(rows: list[Row], options: CompareOptions) -> list[Row]:
-    if options.pattern:
-        try:
-            regex = re.compile(options.pattern)
-        except re.error as exc:
-            raise QbenchUsageError(f"-k {options.pattern!r} is not a valid regular expression ({exc})") from None
-        rows = [r for r in rows if regex.search(f"{r.bench}/{r.case} {r.metric}")]
+    """-k's rows (already selected), without the unchanged ones under --only-changed, in --sort order."""
     if options.only_changed:
         rows = [r for r in rows if r.marker != "="]
     if options.sort == "ratio":
@@ -289,8 +295,9 @@ def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
         if _hardware_differs(reference, candidate):
             _mark_cross_env(pair, options.cross_env)
         rows.extend(pair)
-    comparison = Comparison(rows, warnings, _geomeans(rows), _counts(rows), unfiltered=rows)
-    comparison.rows = _filter_and_sort(rows, options)
+    selected = _selected(rows, options.pattern)  # -k narrows the geometric means and counts too
+    comparison = Comparison(rows, warnings, _geomeans(selected), _counts(selected), unfiltered=rows)
+    comparison.rows = _filter_and_sort(selected, options)
     return comparison
 
 

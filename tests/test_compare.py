@@ -367,3 +367,15 @@ def test_compare_cells_never_round_onto_the_threshold():
     cells = report._compare_cells(row)
     assert cells[3:7] == ["10.00", "10.498", "1.0498", "+4.98%"] and row.marker == "="
     assert report.format_change(-13.08) == "-13.1%" and report.format_change(None) == "-"
+
+
+def test_k_narrows_the_geometric_means_and_counts_to_its_rows(slower_runs):
+    runs = [compare.load_any(p) for p in slower_runs]
+    everything = compare.compare_runs(runs, compare.CompareOptions())
+    one_case = compare.compare_runs(runs, compare.CompareOptions(pattern="m=2 "))
+    candidate = runs[1].label
+    assert everything.counts[candidate] == {"+": 1, "=": 1}
+    assert one_case.counts[candidate] == {"=": 1}  # the slower case m=1 is not among -k's rows
+    assert one_case.geomeans[(candidate, "time")] == pytest.approx(1.0)
+    assert everything.geomeans[(candidate, "time")] > 1.05
+    assert len(one_case.unfiltered) == len(everything.unfiltered)  # gates still see every row

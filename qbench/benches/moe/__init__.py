@@ -4,7 +4,8 @@ resolve(config) fills the device-dependent defaults; run(config) validates it at
 (usage errors before any process starts or record is written) and returns the records as they come:
 it launches the ranks (qbench.dist: self-spawned, or one rank of a torchrun job), and every rank runs
 every configuration of the sweep (local experts x overlap degree x replication x routing x GEMM
-backend x locality x system), in every execution mode (`--exec`: eager, compile, graph; modes.py);
+backend x locality x system), in every execution mode (`--exec`: eager, compile, graph; modes.py) and,
+where autograd runs a backward, with each backward thread asked for (`--backward-thread`; config.threads_of);
 rank 0's records are kept. With `kernels="grouped"` the records are
 kernel timings instead (grouped.py). Each configuration is checked against the dense reference
 first; a mismatch is an error record, not timed. System "blocks" (MixMoE's block dispatch fused
@@ -20,9 +21,11 @@ Metrics (times in ms: median over steps of the max over ranks):
   step_time, forward_time, backward_time (steps without the layer's phase events; graph replays have no
   forward / backward split), <phase>_time (eager: gate, plan, dispatch, experts, combine, backward_a2a,
   backward_experts; from a second pass of as many steps with them), step_time_instrumented (that
-  pass's step time: what the phase events cost), host_ms (CPU time spent issuing one step),
-  experts_tflops (eager: the expert FFN's forward + backward FLOPs over experts_time +
-  backward_experts_time),
+  pass's step time: what the phase events cost; graph: the phases from a second capture with the phase
+  events in the graph, modes.graph_phases), host_ms (CPU time spent issuing one step),
+  experts_tflops (the expert FFN's forward + backward FLOPs over experts_time + backward_experts_time),
+  sm_clock_mhz_step (the lowest SM clock of any rank) and power_w_step (the highest board power) over the
+  timed steps, where NVML reads them (qbench.telemetry),
   tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
   per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
   tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert

@@ -241,3 +241,15 @@ def test_plot_command_writes_the_file(tmp_path):
         main(["plot", str(run), "--out", str(tmp_path / "out" / "f.png")])
     assert exit_info.value.code == 0
     assert_png(tmp_path / "out" / "f.png")
+
+
+def test_moe_figure_tells_apart_records_that_differ_in_mode_or_backward_thread():
+    from qbench.plots import moe as moe_plot
+
+    params = {"world_size": 1, "num_local_experts": 8}
+    records = [store.make_record("moe", dict(params, exec=e, backward_thread=t), {"step_time": ms, "tflops": 1 / ms})
+               for e, t, ms in (("eager", "device", 3.0), ("eager", "calling", 2.7), ("graph", "device", 1.8))]
+    assert moe_plot.labels(records) == ["exec=eager\nbwd=device", "exec=eager\nbwd=calling", "exec=graph\nbwd=device"]
+    series = moe_plot._series(records)  # one line per mode and thread, never one line through all three
+    assert sorted(series) == ["exec=eager, bwd=calling", "exec=eager, bwd=device", "exec=graph, bwd=device"]
+    assert all(len(points) == 1 for points in series.values())

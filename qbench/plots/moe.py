@@ -20,15 +20,25 @@ PHASES = (
     "backward_experts_time",
 )
 LOAD = ("expert_load_max_over_mean", "rank_load_max_over_mean", "block_imbalance")
-KEY_PARAMS = ("world_size", "num_local_experts", "top_k", "routing", "capacity_factor", "replicate_hot", "dtype")
+# the parameters a sweep varies (a run's records differ only in these), with their short label names
+KEY_PARAMS = ("world_size", "num_local_experts", "top_k", "routing", "capacity_factor", "replicate_hot", "dtype",
+              "a2a_ffn_overlap_degree", "gemm", "system", "locality", "exec", "backward_thread")
+SHORT = {"num_local_experts": "E", "world_size": "ranks", "top_k": "k", "capacity_factor": "cf",
+         "a2a_ffn_overlap_degree": "D", "backward_thread": "bwd"}
+
+
+def _varying(records: list[dict[str, Any]], params=KEY_PARAMS) -> list[str]:
+    return [k for k in params if len({str(r["params"].get(k)) for r in records}) > 1]
+
+
+def _label(record: dict[str, Any], keys: list[str], sep: str) -> str:
+    return sep.join(f"{SHORT.get(k, k)}={record['params'].get(k)}" for k in keys)
 
 
 def labels(records: list[dict[str, Any]]) -> list[str]:
     """Short x labels from the parameters that differ between the records."""
-    varying = [k for k in KEY_PARAMS if len({str(r["params"].get(k)) for r in records}) > 1]
-    varying = varying or ["num_local_experts"]
-    short = {"num_local_experts": "E", "world_size": "ranks", "top_k": "k", "capacity_factor": "cf"}
-    return ["\n".join(f"{short.get(k, k)}={r['params'].get(k)}" for k in varying) for r in records]
+    varying = _varying(records) or ["num_local_experts"]
+    return [_label(r, varying, "\n") for r in records]
 
 
 def breakdown_panel(ax, records, env) -> None:
@@ -55,26 +65,40 @@ def breakdown_panel(ax, records, env) -> None:
     ax.legend(fontsize=7)
 
 
-def experts_panel(ax, records, env) -> None:
-    points = []
+def _series(records: list[dict[str, Any]]) -> dict[str, list[tuple]]:
+    """(experts per rank, step_time, tflops) points per series: one series per value of the other parameters
+    that vary (execution mode, backward thread, system, ...), so that each line joins comparable records."""
+    others = _varying(records, tuple(k for k in KEY_PARAMS if k != "num_local_experts"))
+    series: dict[str, list[tuple]] = {}
     for rec in records:
         experts = value(rec, "experts_per_rank") or value(rec, "num_local_experts")
         if experts is not None and value(rec, "step_time") is not None:
-            points.append((experts, value(rec, "step_time"), value(rec, "tflops"), rec["params"].get("world_size")))
-    if not points:
+            series.setdefault(_label(rec, others, ", "), []).append((experts, value(rec, "step_time"),
+                                                                    value(rec, "tflops")))
+    return {name: sorted(points) for name, points in series.items()}
+
+
+def experts_panel(ax, records, env) -> None:
+    series = _series(records)
+    if not series:
         return no_data(ax, "no step_time / experts in these records")
-    points.sort()
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color="C0", label="step time (ms)")
+    twin = ax.twinx() if any(p[2] is not None for points in series.values() for p in points) else None
+    for i, (name, points) in enumerate(series.items()):
+        suffix = f" [{name}]" if name else ""
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=f"C{2 * i}",
+                label="step time (ms)" + suffix)
+        if twin is not None:
+            twin.plot([p[0] for p in points], [p[2] for p in points], marker="s", linestyle="--",
+                      color=f"C{2 * i + 1}", label="TFLOP/s" + suffix)
     replicated = any(value(r, "experts_per_rank") is not None for r in records)
     xlabel = "experts per rank" + (" (incl. replicated slots)" if replicated else " (num_local_experts)")
     ax.set(xscale="log", xlabel=xlabel, ylabel="step time (ms)")
     ax.set_title("step time and TFLOP/s vs experts per rank")
-    if any(p[2] is not None for p in points):
-        twin = ax.twinx()
-        twin.plot([p[0] for p in points], [p[2] for p in points], marker="s", color="C1", label="TFLOP/s")
-        twin.set_ylabel("TFLOP/s per GPU", color="C1")
-        ax.legend(ax.lines + twin.lines, [x.get_label() for x in ax.lines + twin.lines], fontsize=7)
-    dim_ticks(ax, [p[0] for p in points])
+    lines = ax.lines + (twin.lines if twin is not None else [])
+    if twin is not None:
+        twin.set_ylabel("TFLOP/s per GPU (dashed)")
+    ax.legend(lines, [x.get_label() for x in lines], fontsize=7)
+    dim_ticks(ax, [p[0] for points in series.values() for p in points])
 
 
 def ranks_panel(ax, records, env) -> None:

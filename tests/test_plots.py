@@ -253,3 +253,16 @@ def test_moe_figure_tells_apart_records_that_differ_in_mode_or_backward_thread()
     series = moe_plot._series(records)  # one line per mode and thread, never one line through all three
     assert sorted(series) == ["exec=eager, bwd=calling", "exec=eager, bwd=device", "exec=graph, bwd=device"]
     assert all(len(points) == 1 for points in series.values())
+
+
+def test_fragmented_figure_draws_each_mode_and_thread_as_its_own_line():
+    from qbench.plots import fragmented as fragmented_plot
+
+    base = {"in_features": 64, "out_features": 64, "layer": "fragmented", "mode": "train", "fragments": 2}
+    records = [store.make_record("fragmented", dict(base, batch_size=b, exec=e, backward_thread="device"),
+                                 {"forward_ms": 1.0}) for b in (1, 8) for e in ("eager", "compile")]
+    lines = fragmented_plot.series(records)
+    assert sorted(lines) == [("fragmented", "train", 2, "compile"), ("fragmented", "train", 2, "eager")]
+    assert all(len(recs) == 2 for recs in lines.values())  # one point per batch size on each line
+    one_mode = fragmented_plot.series([r for r in records if r["params"]["exec"] == "eager"])
+    assert list(one_mode) == [("fragmented", "train", 2, "")]  # nothing to tell apart: no suffix

@@ -1,5 +1,6 @@
 """FragmentedLinear figure: forward time, backward (+ optimizer) time and peak memory per shape,
-one line per (layer, mode, fragments), the dense Linear baseline in black."""
+one line per (layer, mode, fragments) and, where a run varies them, execution mode and backward thread;
+the dense Linear baseline in black."""
 
 from __future__ import annotations
 
@@ -28,28 +29,39 @@ def shape_label(key: tuple[int, int, int]) -> str:
     return f"{size}\nb={batch}"
 
 
+# Parameters that split a layer's line when a run varies them: each execution mode and backward thread
+# is its own line (their times differ), told apart by marker (linestyle for the dense baseline).
+SPLIT_PARAMS = ("exec", "backward_thread")
+MARKERS, BASELINE_STYLES = ("o", "^", "D", "v", "P", "X"), ("-", ":", "-.", "--", (0, (1, 3)), (0, (5, 1)))
+
+
 def series(records: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    """Records grouped by line: (layer, mode, fragments)."""
+    """Records grouped by line: (layer, mode, fragments, variant), variant naming the SPLIT_PARAMS values
+    where the records differ in them ("" otherwise)."""
+    split = [k for k in SPLIT_PARAMS if len({str(r["params"].get(k)) for r in records}) > 1]
     lines: dict[tuple, list[dict[str, Any]]] = {}
     for rec in records:
         p = rec["params"]
-        lines.setdefault((p.get("layer"), p.get("mode"), p.get("fragments", 0)), []).append(rec)
+        variant = " ".join(str(p.get(k)) for k in split)
+        lines.setdefault((p.get("layer"), p.get("mode"), p.get("fragments", 0), variant), []).append(rec)
     return lines
 
 
 def _line_order(item) -> tuple:
-    (layer, mode, count), _ = item
-    return (layer != "linear", str(layer), str(mode), count or 0)
+    (layer, mode, count, variant), _ = item
+    return (layer != "linear", str(layer), str(mode), count or 0, variant)
 
 
-def _style(layer: str, mode: str, fragments: int, all_fragments: list[int]):
+def _style(layer: str, mode: str, fragments: int, all_fragments: list[int], variant: int = 0):
     from matplotlib import colormaps
 
     if layer == "linear":
-        return {"color": "black", "linewidth": 2.5, "marker": "s"}
+        return {"color": "black", "linewidth": 2.5, "marker": "s",
+                "linestyle": BASELINE_STYLES[variant % len(BASELINE_STYLES)]}
     cmap = colormaps[CMAPS.get((layer, mode), CMAPS.get((layer, None), "Reds"))]
     shade = 0.35 + 0.6 * (all_fragments.index(fragments) / max(1, len(all_fragments) - 1)) if fragments else 0.7
-    return {"color": cmap(shade), "linewidth": 1.2, "marker": "o", "linestyle": "--" if mode != "train" else "-"}
+    return {"color": cmap(shade), "linewidth": 1.2, "marker": MARKERS[variant % len(MARKERS)],
+            "linestyle": "--" if mode != "train" else "-"}
 
 
 def _metric_panel(ax, records, metric: str, ylabel: str) -> None:
@@ -58,10 +70,13 @@ def _metric_panel(ax, records, metric: str, ylabel: str) -> None:
         return no_data(ax, f"no {metric} in these records")
     shapes = sorted({shape_key(r) for r in records})
     fragments = sorted({r["params"].get("fragments", 0) for r in records if r["params"].get("fragments")})
-    for (layer, mode, count), recs in sorted(series(records).items(), key=_line_order):
+    lines = series(records)
+    variants = sorted({key[3] for key in lines})
+    for (layer, mode, count, variant), recs in sorted(lines.items(), key=_line_order):
         points = sorted((shapes.index(shape_key(r)), value(r, metric)) for r in recs)
         label = layer if layer == "linear" else f"{layer} {mode} N={count}" if count else f"{layer} {mode}"
-        ax.plot(*zip(*points), label=label, **_style(layer, mode, count, fragments))
+        label += f" [{variant}]" if variant else ""
+        ax.plot(*zip(*points), label=label, **_style(layer, mode, count, fragments, variants.index(variant)))
     ax.set_xticks(range(len(shapes)), [shape_label(s) for s in shapes], fontsize=7)
     ax.set(yscale="log", ylabel=ylabel, title=f"{metric} ({dtype})")
     ax.legend(fontsize=6, ncol=2)

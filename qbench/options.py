@@ -118,6 +118,14 @@ def out_options(fn):
     return fn
 
 
+def resume_option(fn):
+    """--resume: finish a run cut short (a crash, an interrupt, a lost machine) in its --out directory."""
+    return click.option(
+        "--resume", is_flag=True,
+        help="Run only what the --out run lacks: its configurations recorded ok or skipped are kept, the rest "
+             "(missing, or recorded as errors) run and are added to it.")(fn)
+
+
 def parse_dtype(choices: tuple[str, ...] = DTYPES):
     """A parser of one dtype name: fp16, bf16, fp32 (aliases such as float16 or bfloat16 accepted),
     returned in its canonical spelling."""

@@ -250,3 +250,23 @@ def test_compile_mode_is_checked_against_eager_and_timed(tmp_path, capsys):
     assert all(r["status"] == "ok" and r["metrics"]["fwd_bwd_ms"] > 0 for r in records), records
     code, _, err = run_cli(["--sizes", "64", "--exec", "graph", "--out", str(tmp_path / "g")], capsys)
     assert code == 2 and "needs a CUDA device" in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_measures_only_the_configurations_a_run_lacks(tmp_path, capsys, monkeypatch):
+    from qbench.benches.fragmented import sweep
+
+    out = tmp_path / "run"
+    args = ["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--modes", "train", "--baselines", "linear",
+            "--steps", "1", "--warmup", "0", "--out", str(out)]
+    assert run_cli(args, capsys)[0] == 0
+    first = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    assert len(first) == 2
+    (out / "results.jsonl").write_text(first[0])  # the run stopped after its first record
+    measured = []
+    real = sweep.measure
+    monkeypatch.setattr(sweep, "measure", lambda case, config: measured.append(case.layer) or real(case, config))
+    code, _, err = run_cli(["--resume", *args], capsys)
+    assert code == 0, err
+    assert measured == [json.loads(first[1])["params"]["layer"]]  # only the missing one ran
+    assert (out / "results.jsonl").read_text().splitlines(keepends=True)[0] == first[0]
+    assert "1 records added; 2 records in" in err

@@ -158,3 +158,50 @@ def test_slowest_component_is_a_share_of_time_global_or_nothing():
     assert slowest({**parts, "time_global": sum(parts.values())}) == f"standard_gw {100 * 2 / sum(parts.values()):.0f}%"
     # a --variants run without global: only the shared 16-bit components, no total to take a share of
     assert slowest({"standard_gw": 2.0, "standard_fwd": 1.0}) == "-"
+
+
+def test_resume_runs_only_what_a_cut_run_lacks_and_keeps_what_it_has(tmp_path):
+    out = tmp_path / "run"
+    args = ("--pairs", "48x96", "--batch-sizes", "40,56,72", "--variants", "global", "--repeat", "2", "--out", str(out))
+    assert qbench(*args, cwd=tmp_path).returncode == 0
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    failed = json.loads(lines[1])
+    failed["status"], failed["error"] = "error", "RuntimeError: lost"
+    # a crash: record 1 failed, record 2 was cut mid-line
+    (out / "results.jsonl").write_text(lines[0] + json.dumps(failed) + "\n" + lines[2][:40])
+    res = qbench("--resume", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    after = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    assert after[0] == lines[0]  # kept as it was, not measured again
+    records = store.read_records(out)
+    assert sorted(r["params"]["batch_size"] for r in records) == [40, 56, 72]
+    assert all(r["status"] == "ok" for r in records)  # the error ran again and replaced its record
+    assert "2 records added; 3 records in" in res.stderr
+    again = qbench("--resume", *args, cwd=tmp_path)
+    assert again.returncode == 0 and "nothing to run" in again.stderr
+    assert (out / "results.jsonl").read_text().splitlines(keepends=True) == after
+
+
+@pytest.mark.parametrize("extra, words", [
+    ((), "--resume needs --out"),
+    (("--out", "missing-run"), "is not a run directory"),
+    (("--out", "RUN", "--force"), "pass only one of them"),
+    (("--model", "vit-h", "--out", "RUN"), "drop --model"),
+])
+def test_resume_usage_errors_are_one_line(tmp_path, extra, words):
+    run = _fragmented_run(tmp_path / "run")
+    res = qbench("--resume", *[str(run) if a == "RUN" else a for a in extra], cwd=tmp_path)
+    assert res.returncode == 2 and words in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_resume_refuses_a_run_of_another_bench(tmp_path):
+    run = _fragmented_run(tmp_path / "run")
+    res = qbench("--resume", "--pairs", "48x96", "--batch-sizes", "40", "--out", str(run), cwd=tmp_path)
+    assert res.returncode == 2 and "holds a fragmented run, not switchback" in res.stderr, res.stderr
+
+
+def _fragmented_run(path):
+    with store.RunWriter(path, {}, bench="fragmented") as writer:
+        writer.write(store.make_record("fragmented", {"in_features": 8}))
+    return path

@@ -10,6 +10,28 @@ from typing import Any
 from qbench import report, store
 from qbench.env import capture_env
 
+DONE = ("ok", "skipped")  # record statuses that --resume keeps; errors run again
+
+
+def resumed(bench: str, out: str | None, resume: bool, force: bool) -> frozenset[str]:
+    """The case ids of `out` that --resume keeps (empty without --resume): its records whose status is
+    in DONE. One-line usage errors for --resume without a run of this bench to finish."""
+    from qbench.errors import QbenchUsageError
+
+    if not resume:
+        return frozenset()
+    if force:
+        raise QbenchUsageError("--resume finishes a run and --force replaces it; pass only one of them")
+    if out is None:
+        raise QbenchUsageError("--resume needs --out naming the run to finish")
+    if not store.is_run_dir(out):
+        raise QbenchUsageError(f"--resume: {out} is not a run directory (no {store.RECORDS_FILE})")
+    records = store.read_records(out)
+    others = {r["bench"] for r in records} - {bench}
+    if others:
+        raise QbenchUsageError(f"--resume: {out} holds a {'/'.join(sorted(others))} run, not {bench}")
+    return frozenset(r["case"] for r in records if r["status"] in DONE)
+
 
 def run_and_store(
     bench: str,
@@ -35,16 +57,20 @@ def run_and_store(
     with store.RunWriter(path, env, append=append, force=force, bench=bench) as writer:
         if notice:
             report.notice(notice)
+        if total == 0 and append:
+            report.notice(f"nothing to run: {path} holds every configuration of this command", style="dim")
         with report.progress(total, bench) as advance:
             for record in records:
                 writer.write(record)
                 kept.append(record)
                 advance(record["case"][:60])
+    shown = store.read_records(path) if append else kept  # --append / --resume: the whole run
     if as_json:
-        report.print_json(kept)
+        report.print_json(shown)
     else:
-        report.stdout_console().print(table(kept))
-    report.notice(f"{len(kept)} records in {path}", style="dim")
+        report.stdout_console().print(table(shown))
+    added = f"{len(kept)} records added; " if append else ""
+    report.notice(f"{added}{len(shown)} records in {path}", style="dim")
     failed = [r for r in kept if r["status"] == "error"]
     if failed:
         report.notice(f"{len(failed)} configurations failed; see the status column", style="red")

@@ -13,6 +13,7 @@ from qbench.options import (
     parse_dtype_list,
     parse_names,
     parse_positive_ints,
+    resume_option,
 )
 
 EPILOG = """\b
@@ -49,14 +50,15 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
               help="Also draw the standard figure of the run into this file (.png, .svg, .pdf).")
 @device_option
 @out_options
+@resume_option
 def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
-            execs, backward_threads, plot_path, device, out, append, force, as_json) -> None:
+            execs, backward_threads, plot_path, device, out, append, force, as_json, resume) -> None:
     """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
     selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
     from qbench import plots, report, store
     from qbench.benches import fragmented as bench
-    from qbench.commands.common import run_and_store
+    from qbench.commands.common import resumed, run_and_store
 
     config = bench.resolve(bench.FragmentedConfig(
         sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
@@ -64,9 +66,11 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
         backward_threads=backward_threads))
     if plot_path:
         plots.check_figure_path(plot_path)  # a bad figure name is found before the sweep, not after it
+    done = resumed(bench.BENCH, out, resume, force)
     out = out or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out, append=append,
-                  force=force, as_json=as_json, table=bench.table(fmt), notice=report.cpu_notice(config.device))
+    run_and_store(bench.BENCH, config, bench.run(config, done), total=len(bench.pending(config, done)), out=out,
+                  append=append or resume, force=force, as_json=as_json, table=bench.table(fmt),
+                  notice=report.cpu_notice(config.device))
     if plot_path:
         report.notice(f"figure: {plots.plot_run([out], plot_path)}", style="dim")
 

@@ -49,7 +49,7 @@ def command(plot, **flags) -> None:
 def _layer_bench(f: dict) -> str:
     from qbench import report, store
     from qbench.benches import switchback as bench
-    from qbench.commands.common import run_and_store
+    from qbench.commands.common import resumed, run_and_store
     from qbench.commands.switchback_block import write_seed
 
     if f["dims"] and f["pairs"]:
@@ -57,10 +57,11 @@ def _layer_bench(f: dict) -> str:
     config = bench.resolve(bench.SwitchbackConfig(
         f["dims"], f["pairs"], f["wm"], f["batch_sizes"], f["dtype"] or "fp16",
         variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"], f["backward_threads"]))
+    done = resumed(bench.BENCH, f["out"], f["resume"], f["force"])
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:
-        run_and_store(bench.BENCH, config, bench.run(config), total=len(bench.plan(config)), out=out,
-                      append=f["append"], force=f["force"], as_json=f["as_json"], table=bench.table,
+        run_and_store(bench.BENCH, config, bench.run(config, done), total=len(bench.pending(config, done)), out=out,
+                      append=f["append"] or f["resume"], force=f["force"], as_json=f["as_json"], table=bench.table,
                       notice=report.cpu_notice(config.device))
     finally:  # a failed configuration exits 1: the ok ones still get their seed lines
         if f["fmt"] == "seed":

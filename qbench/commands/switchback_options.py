@@ -17,6 +17,7 @@ from qbench.options import (
     parse_pairs,
     parse_positive_ints,
     repeat_option,
+    resume_option,
 )
 
 KERNEL_VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module")  # = sweep.VARIANTS
@@ -71,6 +72,8 @@ def check_flags(flags: dict) -> None:
         raise click.UsageError("--format seed writes one line per shape: give one --backward-thread")
     if block and flags["backward_threads"] != ("device",):
         raise click.UsageError("--backward-thread applies to the layer bench; drop --model/--train-check")
+    if block and flags["resume"]:
+        raise click.UsageError("--resume finishes a layer bench run; drop --model/--train-check")
     if flags["train_check"] and (flags["execs"] or flags["repeat"]):
         raise click.UsageError("--train-check trains eagerly and times nothing: drop --exec/--repeat")
 
@@ -119,4 +122,5 @@ _OPTIONS = [
     repeat_option,
     device_option,
     out_options,
+    resume_option,
 ]

@@ -10,6 +10,7 @@ from qbench.benches.fragmented.config import (  # noqa: F401
     MODES,
     Case,
     FragmentedConfig,
+    pending,
     plan,
     resolve,
 )

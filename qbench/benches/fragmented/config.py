@@ -103,6 +103,13 @@ def plan(config: FragmentedConfig) -> list[Case]:
     return cases
 
 
+def pending(config: FragmentedConfig, done: frozenset[str] = frozenset()) -> list[Case]:
+    """The planned configurations whose record (case id) is not in `done` (--resume: what a run still lacks)."""
+    from qbench.store import case_id
+
+    return [case for case in plan(config) if case_id(case.params()) not in done]
+
+
 def _threads(config: FragmentedConfig, mode: str, exec: str) -> tuple[str, ...]:
     """The backward threads a case runs with: each asked-for one where autograd runs a backward at every step
     (train and eval steps, eager or compiled); elsewhere (inference, a replayed graph) only the first."""

@@ -168,11 +168,11 @@ def _throughput(metrics: dict, case: Case, selected, device: str) -> None:
     metrics["roofline_fraction"] = roofline(flops, moved, case.dtype, metrics.get("forward_ms"), device)
 
 
-def run(config: FragmentedConfig) -> Iterator[dict]:
-    """Records of every planned configuration, as they are measured (config must be resolved)."""
-    from qbench.benches.fragmented.config import plan
+def run(config: FragmentedConfig, done: frozenset[str] = frozenset()) -> Iterator[dict]:
+    """Records of every pending configuration (all but `done`'s), as they are measured (config must be resolved)."""
+    from qbench.benches.fragmented.config import pending
 
-    for case in plan(config):
+    for case in pending(config, done):
         try:
             yield measure(case, config)
         except torch_oom_errors() as exc:

@@ -118,9 +118,14 @@ def plan(config: SwitchbackConfig) -> list[Shape]:
             for thread in config.backward_threads]
 
 
-def run(config: SwitchbackConfig) -> Iterator[dict]:
-    """One record per planned shape, in plan order (the store writes each as it comes)."""
-    for shape in plan(config):
+def pending(config: SwitchbackConfig, done: frozenset[str] = frozenset()) -> list[Shape]:
+    """The planned shapes whose record (case id) is not in `done` (--resume: what a run still lacks)."""
+    return [shape for shape in plan(config) if store.case_id(shape.params(config.dtype)) not in done]
+
+
+def run(config: SwitchbackConfig, done: frozenset[str] = frozenset()) -> Iterator[dict]:
+    """One record per pending shape, in plan order (the store writes each as it comes)."""
+    for shape in pending(config, done):
         yield measure(shape, config)
 
 

@@ -1,5 +1,7 @@
 """Honest `qbench moe` records: the drift rule, non-finite runs, and the execution modes' refusals."""
 
+import json
+
 import pytest
 import torch
 
@@ -138,3 +140,27 @@ def test_a_cpu_run_records_each_backward_thread_and_restores_the_engine(tmp_path
     assert [(r["params"]["backward_thread"], r["status"]) for r in records] == [("device", "ok"), ("calling", "ok")]
     assert "bwd" in printed  # the column, shown because the records differ in it
     assert torch.autograd.is_multithreading_enabled()  # the default is back once the run is over
+
+
+def test_resume_runs_the_configurations_a_cut_run_lacks(tmp_path, capsys):
+    from qbench.cli import main
+
+    out = tmp_path / "run"
+    args = ["moe", "--device", "cpu", "--world-size", "1", "--model-dim", "16", "--hidden-size", "24",
+            "--samples", "32", "--num-local-experts", "2,4", "--num-steps", "3", "--warmup", "1", "--out", str(out)]
+
+    def qbench(*extra) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(args + list(extra))
+        err = capsys.readouterr().err
+        assert exc.value.code == 0, err
+        return err
+
+    qbench()
+    first = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    (out / "results.jsonl").write_text(first[0])  # the run stopped after its first record
+    err = qbench("--resume")
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    assert lines[0] == first[0] and len(lines) == 2  # the kept record as it was, the missing one measured
+    assert [json.loads(line)["params"]["num_local_experts"] for line in lines] == [2, 4]
+    assert "1 records added; 2 records in" in err

@@ -13,9 +13,11 @@ from qbench.env import capture_env
 DONE = ("ok", "skipped")  # record statuses that --resume keeps; errors run again
 
 
-def resumed(bench: str, out: str | None, resume: bool, force: bool) -> frozenset[str]:
-    """The case ids of `out` that --resume keeps (empty without --resume): its records whose status is
-    in DONE. One-line usage errors for --resume without a run of this bench to finish."""
+def resumed(bench: str, out: str | None, resume: bool, force: bool,
+            key: Callable[[dict], str] = lambda record: record["case"]) -> frozenset[str]:
+    """The ids (`key` of a record: its case id by default) of the records of `out` that --resume keeps
+    (none without --resume): those whose status is in DONE. One-line usage errors for --resume without a
+    run of this bench to finish."""
     from qbench.errors import QbenchUsageError
 
     if not resume:
@@ -30,7 +32,7 @@ def resumed(bench: str, out: str | None, resume: bool, force: bool) -> frozenset
     others = {r["bench"] for r in records} - {bench}
     if others:
         raise QbenchUsageError(f"--resume: {out} holds a {'/'.join(sorted(others))} run, not {bench}")
-    return frozenset(r["case"] for r in records if r["status"] in DONE)
+    return frozenset(key(r) for r in records if r["status"] in DONE)
 
 
 def run_and_store(

@@ -18,7 +18,7 @@ Examples:
 """
 @click.command(epilog=EPILOG)
 @moe_options
-def command(seed_format, plot, out, append, force, as_json, **fields) -> None:
+def command(seed_format, plot, out, append, force, as_json, resume, **fields) -> None:
     """Distributed mixture-of-experts layer: step time (max over ranks), forward/backward and phase
     breakdown, TFLOP/s by the seeds' formula, load balance and drops, checked against a dense reference.
 
@@ -28,21 +28,27 @@ def command(seed_format, plot, out, append, force, as_json, **fields) -> None:
     the host must learn each step's split sizes)."""
     from qbench import dist, report, store
     from qbench.benches import moe as bench
-    from qbench.commands.common import run_and_store
+    from qbench.commands.common import resumed, run_and_store
+    from qbench.errors import QbenchUsageError
 
     config = bench.resolve(bench.MoEBenchConfig(**fields))
     if plot and dist.is_primary():
         from qbench.plots import check_figure_path
 
         check_figure_path(plot)  # a bad figure name is found before the sweep, not after it
-    records = bench.run(config)  # validates now: usage errors before any notice or record
+    if resume and (dist.torchrun_env() is not None or config.kernels is not None):
+        raise QbenchUsageError("--resume finishes a layer run that qbench started itself: not under torchrun, "
+                               "not with --kernels")
+    done = resumed(bench.BENCH, out, resume, force, key=lambda record: bench.resume_id(record["params"]))
+    records = bench.run(config, done)  # validates now: usage errors before any notice or record
     if not dist.is_primary():  # ranks > 0 of a torchrun job measure but never write results
         list(records)
         return
     out = out or str(store.default_run_dir(bench.BENCH))
     try:
-        kept = run_and_store(bench.BENCH, config, records, total=len(bench.plan(config)), out=out, append=append,
-                             force=force, as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device))
+        kept = run_and_store(bench.BENCH, config, records, total=len(bench.plan(config, done)), out=out,
+                             append=append or resume, force=force, as_json=as_json, table=bench.table,
+                             notice=report.cpu_notice(config.device))
     except dist.RankFailure as exc:
         raise click.ClickException(str(exc)) from None
     for record in [r for r in kept if r["status"] == "ok" and seed_format]:

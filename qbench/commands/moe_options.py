@@ -16,6 +16,7 @@ from qbench.options import (
     out_options,
     parse_names,
     parse_number_list,
+    resume_option,
 )
 from qbench.options import parse_positive_ints as _sizes
 
@@ -73,6 +74,6 @@ OPTIONS = [
 
 def moe_options(fn):
     """Every option of `qbench moe`, in --help order."""
-    for option in reversed([*OPTIONS, exec_option(), backward_thread_option, out_options]):
+    for option in reversed([*OPTIONS, exec_option(), backward_thread_option, out_options, resume_option]):
         fn = option(fn)
     return fn

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from qbench.benches.moe.cases import case_label, cases, params_of, resolve_gemm
+from qbench.benches.moe.cases import case_label, cases, params_of, pending_cases, resolve_gemm, resume_id
 from qbench.benches.moe.config import (
     BENCH,
     CPU_SIZES,
@@ -59,23 +59,25 @@ from qbench.benches.moe.validate import validate
 
 __all__ = [
     "BENCH", "CPU_SIZES", "GEMMS", "KERNEL_BENCHES", "SYSTEMS", "TRANSPORTS", "MoEBenchConfig", "block_lines",
-    "case_label", "cases", "floor_ms", "full_flops", "params_of", "plan", "resolve", "resolve_gemm", "run",
+    "case_label", "cases", "floor_ms", "full_flops", "params_of", "pending_cases", "plan", "resolve",
+    "resolve_gemm", "resume_id", "run",
     "seed_flops", "seed_lines", "summarize", "table", "validate",
 ]
 
 
-def plan(config: MoEBenchConfig) -> list:
-    """What run(config) will measure, one item per record (for the progress bar): every case in every
-    execution mode."""
+def plan(config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> list:
+    """What run(config, done) will measure, one item per record (for the progress bar): every pending case
+    (all but those with every record in `done`) in every execution mode."""
     if config.kernels is not None:
         from qbench.benches.moe import grouped
 
         return grouped.plan(config)
-    return [dict(case, exec=mode, backward_thread=thread) for case in cases(config)
+    todo = pending_cases(config, config.world_size, config.device, done) if done else cases(config)
+    return [dict(case, exec=mode, backward_thread=thread) for case in todo
             for mode in config.execs or ("eager",) for thread in threads_of(config, mode)]
 
 
-def run(config: MoEBenchConfig) -> Iterator[dict]:
+def run(config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> Iterator[dict]:
     """Validate the resolved config now, then return the records' iterator (nothing runs until it is read)."""
     from qbench import dist
 
@@ -87,5 +89,5 @@ def run(config: MoEBenchConfig) -> Iterator[dict]:
         return grouped.run(config)
     from qbench.benches.moe.rank import rank_main
 
-    return dist.launch(rank_main, (config,), world_size=config.world_size, backend=config.backend,
+    return dist.launch(rank_main, (config, done), world_size=config.world_size, backend=config.backend,
                        device=config.device, timeout_s=config.timeout_s)

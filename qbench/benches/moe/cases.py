@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from qbench.benches.moe.config import MoEBenchConfig
+from qbench.benches.moe.config import MoEBenchConfig, threads_of
+from qbench.store import case_id
 
 
 def cases(config: MoEBenchConfig) -> list[dict[str, Any]]:
@@ -52,3 +53,23 @@ def params_of(config: MoEBenchConfig, case: dict[str, Any], world_size: int) -> 
 def resolve_gemm(gemm: str, device: str) -> str:
     """'auto' runs the Triton grouped GEMM (the torch reference on a CPU without the interpreter)."""
     return gemm if gemm != "auto" else ("triton" if device == "cuda" else "auto")
+
+
+def mode_params(config: MoEBenchConfig, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The params of every record of one configuration: one per execution mode and backward thread."""
+    return [dict(params, exec=mode, backward_thread=thread) for mode in config.execs
+            for thread in threads_of(config, mode)]
+
+
+def resume_id(params: dict[str, Any]) -> str:
+    """A record's case id without its `transport`, which is known only once the layer is built."""
+    return case_id({k: v for k, v in params.items() if k != "transport"})
+
+
+def pending_cases(config: MoEBenchConfig, world_size: int, device: str, done: frozenset[str]) -> list[dict]:
+    """The cases of the sweep that lack a record in `done` in some execution mode or backward thread."""
+    def lacking(case: dict[str, Any]) -> bool:
+        params = params_of(config, dict(case, gemm=resolve_gemm(case["gemm"], device)), world_size)
+        return any(resume_id(p) not in done for p in mode_params(config, params))
+
+    return [case for case in cases(config) if lacking(case)]

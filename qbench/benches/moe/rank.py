@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from qbench import units
 from qbench.benches.moe import modes
-from qbench.benches.moe.cases import case_label, cases, params_of, resolve_gemm
-from qbench.benches.moe.config import BENCH, MoEBenchConfig, threads_of
+from qbench.benches.moe.cases import case_label, mode_params, params_of, pending_cases, resolve_gemm
+from qbench.benches.moe.config import BENCH, MoEBenchConfig
 from qbench.benches.moe.metrics import summarize
 from qbench.benches.moe.steps import host_ms, make_step, time_plain, time_steps
 from qbench.benches.moe.trace import trace_steps
@@ -37,9 +37,11 @@ from qbench.units import torch_dtype
 HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
 
 
-def rank_main(ctx, config: MoEBenchConfig) -> Iterator[dict]:
-    """Every rank runs every configuration, one record per execution mode; rank 0's records are kept."""
-    for case in cases(config):
+def rank_main(ctx, config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> Iterator[dict]:
+    """Every rank runs every configuration, one record per execution mode; rank 0's records are kept.
+    `done` (--resume): the resume ids (resume_id) of records to keep; a configuration all of whose
+    records are there is not run again."""
+    for case in pending_cases(config, ctx.world_size, "cuda" if ctx.device.startswith("cuda") else "cpu", done):
         yield from one_case(ctx, config, case)
 
 
@@ -70,14 +72,10 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> Iterator[dict
 
 
 def _every_exec(config, params: dict[str, Any], device: str, error: str) -> Iterator[dict]:
-    for p in _mode_params(config, params):
+    for p in mode_params(config, params):
         yield make_record(BENCH, p, status="error", error=error, device=device)
 
 
-def _mode_params(config, params: dict[str, Any]) -> list[dict[str, Any]]:
-    """The params of every record of one configuration: one per execution mode and backward thread."""
-    return [dict(params, exec=mode, backward_thread=thread) for mode in config.execs
-            for thread in threads_of(config, mode)]
 
 
 def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str, Any], built,
@@ -90,7 +88,7 @@ def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str,
     if case.get("system") == "blocks":
         stats.update(block_stats(ctx, moe))
     want: list = []  # an eager step's output and gradients, taken once for the compile / graph checks
-    for p in _mode_params(config, params):
+    for p in mode_params(config, params):
         mode = p["exec"]
         reason = modes.refusal(mode, config, moe, ctx.world_size)
         if reason is not None:

@@ -50,7 +50,8 @@ def run_and_store(
     notice: str | None = None,
 ) -> list[dict]:
     """Write each record the moment it is measured (a crash keeps what was measured), then print
-    the table (or JSON). Exits 1 when any configuration failed its correctness check or errored.
+    the table (with --append / --resume, of the whole run) or the JSON of this command's records. Exits 1
+    when any configuration this command ran failed its correctness check or errored.
     `notice` (e.g. the CPU notice) is printed once the run directory is claimed, so a refused --out
     is the only line a usage error prints."""
     path = Path(out) if out else store.default_run_dir(bench, root)
@@ -66,9 +67,9 @@ def run_and_store(
                 writer.write(record)
                 kept.append(record)
                 advance(record["case"][:60])
-    shown = store.read_records(path) if append else kept  # --append / --resume: the whole run
+    shown = store.read_records(path) if append else kept  # --append / --resume: the whole run's table
     if as_json:
-        report.print_json(shown)
+        report.print_json(kept)  # the records this command measured
     else:
         report.stdout_console().print(table(shown))
     added = f"{len(kept)} records added; " if append else ""

@@ -76,8 +76,6 @@ def _every_exec(config, params: dict[str, Any], device: str, error: str) -> Iter
         yield make_record(BENCH, p, status="error", error=error, device=device)
 
 
-
-
 def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str, Any], built,
             detail: str) -> Iterator[dict]:
     """Routing statistics, then per execution mode: skipped with its reason, or timed steps, the

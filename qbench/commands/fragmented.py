@@ -22,6 +22,7 @@ Examples:
   qbench fragmented --sizes 8192 --batch-sizes 16 --fragments 2,128 --dtype fp32,bf16
   qbench fragmented --modes eval --baselines linear --format seed
   qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --plot fragmented.png
+  qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --resume   # finish it after a crash
 """
 LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 

@@ -16,6 +16,7 @@ Examples:
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # a GPU: module eager vs CUDA graph
   qbench switchback --pairs 1024x4096 --variants global,module --backward-thread device,calling
   qbench switchback --format seed --out results/sb-seed    # also <run>/info.jsonl for the original plots
+  qbench switchback --dims 2048 --out results/sb --resume  # finish that run after a crash: only what it lacks
   qbench switchback --model vit-h --batch-sizes 256 --exec compile   # 4-block CLIP ViT-H training step
   qbench switchback --model vit-l,gpt2-xl --variants 16bit,switchback,fp8 --layers 2
   qbench switchback --train-check --plot                  # loss curves per variant on a Markov chain

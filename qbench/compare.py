@@ -302,10 +302,12 @@ def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
 
 
 def across_param(runs: Sequence[Run], spec: str, cross_env: bool = False) -> list[Run]:
-    """`--across PARAM[=REF]`: the records of these runs, pooled, as one Run per value of PARAM, the
-    reference first: REF, else the value runs made before PARAM existed had (exec: eager), else the
-    first value seen. compare_runs then joins them on the remaining parameters. A later run's record
-    of a configuration replaces an earlier one's, as in any join."""
+    """`--across PARAM[=REF]`: the records of these runs as one Run per value of PARAM, the reference
+    first: REF, else the value runs made before PARAM existed had (exec: eager), else the first value
+    seen. compare_runs then joins them on the remaining parameters. Where several runs hold records of
+    one value (repeats of one command), they merge as --group merges repeated runs (merge_runs: each
+    metric the median of the runs' values, samples pooled, a change counted only where the two sides'
+    runs do not overlap); a value that one run alone holds keeps that run's records."""
     param, _, ref = (part.strip() for part in spec.partition("="))
     gpus = {run.env.get("gpu_name") or None for run in runs}
     if len(gpus) > 1 and not cross_env:  # pooled records would hide which GPU measured which value
@@ -323,11 +325,14 @@ def across_param(runs: Sequence[Run], spec: str, cross_env: bool = False) -> lis
     if len(groups) < 2:
         raise QbenchUsageError(f"--across {param}: every record has {param}={ref}; nothing to put beside it")
     tied = join.tied_params(groups)  # they label the groups instead of splitting the join
+    per_run = [join.split_by(run.records, param) for run in runs]
     runs_out = []
     for value in [ref, *(v for v in groups if v != ref)]:
-        records = [join.without(rec, tied) for rec in groups[value]]
+        holders = [Run(run.label, run.env, [join.without(rec, tied) for rec in split[value]])
+                   for run, split in zip(runs, per_run) if split.get(value)]
+        merged = holders[0] if len(holders) == 1 else merge_runs(holders, option="--across")
         label = ", ".join(f"{k}={join.join_params(groups[value][0]['params']).get(k)}" for k in tied)
-        runs_out.append(Run(f"{param}={value}" + (f" ({label})" if label else ""), runs[0].env, records))
+        runs_out.append(Run(f"{param}={value}" + (f" ({label})" if label else ""), runs[0].env, merged.records))
     return runs_out
 
 
@@ -340,7 +345,7 @@ def group_runs(runs: Sequence[Run], size: int) -> list[Run]:
     return [merge_runs(runs[i:i + size]) for i in range(0, len(runs), size)]
 
 
-def merge_runs(runs: Sequence[Run]) -> Run:
+def merge_runs(runs: Sequence[Run], option: str = "--group") -> Run:
     """Repeated runs of one command as one Run: per configuration (joined as compare joins) each metric is
     the median over the runs of their values, as `summary --across-runs median` prints it (the runs' own
     values kept as `run_values`), and the samples of every run are pooled for the U test; a change counts
@@ -349,7 +354,7 @@ def merge_runs(runs: Sequence[Run]) -> Run:
     gpus = {run.env.get("gpu_name") or None for run in runs}
     if len(gpus) > 1:
         names = ", ".join(run.label for run in runs)
-        raise QbenchUsageError(f"--group: the runs {names} come from different GPUs ({gpus})")
+        raise QbenchUsageError(f"{option}: the runs {names} come from different GPUs ({gpus})")
     records = []
     for bench in sorted({rec["bench"] for run in runs for rec in run.records}):
         keys = join.join_keys([run.records for run in runs], bench)

@@ -379,3 +379,19 @@ def test_k_narrows_the_geometric_means_and_counts_to_its_rows(slower_runs):
     assert one_case.geomeans[(candidate, "time")] == pytest.approx(1.0)
     assert everything.geomeans[(candidate, "time")] > 1.05
     assert len(one_case.unfiltered) == len(everything.unfiltered)  # gates still see every row
+
+
+def test_across_merges_the_repeats_of_several_runs_as_group_does(tmp_path):
+    """Each run holds both sides (an A/B inside every run): each side is the median over the runs, and a change
+    counts only where the two sides' runs do not overlap; before, the last run's records alone were compared."""
+    def run(name, eager, graph):
+        return compare.load_any(write_run(tmp_path / name, _exec_records({"eager": eager, "graph": graph})))
+
+    shifted = [v + 1.5 for v in FAST]  # 11.55: between FAST and SLOW
+    apart = [run("a", SLOW, FAST), run("b", SLOW, FAST), run("c", SLOW, FAST)]
+    result = compare.compare_runs(compare.across_param(apart, "exec"), compare.CompareOptions())
+    assert (_row(result, "time").marker, _row(result, "time").ratio) == ("-", pytest.approx(10.05 / 12.05))
+    overlapping = [run("d", SLOW, FAST), run("e", FAST, shifted), run("f", SLOW, FAST)]
+    row = _row(compare.compare_runs(compare.across_param(overlapping, "exec"), compare.CompareOptions()), "time")
+    assert row.marker == "~" and row.reference_value == pytest.approx(12.05)  # eager: median of 12.05, 10.05, 12.05
+    assert row.candidate_value == pytest.approx(10.05)  # graph: median of 10.05, 11.55, 10.05

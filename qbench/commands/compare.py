@@ -30,7 +30,8 @@ Examples:
 @click.option("--allow-missing", is_flag=True, help="Cases the reference has and a candidate lacks do not fail a gate.")
 @click.option("--across", default=None, metavar="PARAM[=REF]",
               help="Compare within the runs: records with PARAM=REF (exec: eager by default) against each other "
-                   "value of PARAM, joined on the remaining parameters.")
+                   "value of PARAM, joined on the remaining parameters; repeated runs that each hold both sides "
+                   "merge per side as --group merges a group.")
 @click.option("--group", "group", type=int, default=None, metavar="N",
               help="RUNS come in groups of N consecutive runs, the repeated runs of one side (an A/B made by "
                    "alternating runs): each group compares as one, each metric the median over its runs, their "

@@ -23,7 +23,7 @@ import math
 import os
 import secrets
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,12 @@ ENV_FILE = "env.json"
 RECORDS_FILE = "results.jsonl"
 CSV_FILE = "results.csv"
 STATUSES = ("ok", "error", "skipped")
+
+
+def varying_params(records: Sequence[Mapping[str, Any]], names: Iterable[str]) -> list[str]:
+    """Those of `names` whose value differs between the records (as text: 8 and "8" are one value), in
+    the order given: the parameters a table column or a figure's label must show to tell records apart."""
+    return [name for name in names if len({str(r["params"].get(name)) for r in records}) > 1]
 
 
 def case_id(params: Mapping[str, Any]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from qbench.plots.base import no_data, one_dtype, value
+from qbench.store import varying_params
 
 # Colour maps per (layer, mode): fragment counts get darker shades of the same colour.
 CMAPS = {
@@ -38,7 +39,7 @@ MARKERS, BASELINE_STYLES = ("o", "^", "D", "v", "P", "X"), ("-", ":", "-.", "--"
 def series(records: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     """Records grouped by line: (layer, mode, fragments, variant), variant naming the SPLIT_PARAMS values
     where the records differ in them ("" otherwise)."""
-    split = [k for k in SPLIT_PARAMS if len({str(r["params"].get(k)) for r in records}) > 1]
+    split = varying_params(records, SPLIT_PARAMS)
     lines: dict[tuple, list[dict[str, Any]]] = {}
     for rec in records:
         p = rec["params"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from qbench.plots.base import dim_ticks, no_data, value
+from qbench.store import varying_params
 
 # Phase metrics a record may carry (ms, medians over steps); drawn stacked when present.
 # (qbench moe: each the median over steps of the max over ranks, so their sum need not equal step_time;
@@ -27,17 +28,13 @@ SHORT = {"num_local_experts": "E", "world_size": "ranks", "top_k": "k", "capacit
          "a2a_ffn_overlap_degree": "D", "backward_thread": "bwd"}
 
 
-def _varying(records: list[dict[str, Any]], params=KEY_PARAMS) -> list[str]:
-    return [k for k in params if len({str(r["params"].get(k)) for r in records}) > 1]
-
-
 def _label(record: dict[str, Any], keys: list[str], sep: str) -> str:
     return sep.join(f"{SHORT.get(k, k)}={record['params'].get(k)}" for k in keys)
 
 
 def labels(records: list[dict[str, Any]]) -> list[str]:
     """Short x labels from the parameters that differ between the records."""
-    varying = _varying(records) or ["num_local_experts"]
+    varying = varying_params(records, KEY_PARAMS) or ["num_local_experts"]
     return [_label(r, varying, "\n") for r in records]
 
 
@@ -68,7 +65,7 @@ def breakdown_panel(ax, records, env) -> None:
 def _series(records: list[dict[str, Any]]) -> dict[str, list[tuple]]:
     """(experts per rank, step_time, tflops) points per series: one series per value of the other parameters
     that vary (execution mode, backward thread, system, ...), so that each line joins comparable records."""
-    others = _varying(records, tuple(k for k in KEY_PARAMS if k != "num_local_experts"))
+    others = varying_params(records, [k for k in KEY_PARAMS if k != "num_local_experts"])
     series: dict[str, list[tuple]] = {}
     for rec in records:
         experts = value(rec, "experts_per_rank") or value(rec, "num_local_experts")

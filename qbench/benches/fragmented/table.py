@@ -20,14 +20,15 @@ def table(fmt: str = "table"):
 
     from qbench import report
     from qbench.benches.fragmented.seed import format_seed
+    from qbench.store import varying_params
 
     if fmt == "seed":
         return lambda records: Text(format_seed(records))
 
     def render(records):
         metrics = [m for m in TABLE_METRICS if any(r["metrics"].get(m) is not None for r in records)]
-        params = [p for p in TABLE_PARAMS
-                  if p not in VARYING_ONLY or len({r["params"].get(p) for r in records}) > 1]
+        shown = varying_params(records, VARYING_ONLY)
+        params = [p for p in TABLE_PARAMS if p not in VARYING_ONLY or p in shown]
         return report.records_table(records, params, metrics, title="FragmentedLinear", headers=HEADERS)
 
     return render

@@ -9,6 +9,7 @@ from typing import Any
 def table(records: list[dict[str, Any]]):
     """The rich table of a run: layer records (phase times, TFLOP/s, load), or kernel records."""
     from qbench.report import records_table
+    from qbench.store import varying_params
 
     if records and records[0]["bench"] != "moe":
         from qbench.benches.moe.grouped import table as kernel_table
@@ -25,8 +26,7 @@ def table(records: list[dict[str, Any]]):
         metrics.append("remote_fraction")
     elif any(r["params"].get("locality") is not None for r in records):
         params.append("locality")
-    if len({r["params"].get("backward_thread") for r in records}) > 1:  # its column only when it varies
-        params.append("backward_thread")
+    params += varying_params(records, ["backward_thread"])  # its column only when it varies
     return records_table(records, params, metrics, title="qbench moe (ms: median over steps of the max over ranks)",
                          headers={"a2a_ffn_overlap_degree": "overlap", "num_local_experts": "experts/rank",
                                   "expert_load_max_over_mean": "load max/mean", "replicate_hot": "hot",

@@ -19,9 +19,10 @@ def table(records: list[dict]):
     from rich.table import Table
 
     from qbench.report import format_value, speedup_style
+    from qbench.store import varying_params
 
     t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
-    threads = len({r["params"].get("backward_thread") for r in records}) > 1  # its column only when it varies
+    threads = bool(varying_params(records, ["backward_thread"]))  # its column only when it varies
     for name in ("M", "in", "out", *(("bwd thread",) if threads else ()), *TABLE_TOTALS.values(),
                  *TABLE_SPEEDUPS.values(), "host ms", "slowest", "status"):
         t.add_column(name, justify="right")

@@ -398,14 +398,23 @@ class PhaseTimer:
 
 def max_over_ranks(values_ms: list[float], group=None) -> list[float]:
     """Elementwise maximum over all ranks of a per-step list (one all-reduce)."""
+    return _over_ranks(values_ms, "MAX", group)
+
+
+def min_over_ranks(values: list[float], group=None) -> list[float]:
+    """Elementwise minimum over all ranks of a per-step list (one all-reduce)."""
+    return _over_ranks(values, "MIN", group)
+
+
+def _over_ranks(values: list[float], op: str, group) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or not values_ms:
-        return list(values_ms)
+    if not (dist.is_available() and dist.is_initialized()) or not values:
+        return list(values)
     on_gpu = dist.get_backend(group) == "nccl"
-    tensor = torch.tensor(values_ms, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    tensor = torch.tensor(values, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=group)
     return tensor.cpu().tolist()
 
 

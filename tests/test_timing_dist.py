@@ -32,7 +32,8 @@ def _worker(rank, world, port, out):
 
     result = timing.time_ranks(step, steps=5, warmup=1, device="cpu")
     local = timing.max_over_ranks([float(rank)])
-    out[rank] = (list(result.samples_ms), local)
+    lowest = timing.min_over_ranks([float(rank), 5.0 - rank])
+    out[rank] = (list(result.samples_ms), local, lowest)
     dist.destroy_process_group()
 
 
@@ -42,8 +43,9 @@ def test_time_ranks_takes_the_max_over_ranks():
     manager = mp.Manager()
     out = manager.dict()
     mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
-    samples0, max0 = out[0]
-    samples1, max1 = out[1]
+    samples0, max0, min0 = out[0]
+    samples1, max1, min1 = out[1]
     assert samples0 == samples1  # every rank reports the same per-step maxima
     assert min(samples0) >= 3.5  # rank 1's 4 ms of work dominates rank 0's 0.5 ms
     assert max0 == max1 == [1.0]
+    assert min0 == min1 == [0.0, 4.0]  # elementwise: rank 0's first value, rank 1's second

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from qbench.telemetry import GpuReadings
-from qbench.timing import PhaseTimer, host_time, max_over_ranks, time_ranks
+from qbench.timing import PhaseTimer, host_time, max_over_ranks, min_over_ranks, time_ranks
 
 PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
 HOST_REPEAT = 20  # steps whose host time is sampled (at most the timed steps)
@@ -86,8 +86,8 @@ def time_plain(ctx, config, model, moe, x, dy, out: dict, step=None) -> dict[str
     samples = {"step_time": list(timing.samples_ms)}
     for name, values in timer.results_ms().items():  # forward, backward
         samples[f"{name}_time"] = max_over_ranks(values)
-    if max_over_ranks([0.0 if readings.clock_mhz else 1.0]) == [0.0]:  # every rank read its GPU
-        samples["sm_clock_mhz_step"] = [-v for v in max_over_ranks([-v for v in readings.clock_mhz])]
+    if min_over_ranks([1.0 if readings.clock_mhz else 0.0]) == [1.0]:  # every rank read its GPU
+        samples["sm_clock_mhz_step"] = min_over_ranks(readings.clock_mhz)
         samples["power_w_step"] = max_over_ranks(readings.power_w)
     return samples
 

@@ -14,8 +14,10 @@ PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragmen
 
 
 def run_cli(args, capsys):
+    """The command on the CPU (these tests pin what a CPU run records), unless args name a --device."""
+    device = [] if "--device" in args else ["--device", "cpu"]
     with pytest.raises(SystemExit) as exc:
-        main(["fragmented", *args])
+        main(["fragmented", *args, *device])
     out, err = capsys.readouterr()
     return exc.value.code, out, err
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels._common import interpreting
 from qbench import dist
 from qbench.layers.moe.blocks import build_plan
 from qbench.layers.moe.routing import locality_choices
@@ -172,8 +173,9 @@ def test_plan_kernels_match_the_tensor_op_plan(W, L, B):
 
     gen = torch.Generator().manual_seed(W + L + B)
     counts = torch.randint(0, 150, (W, W * L), generator=gen) * (torch.rand(W, W * L, generator=gen) > 0.2)
+    counts = counts.to("cpu" if interpreting() else "cuda")  # where the plan kernels run
     for rank in range(W):
-        extra = (torch.arange(3),)
+        extra = (torch.arange(3, device=counts.device),)
         fast, got_extra = moe_blocks._build_plan_kernels(counts, rank, L, B, extra)
         slow, want_extra = moe_blocks._build_plan_ops(counts, rank, L, B, extra)
         assert got_extra == want_extra

@@ -67,7 +67,7 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
     cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "2", "--num-local-experts", "2",
            "--model-dim", "64", "--hidden-size", "24", "--samples", "24", "--num-steps", "2", "--warmup", "1",
            "--a2a-ffn-overlap-degree", "2", "--model", "attn-moe", "--batch-size", "2", "--exec", "eager,compile",
-           "--seed-format", "--out", str(out), "--trace", str(tmp_path / "traces")]
+           "--seed-format", "--device", "cpu", "--out", str(out), "--trace", str(tmp_path / "traces")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(triton=False), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record, skipped = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())

@@ -22,8 +22,10 @@ SEED_KEYS = ("standard_fwd", "standard_gw", "standard_gx", "rowwise_fwd", "rowwi
 
 
 def qbench(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "qbench", "switchback", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env=_env())
+    """The command on the CPU (these tests pin what a CPU run prints and records), unless args name a --device."""
+    device = () if "--device" in args else ("--device", "cpu")
+    return subprocess.run([sys.executable, "-m", "qbench", "switchback", *args, *device], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, env=_env())
 
 
 def _env():

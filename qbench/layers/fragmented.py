@@ -273,7 +273,10 @@ class GroupedExperts(torch.autograd.Function):
         offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         y_sorted = grouped_matmul(rows, w, offsets)
         ctx.save_for_backward(x, idx, w)
-        return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
+        # rows back in batch order, out of place: order is a permutation, so every row is overwritten.
+        # Returned from an in-place index_copy_ on a new tensor, the output reached backward with a zero
+        # gradient under torch.compile in torch 2.11 (dW came out zero; eager and torch 2.13 were right).
+        return y_sorted.index_copy(0, order, y_sorted)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):

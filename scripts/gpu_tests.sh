@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The whole test suite on a GPU machine, from the repository root; logs under $OUT/tests.
+#   scripts/gpu_tests.sh            (CHUNKS parallel pytest processes, default 8; LIMIT_S each, default 500)
+# On a GPU the kernels compile and autotune instead of running under the interpreter, so one pytest
+# process takes longer than a device call allows. The tests are spread over CHUNKS processes one test at a
+# time, round robin (the slow cases are parametrizations of a few tests, so each process gets a share),
+# and run side by side on the one GPU; the timing tests run afterwards on their own, so that no other
+# process's kernels share the GPU while they time. A process cut at LIMIT_S names what it did not run in
+# $OUT/tests/left.txt: run those with `pytest $(cat left.txt)`.
+source "$(dirname "$0")/gpu_prelude.sh"
+CHUNKS=${CHUNKS:-8}
+LIMIT_S=${LIMIT_S:-500}
+export TORCHINDUCTOR_COMPILE_THREADS=2  # CHUNKS compiling processes share the host's cores
+dir="$OUT/tests"
+mkdir -p "$dir"
+gpu_header > "$dir/header.txt"
+python3 -c "from qbench.env import own_source_hash; print('source_hash', own_source_hash()[:12])" >> "$dir/header.txt"
+
+python3 -m pytest --collect-only -q -p no:cacheprovider 2>/dev/null | grep "::" > "$dir/all.txt"
+grep -E "^tests/test_timing(_dist)?\.py::" "$dir/all.txt" > "$dir/timing.txt"
+grep -vE "^tests/test_timing(_dist)?\.py::" "$dir/all.txt" |
+  awk -v n="$CHUNKS" -v d="$dir" '{ print > (d "/chunk" (NR - 1) % n ".txt") }'
+
+# run NAME IDS_FILE: pytest on the node ids of IDS_FILE, log and JUnit XML under $dir
+run() {
+  local ids
+  mapfile -t ids < "$2"
+  timeout -s INT "$LIMIT_S" python3 -m pytest -q -p no:cacheprovider -rfE --junitxml="$dir/$1.xml" "${ids[@]}" \
+    > "$dir/$1.log" 2>&1
+}
+
+for ids in "$dir"/chunk*.txt; do
+  run "$(basename "$ids" .txt)" "$ids" &
+done
+wait
+run timing "$dir/timing.txt"
+
+python3 - "$dir" <<'EOF'
+"""Totals over every process's JUnit XML, the failures by name, and the tests no process finished (a
+process cut at its limit was in the middle of its last recorded test: that one counts as not reached)."""
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+d = Path(sys.argv[1])
+seen, totals, failed = set(), Counter(), []
+for xml in sorted(d.glob("*.xml")):
+    cases = [c for c in ET.parse(xml).getroot().iter("testcase") if c.get("classname") is not None]
+    if "KeyboardInterrupt" in xml.with_suffix(".log").read_text():
+        cases = cases[:-1]
+    for case in cases:
+        node = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
+        seen.add(node)
+        kinds = {child.tag for child in case}
+        outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+        totals[outcome] += 1
+        if outcome == "failed":
+            failed.append(node)
+left = [n for n in (d / "all.txt").read_text().split("\n") if n and n not in seen]
+(d / "left.txt").write_text("".join(n + "\n" for n in left))
+print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped, {len(left)} not finished"
+      + (" (rerun them: pytest $(cat left.txt))" if left else ""))
+print("\n".join(f"FAILED {n}" for n in failed))
+EOF
+(cd "$OUT" && tar czf tests.tar.gz tests && rm -rf tests)

@@ -7,7 +7,8 @@
 #   gpu_header               the GPUs, torch / triton versions and the commit, at the top of a log
 #   pack_runs [DIR...]       $OUT/runs (and DIRs under $OUT) as one tarball: few files come back
 set -uo pipefail
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# absolute: tests spawn the command from their own temporary directories
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/scratch}
 mkdir -p "$OUT/runs"

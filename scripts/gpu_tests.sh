@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite on a GPU machine, from the repository root; logs under $OUT/tests.
-#   scripts/gpu_tests.sh            (CHUNKS parallel pytest processes, default 8; LIMIT_S each, default 500)
+#   scripts/gpu_tests.sh            (CHUNKS parallel pytest processes, default 10; LIMIT_S each, default 500)
 # On a GPU the kernels compile and autotune instead of running under the interpreter, so one pytest
 # process takes longer than a device call allows. The tests are spread over CHUNKS processes one test at a
 # time, round robin (the slow cases are parametrizations of a few tests, so each process gets a share),
@@ -8,7 +8,7 @@
 # process's kernels share the GPU while they time. A process cut at LIMIT_S names what it did not run in
 # $OUT/tests/left.txt: run those with `pytest $(cat left.txt)`.
 source "$(dirname "$0")/gpu_prelude.sh"
-CHUNKS=${CHUNKS:-8}
+CHUNKS=${CHUNKS:-10}
 LIMIT_S=${LIMIT_S:-500}
 export TORCHINDUCTOR_COMPILE_THREADS=2  # CHUNKS compiling processes share the host's cores
 dir="$OUT/tests"

@@ -109,6 +109,20 @@ def test_seed_format_from_a_real_run(tmp_path, capsys):
         assert count == rec["metrics"]["parameters"]
 
 
+@pytest.mark.gpu
+def test_gpu_run_passes_its_checks_in_every_mode(tmp_path, capsys):
+    """On a GPU each compiled and graphed step is checked against eager before it is timed (the check that
+    caught the grouped eval path's lost dW under torch 2.11's compile, at this very configuration): every
+    record of a small sweep in every mode is ok."""
+    out = tmp_path / "run"
+    code, _, err = run_cli(["--sizes", "96", "--batch-sizes", "1", "--fragments", "4", "--dtype", "fp32",
+                            "--steps", "2", "--warmup", "1", "--device", "cuda", "--out", str(out)], capsys)
+    _, records = load_run(out)
+    assert {r["params"]["exec"] for r in records} == {"eager", "compile", "graph"}
+    assert [(r["case"], r["error"]) for r in records if r["status"] != "ok"] == []
+    assert code == 0, err
+
+
 def test_gate_records_a_wrong_layer_as_an_error_and_does_not_time_it(tmp_path, capsys, monkeypatch):
     from qbench.layers.fragmented import FragmentedLinear
 

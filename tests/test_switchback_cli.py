@@ -37,6 +37,18 @@ def _env():
     return env
 
 
+@pytest.mark.gpu
+def test_gpu_run_passes_its_checks_in_every_mode(tmp_path):
+    """On a GPU every component, peer and module (eager, compiled, graphed) is checked before it is timed:
+    every record of a small run is ok."""
+    out = tmp_path / "run"
+    res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--device", "cuda", "--out", str(out),
+                 cwd=tmp_path)
+    _, records = store.load_run(out)
+    assert records and [(r["case"], r["error"]) for r in records if r["status"] != "ok"] == []
+    assert res.returncode == 0, res.stderr
+
+
 def test_cpu_run_writes_seed_compatible_records(tmp_path):
     out = tmp_path / "run"
     res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--out", str(out), cwd=tmp_path)

@@ -105,6 +105,23 @@ def resolve_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+NO_CUDA = "--device cuda was asked for but no CUDA device is visible; use --device cpu"
+
+
+def usable_device(device: str | None) -> str:
+    """resolve_device of a command's --device, or a one-line usage error when CUDA was asked for and none is
+    visible."""
+    resolved = resolve_device(device)
+    if resolved == "cuda" and device not in (None, "auto"):
+        import torch
+
+        if not torch.cuda.is_available():
+            from qbench.errors import QbenchUsageError
+
+            raise QbenchUsageError(NO_CUDA)
+    return resolved
+
+
 def _synchronize(device: str) -> None:
     if device == "cuda":
         import torch

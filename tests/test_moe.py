@@ -123,7 +123,7 @@ def _qbench(*args):
 
 @pytest.mark.parametrize("args, word", [
     (["--routing", "gauss"], "unknown routing"),
-    (["--device", "cuda"], "no CUDA GPU"),
+    (["--device", "cuda"], "no CUDA device"),
     (["--top-k", "9", "--num-local-experts", "2", "--world-size", "2", "--device", "cpu"], "exceeds"),
     (["--replicate-hot", "-1"], ">= 0"),
     (["--routing", "trace:/nonexistent.txt", "--device", "cpu"], "does not exist"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from qbench.errors import QbenchUsageError
-from qbench.timing import resolve_device
+from qbench.timing import usable_device
 
 BENCH = "fragmented"
 LAYERS = ("linear", "fragmented", "blockdiag", "lowrank")
@@ -66,12 +66,7 @@ class Case:
 
 def resolve(config: FragmentedConfig) -> FragmentedConfig:
     """Fill the defaults for the device and check that every size fits every fragment count."""
-    device = resolve_device(config.device)
-    if config.device == "cuda" and device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
+    device = usable_device(config.device)
     defaults = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
     config = replace(config, device=device, **{k: v for k, v in defaults.items() if getattr(config, k) is None})
     execs = config.execs or (EXECS if device == "cuda" else ("eager",))

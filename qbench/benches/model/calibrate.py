@@ -36,17 +36,13 @@ class CalibrateConfig:
 
 def setup(device: str | None) -> tuple[CalibrateConfig, hardware.Hardware, str]:
     """(measurement plan, datasheet device it calibrates, default file) for --device auto|cuda|cpu."""
-    from qbench.timing import resolve_device
+    from qbench.timing import usable_device
 
-    device = resolve_device(None if device in (None, "auto") else device)
+    device = usable_device(device)
     gpu_name = None
     if device == "cuda":
         import torch
 
-        if not torch.cuda.is_available():
-            from qbench.errors import QbenchUsageError
-
-            raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible; use --device cpu")
         gpu_name = torch.cuda.get_device_name()
     slug = (gpu_name or "cpu").lower().replace("nvidia", "").strip().replace(" ", "-")
     return default_config(device), device_hardware(device, gpu_name), f"results/model-calibration-{slug}.yaml"

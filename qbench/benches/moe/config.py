@@ -70,11 +70,12 @@ def resolve(config: MoEBenchConfig) -> MoEBenchConfig:
     the device asked for is missing or torchrun's world size contradicts --world-size)."""
     from qbench import dist
     from qbench.errors import QbenchUsageError
+    from qbench.timing import NO_CUDA
 
     gpus = dist.visible_gpus() if config.device != "cpu" else 0
     device = config.device if config.device != "auto" else ("cuda" if gpus else "cpu")
     if device == "cuda" and not gpus:
-        raise QbenchUsageError("--device cuda but no CUDA GPU is visible; use --device cpu")
+        raise QbenchUsageError(NO_CUDA)
     backend = config.backend if config.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
     defaults = CPU_SIZES if device == "cpu" else {**GPU_SIZES, "samples": config.batch_size * config.num_tokens}
     sizes = {name: value for name, value in defaults.items() if getattr(config, name) is None}

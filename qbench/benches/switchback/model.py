@@ -90,11 +90,9 @@ class Case:
 def resolve(config: ModelConfig) -> ModelConfig:
     """Device and its defaults; 16bit always runs first (every speed-up is over it)."""
     from qbench.errors import QbenchUsageError
-    from qbench.timing import resolve_device
+    from qbench.timing import usable_device
 
-    device = resolve_device(config.device)
-    if config.device == "cuda" and device != "cuda":
-        raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible")
+    device = usable_device(config.device)
     execs = config.execs or (EXECS if device == "cuda" else ("eager",))
     if device != "cuda" and "graph" in execs:
         raise QbenchUsageError("--exec graph needs a CUDA device; on the CPU use eager or compile")

@@ -66,16 +66,9 @@ class Shape:
 
 def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
     """Fill the device and the device-dependent defaults (seed sweep on a GPU, small on the CPU)."""
-    from qbench.timing import resolve_device
+    from qbench.timing import usable_device
 
-    device = resolve_device(config.device)
-    if device == "cuda" and config.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            from qbench.errors import QbenchUsageError
-
-            raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible")
+    device = usable_device(config.device)
     batches = config.batch_sizes or (GPU_BATCHES if device == "cuda" else CPU_BATCHES)
     dims = config.dims if config.dims or config.pairs else (None if device == "cuda" else CPU_DIMS)
     execs = config.execs or (modules.EXECS if device == "cuda" else ("eager",))

@@ -68,11 +68,9 @@ class TrainConfig:
 def resolve(config: TrainConfig) -> tuple[TrainConfig, TrainPreset]:
     """Device, preset and its overrides (16bit first: every gap is over it)."""
     from qbench.errors import QbenchUsageError
-    from qbench.timing import resolve_device
+    from qbench.timing import usable_device
 
-    device = resolve_device(config.device)
-    if config.device == "cuda" and device != "cuda":
-        raise QbenchUsageError("--device cuda was asked for but no CUDA device is visible")
+    device = usable_device(config.device)
     name = config.model or ("lm-small" if device == "cuda" else "lm-tiny")
     if name not in TRAIN_PRESETS:
         raise QbenchUsageError(f"--train-check sizes are {', '.join(TRAIN_PRESETS)}, not {name}")

@@ -282,6 +282,14 @@ def _filter_and_sort(rows: list[Row], options: CompareOptions) -> list[Row]:
     return sorted(rows, key=lambda r: (r.candidate, r.bench, r.case, r.metric))
 
 
+def _benches_apart(reference: Run, candidate: Run) -> str:
+    """'' or, where the two runs hold no bench in common, what each holds (for the no-common-case message)."""
+    ref, cand = ({r["bench"] for r in run.records} for run in (reference, candidate))
+    if not ref or not cand or ref & cand:
+        return ""
+    return f" (benches {', '.join(sorted(cand))} against {', '.join(sorted(ref))})"
+
+
 def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
     """Compare every run after the first against the first."""
     if len(runs) < 2:
@@ -291,7 +299,8 @@ def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
         warnings.extend(env_differences(reference, candidate))
         pair = _pair_rows(reference, candidate, options)
         if not any(r.marker != "n/a" for r in pair):
-            raise QbenchUsageError(f"{candidate.label} and {reference.label} have no case in common")
+            raise QbenchUsageError(f"{candidate.label} and {reference.label} have no case in common"
+                                   + _benches_apart(reference, candidate))
         if _hardware_differs(reference, candidate):
             _mark_cross_env(pair, options.cross_env)
         rows.extend(pair)

@@ -98,8 +98,12 @@ def test_join_on_common_params_when_one_run_knows_fewer(tmp_path):
 
 def test_no_case_in_common_is_a_usage_error(tmp_path):
     runs = _runs(tmp_path, [timed_record({"m": 1}, FAST)], [timed_record({"m": 2}, FAST)])
-    with pytest.raises(QbenchUsageError, match="no case in common"):
+    with pytest.raises(QbenchUsageError, match=r"no case in common$"):
         compare.compare_runs(runs, compare.CompareOptions())
+    other = _runs(tmp_path / "other", [timed_record({"m": 1}, FAST)],
+                  [timed_record({"m": 1}, FAST, bench="moe")])
+    with pytest.raises(QbenchUsageError, match=r"no case in common \(benches moe against toy\)"):
+        compare.compare_runs(other, compare.CompareOptions())
 
 
 def test_different_gpu_warns_and_is_not_comparable_without_cross_env(tmp_path):

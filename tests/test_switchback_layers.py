@@ -180,6 +180,25 @@ def test_compiled_fullgraph_matches_eager(variant):
     _assert_same(_step(compiled, x, g), _step(layer, x, g), f"compiled {variant}")
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_inference_forwards_match_eager(variant):
+    """The forwards without autograd compile too (fullgraph) and give the eager outputs: under no_grad (W
+    quantized on the call) and after prepare_for_eval (W quantized once), under inference_mode."""
+    x, layer, _ = _case((3, 7, 48), 40, torch.float16, variant)
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    for prepared in (False, True):
+        torch._dynamo.reset()
+        if prepared:
+            layer.eval()
+            layer.prepare_for_eval()
+        compiled = torch.compile(layer, fullgraph=True, backend=backend)
+        with torch.inference_mode() if prepared else torch.no_grad():
+            got, want = compiled(x), layer(x)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        err = (got.float() - want.float()).abs().max().item()
+        assert err <= 1e-2 * want.float().abs().max().item() + 1e-6, f"prepared={prepared}: max |diff| {err:.3e}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_graph_replay_matches_eager_without_syncs(variant):

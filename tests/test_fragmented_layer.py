@@ -408,6 +408,20 @@ def test_compiled_fullgraph_step_matches_eager(path, x_grad):
             assert relerr(a, e) <= 1e-5, f"tensor {i}: rel err {relerr(a, e):.2e}"
 
 
+@pytest.mark.parametrize("path", ["grouped", "dense"])
+def test_compiled_inference_matches_eager(path):
+    """The eval-mode layer compiled with fullgraph, called under inference_mode (as `infer` calls it), gives
+    the eager output on both hard-selection paths."""
+    torch._dynamo.reset()
+    layer, x = make((96, 40, 3, 5, 7), "fp32", bias=True, seed=7, device="cuda" if torch.cuda.is_available() else "cpu")
+    layer.eval()
+    layer.eval_path = path
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor" if x.is_cuda else "aot_eager")
+    with torch.inference_mode():
+        got, want = compiled(x), layer(x)
+    assert relerr(got, want) <= 1e-5, f"rel err {relerr(got, want):.2e}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_cuda_graph_train_step_matches_eager_without_syncs(dtype):

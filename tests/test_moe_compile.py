@@ -52,11 +52,26 @@ def test_compiled_fullgraph_matches_eager(cf):
     layer = _layer(cf, dtype)
     assert layer.static_reason() is None
     x, dy = _inputs(37, 16, dtype)
-    want = _step(layer, layer, x, dy)
     backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    # compiled first: nothing an eager call sets up on its first use may be needed for the trace
     got = _step(torch.compile(layer, fullgraph=True, backend=backend), layer, x, dy)
+    want = _step(layer, layer, x, dy)
     # same kernels (custom ops) in fp32: only inductor's own fusions of the glue may reorder sums
     _assert_same(got, want, 1e-5, f"compiled cf={cf}")
+
+
+def test_compiled_forward_without_autograd_matches_eager():
+    """The forward alone (no_grad, as `qbench moe --eval` runs it) compiles with fullgraph and gives the
+    eager output."""
+    torch._dynamo.reset()
+    dtype = torch.float32
+    layer = _layer(0.5, dtype)
+    x, _ = _inputs(37, 16, dtype)
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        got, want = compiled(x), layer(x)
+    assert rel_error(got, want) <= 1e-5, f"relative error {rel_error(got, want):.2e}"
 
 
 def _no_host_reads(monkeypatch):

@@ -29,6 +29,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from kernels.grouped_gemm import (
     grouped_matmul_act,
     grouped_matmul_act_grad,
@@ -49,8 +51,6 @@ class ExpertConfig:
 
 
 def _act(pre, activation: str, out=None):
-    import torch
-
     if out is None:
         out = torch.empty_like(pre)
     if activation == "gelu":
@@ -59,8 +59,6 @@ def _act(pre, activation: str, out=None):
 
 
 def _act_backward(grad, pre, act, activation: str, out=None):
-    import torch
-
     if out is None:
         out = torch.empty_like(pre)
     if activation == "gelu":
@@ -127,70 +125,65 @@ def _wait(cfg, phase: str, handles) -> None:
             h.wait()
 
 
-def _make_expert_parallel():
-    import torch
+class ExpertParallel(torch.autograd.Function):
+    """(send [S, d], hot_x [H, d], expert weights) -> (back [S, d], hot_y [H, d]); `replicas` (a
+    replicas.Replicas or None) brings the hot experts' weights and takes their gradients home."""
 
-    class ExpertParallel(torch.autograd.Function):
-        """(send [S, d], hot_x [H, d], expert weights) -> (back [S, d], hot_y [H, d]); `replicas` (a
-        replicas.Replicas or None) brings the hot experts' weights and takes their gradients home."""
+    @staticmethod
+    def forward(ctx, send, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, replicas):
+        ctx.plan, ctx.cfg, ctx.hot_offsets, ctx.replicas, ctx.hot_saved = plan, cfg, hot_offsets, replicas, None
+        R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
+        x, x_c = _chunked(plan, R, send, d)
+        waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
+        (pre, pre_c), (act, act_c), (_, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
+        back = torch.empty_like(send)
+        backs, back_c = [], _sent(plan, back)
+        for i, c in enumerate(plan.chunks):
+            _wait(cfg, "dispatch", waits[i:i + 1])
+            with cfg.phase("experts"):
+                ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
+            backs += _start(cfg, "combine", back_c[i:i + 1], y_c[i:i + 1], [c], inbound=False)
+        hot_y = hot_x.new_empty((0, d))
+        if replicas is not None:  # while the combine is in flight
+            with cfg.phase("experts"):
+                rw = replicas.weights()
+                hpre, hact, hot_y = ffn_forward(hot_x, hot_offsets, *rw, cfg)
+            ctx.hot_saved = (hot_x, hpre, hact, rw[0], rw[2])
+        _wait(cfg, "combine", backs)
+        ctx.save_for_backward(w1, w2, x, pre, act)
+        return back, hot_y
 
-        @staticmethod
-        def forward(ctx, send, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, replicas):
-            ctx.plan, ctx.cfg, ctx.hot_offsets, ctx.replicas, ctx.hot_saved = plan, cfg, hot_offsets, replicas, None
-            R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
-            x, x_c = _chunked(plan, R, send, d)
-            waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
-            (pre, pre_c), (act, act_c), (_, y_c) = (_chunked(plan, R, send, n) for n in (h, h, d))
-            back = torch.empty_like(send)
-            backs, back_c = [], _sent(plan, back)
-            for i, c in enumerate(plan.chunks):
-                _wait(cfg, "dispatch", waits[i:i + 1])
-                with cfg.phase("experts"):
-                    ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
-                backs += _start(cfg, "combine", back_c[i:i + 1], y_c[i:i + 1], [c], inbound=False)
-            hot_y = hot_x.new_empty((0, d))
-            if replicas is not None:  # while the combine is in flight
-                with cfg.phase("experts"):
-                    rw = replicas.weights()
-                    hpre, hact, hot_y = ffn_forward(hot_x, hot_offsets, *rw, cfg)
-                ctx.hot_saved = (hot_x, hpre, hact, rw[0], rw[2])
-            _wait(cfg, "combine", backs)
-            ctx.save_for_backward(w1, w2, x, pre, act)
-            return back, hot_y
-
-        @staticmethod
-        def backward(ctx, d_back, d_hot):
-            w1, w2, x, pre, act = ctx.saved_tensors
-            plan, cfg, replicas = ctx.plan, ctx.cfg, ctx.replicas
-            R, d, h = plan.recv_rows, d_back.shape[1], w1.shape[2]
-            d_back = d_back.contiguous()
-            dy, dy_c = _chunked(plan, R, d_back, d)
-            waits = _start(cfg, "backward_a2a", dy_c, _sent(plan, d_back), plan.chunks, inbound=True)
-            d_hot_x = hot_grads = None
-            if replicas is not None:  # while the output gradient is in flight
-                with cfg.phase("backward_experts"):
-                    d_hot_x, *hot_grads = hot_backward(d_hot, ctx.hot_saved, ctx.hot_offsets, cfg)
-                with cfg.phase("replicas"):  # its own communicator: runs beside the exchanges
-                    replicas.reduce(*hot_grads)
-            (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
-            pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
-            d_send = torch.empty_like(d_back)
-            backs, send_c = [], _sent(plan, d_send)
-            for i, c in enumerate(plan.chunks):
-                _wait(cfg, "backward_a2a", waits[i:i + 1])
-                with cfg.phase("backward_experts"):
-                    ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
-                backs += _start(cfg, "backward_a2a", send_c[i:i + 1], dx_c[i:i + 1], [c], inbound=False)
+    @staticmethod
+    def backward(ctx, d_back, d_hot):
+        w1, w2, x, pre, act = ctx.saved_tensors
+        plan, cfg, replicas = ctx.plan, ctx.cfg, ctx.replicas
+        R, d, h = plan.recv_rows, d_back.shape[1], w1.shape[2]
+        d_back = d_back.contiguous()
+        dy, dy_c = _chunked(plan, R, d_back, d)
+        waits = _start(cfg, "backward_a2a", dy_c, _sent(plan, d_back), plan.chunks, inbound=True)
+        d_hot_x = hot_grads = None
+        if replicas is not None:  # while the output gradient is in flight
             with cfg.phase("backward_experts"):
-                grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all, w1.shape[0], cfg)
-            _wait(cfg, "backward_a2a", backs)
-            if replicas is not None:
-                with cfg.phase("replicas"):
-                    replicas.add_to(*grads)
-            ctx.hot_saved = ctx.replicas = None
-            return (d_send, d_hot_x, *grads, None, None, None, None)
-
-    return ExpertParallel
+                d_hot_x, *hot_grads = hot_backward(d_hot, ctx.hot_saved, ctx.hot_offsets, cfg)
+            with cfg.phase("replicas"):  # its own communicator: runs beside the exchanges
+                replicas.reduce(*hot_grads)
+        (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
+        pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
+        d_send = torch.empty_like(d_back)
+        backs, send_c = [], _sent(plan, d_send)
+        for i, c in enumerate(plan.chunks):
+            _wait(cfg, "backward_a2a", waits[i:i + 1])
+            with cfg.phase("backward_experts"):
+                ffn_input_grad(dy_c[i], pre_c[i], act_c[i], c.offsets, w1, w2, cfg, out=(dpre_c[i], dx_c[i]))
+            backs += _start(cfg, "backward_a2a", send_c[i:i + 1], dx_c[i:i + 1], [c], inbound=False)
+        with cfg.phase("backward_experts"):
+            grads = ffn_weight_grads(x, act, dy, dpre, plan.offsets_all, w1.shape[0], cfg)
+        _wait(cfg, "backward_a2a", backs)
+        if replicas is not None:
+            with cfg.phase("replicas"):
+                replicas.add_to(*grads)
+        ctx.hot_saved = ctx.replicas = None
+        return (d_send, d_hot_x, *grads, None, None, None, None)
 
 
 def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
@@ -199,48 +192,33 @@ def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
     return ffn_backward(d_hot.contiguous(), (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
 
 
-def _make_expert_ffn():
-    import torch
+class ExpertFFN(torch.autograd.Function):
+    """x [R, d] in segments (offsets [L + 1]: segment l uses expert l) -> y [R, d]; `timer` (a
+    PhaseTimer or None) times the backward as "backward_experts"."""
 
-    class ExpertFFN(torch.autograd.Function):
-        """x [R, d] in segments (offsets [L + 1]: segment l uses expert l) -> y [R, d]; `timer` (a
-        PhaseTimer or None) times the backward as "backward_experts"."""
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, offsets, activation: str, backend: str, timer):
+        cfg = ExpertConfig(activation, backend, None, None)
+        pre, act, y = ffn_forward(x, offsets, w1, b1, w2, b2, cfg)
+        ctx.save_for_backward(x, pre, act, offsets, w1, w2)
+        ctx.activation, ctx.backend, ctx.timer = activation, backend, timer
+        return y
 
-        @staticmethod
-        def forward(ctx, x, w1, b1, w2, b2, offsets, activation: str, backend: str, timer):
-            cfg = ExpertConfig(activation, backend, None, None)
-            pre, act, y = ffn_forward(x, offsets, w1, b1, w2, b2, cfg)
-            ctx.save_for_backward(x, pre, act, offsets, w1, w2)
-            ctx.activation, ctx.backend, ctx.timer = activation, backend, timer
-            return y
-
-        @staticmethod
-        def backward(ctx, dy):
-            x, pre, act, offsets, w1, w2 = ctx.saved_tensors
-            cfg = ExpertConfig(ctx.activation, ctx.backend, None, ctx.timer)
-            with cfg.phase("backward_experts"):
-                grads = ffn_backward(dy.contiguous(), (x, pre, act), offsets, w1, w2, cfg)
-            return (*grads, None, None, None, None)
-
-    return ExpertFFN
-
-
-class _Lazy:
-    cache: dict[str, Any] = {}
-
-    @classmethod
-    def get(cls, name: str):
-        if name not in cls.cache:
-            cls.cache[name] = {"ep": _make_expert_parallel, "ffn": _make_expert_ffn}[name]()
-        return cls.cache[name]
+    @staticmethod
+    def backward(ctx, dy):
+        x, pre, act, offsets, w1, w2 = ctx.saved_tensors
+        cfg = ExpertConfig(ctx.activation, ctx.backend, None, ctx.timer)
+        with cfg.phase("backward_experts"):
+            grads = ffn_backward(dy.contiguous(), (x, pre, act), offsets, w1, w2, cfg)
+        return (*grads, None, None, None, None)
 
 
 def expert_ffn(x, weights, offsets, activation: str, backend: str, timer=None):
     """The expert FFN of rows x [R, d] in segments `offsets` [L + 1], differentiable in x and the
     weights = (w1, b1, w2, b2); world size 1 (nothing moves)."""
-    return _Lazy.get("ffn").apply(x, *weights, offsets, activation, backend, timer)
+    return ExpertFFN.apply(x, *weights, offsets, activation, backend, timer)
 
 
 def expert_parallel(send, hot_x, weights, plan, hot_offsets, cfg: ExpertConfig, replicas=None):
     """Apply the expert-parallel Function; weights = (w1, b1, w2, b2); replicas: Replicas or None."""
-    return _Lazy.get("ep").apply(send, hot_x, *weights, plan, hot_offsets, cfg, replicas)
+    return ExpertParallel.apply(send, hot_x, *weights, plan, hot_offsets, cfg, replicas)

@@ -81,3 +81,19 @@ def test_no_import_loops():
         if node not in state:
             visit(node, [node])
     assert not loops, "import loops: " + "; ".join(loops)
+
+
+def test_autograd_functions_are_module_level_classes():
+    """A torch.autograd.Function subclass defined inside a function is built on its first call: a layer
+    compiled before any eager call then makes Dynamo trace a class definition, which it cannot (fullgraph
+    fails). Every such class in qbench/ and kernels/ sits at module level."""
+    nested = []
+    for name, path in modules().items():
+        tree = ast.parse(path.read_text())
+        top = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and id(node) not in top:
+                bases = [ast.unparse(b) for b in node.bases]
+                if any(b.endswith("autograd.Function") or b == "Function" for b in bases):
+                    nested.append(f"{name}.{node.name}")
+    assert not nested, "autograd Functions built inside functions: " + ", ".join(nested)

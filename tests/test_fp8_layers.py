@@ -87,6 +87,25 @@ def test_compiled_fp8_layer_matches_eager():
         assert rel(a, b) < 1e-2
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_autocast_runs_the_layer_in_the_autocast_dtype(recipe):
+    """Under autocast with fp32 master weights the layer runs as nn.Linear does there: exactly what the layer
+    with bf16 parameters gives for bf16 operands, the gradients landing in the fp32 parameters."""
+    torch.manual_seed(4)
+    layer = Fp8Linear(64, 32, device=DEVICE, recipe=recipe)
+    half = Fp8Linear(64, 32, device=DEVICE, dtype=torch.bfloat16, recipe=recipe)
+    half.load_state_dict(layer.state_dict())
+    x, g = torch.randn(16, 64, device=DEVICE), torch.randn(16, 32, device=DEVICE).to(torch.bfloat16)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        y = layer(x)
+    y.backward(g)
+    want = half(x.to(torch.bfloat16))
+    want.backward(g)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+    for p, q in ((layer.weight, half.weight), (layer.bias, half.bias)):
+        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, q.grad.float())
+
+
 def test_unknown_recipe_is_rejected():
     with pytest.raises(ValueError, match="unknown fp8 recipe"):
         Fp8Linear(16, 16, recipe="tensorwise")

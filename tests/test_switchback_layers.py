@@ -199,6 +199,38 @@ def test_compiled_inference_forwards_match_eager(variant):
         assert err <= 1e-2 * want.float().abs().max().item() + 1e-6, f"prepared={prepared}: max |diff| {err:.3e}"
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_autocast_runs_the_layer_in_the_autocast_dtype(variant):
+    """Under autocast with fp32 master weights the layer runs as nn.Linear does there: its operands in the
+    autocast dtype, its output in it, its gradients into the fp32 parameters: exactly what the layer with
+    16-bit parameters gives for the 16-bit operands, in training and without autograd (prepared for eval,
+    the output is in the autocast dtype too)."""
+    dtype = torch.bfloat16
+    torch.manual_seed(5)
+    layer = SwitchBackLinear(48, 40, device=DEVICE, variant=variant)
+    half = SwitchBackLinear(48, 40, device=DEVICE, dtype=dtype, variant=variant)
+    half.load_state_dict(layer.state_dict())
+    x, g = torch.randn(3, 7, 48, device=DEVICE), torch.randn(3, 7, 40, device=DEVICE)
+    with torch.autocast(DEVICE, dtype=dtype):
+        y = layer(x)
+    y.backward(g.to(dtype))
+    want = half(x.to(dtype))
+    want.backward(g.to(dtype))
+    assert y.dtype == dtype and torch.equal(y, want)
+    for p, q in ((layer.weight, half.weight), (layer.bias, half.bias)):
+        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, q.grad.float())
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=dtype):
+        got = layer(x)
+    with torch.no_grad():
+        assert got.dtype == dtype and torch.equal(got, half(x.to(dtype)))
+    layer.eval()
+    layer.prepare_for_eval()  # W quantized once, from the fp32 weights themselves: close, not equal
+    with torch.no_grad(), torch.autocast(DEVICE, dtype=dtype):
+        prepared = layer(x)
+    err = (prepared.float() - got.float()).abs().max().item()
+    assert prepared.dtype == dtype and err <= 2e-2 * got.float().abs().max().item(), err
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_graph_replay_matches_eager_without_syncs(variant):

@@ -46,6 +46,17 @@ def _unflat(t: torch.Tensor, lead: tuple, last: int) -> torch.Tensor:
     return t if len(lead) == 1 else t.reshape(*lead, last)
 
 
+def autocast_operands(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None):
+    """(x, weight, bias) as nn.Linear takes them: in the autocast dtype where autocast is on for x's device
+    (fp32 master weights, 16-bit products; the weight's gradient reaches it through the cast), else as they are;
+    None stays None. The layers' Functions run custom kernels, which autocast does not see."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(None if t is None else t.to(dtype) for t in (x, weight, bias))
+
+
 def grad_operands(g2: torch.Tensor, need_x: bool, need_b: bool, format: str = "int8"):
     """((Gq [M, N], s_g [M]) where dX is wanted, else None; db = G summed over rows [N] where the bias
     gradient is wanted, else None): one read of G (quantize_rowwise_colsum) when both are wanted."""
@@ -256,27 +267,29 @@ class SwitchBackLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._eval_weight is not None and not self.training:
-            return self._forward_prepared(x)
-        if not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-            return self._forward_no_grad(x)  # nothing to save for a backward that will not come
-        return FUNCTIONS[self.variant].apply(x, self.weight, self.bias)
+            x, _, bias = autocast_operands(x, None, self.bias)  # W was quantized once: no cast of it
+            return self._forward_prepared(x, bias)
+        x, weight, bias = autocast_operands(x, self.weight, self.bias)
+        if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            return self._forward_no_grad(x, weight, bias)  # nothing to save for a backward that will not come
+        return FUNCTIONS[self.variant].apply(x, weight, bias)
 
-    def _forward_no_grad(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_no_grad(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """The training forward's math (W quantized now, one layout) without an autograd node."""
         xq, sx = quantize_rowwise(_flat(x))
         if self.variant == "vectorwise":
-            wq, sw = quantize_rowwise(self.weight)
-            y = int8_matmul_rowwise_columnwise(xq, sx, wq, sw, self.bias, x.dtype)
+            wq, sw = quantize_rowwise(weight)
+            y = int8_matmul_rowwise_columnwise(xq, sx, wq, sw, bias, x.dtype)
         else:
-            wq, sw = quantize_global(self.weight)
-            y = int8_matmul_rowwise_global(xq, sx, wq, sw, self.bias, x.dtype)
+            wq, sw = quantize_global(weight)
+            y = int8_matmul_rowwise_global(xq, sx, wq, sw, bias, x.dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def _forward_prepared(self, x: torch.Tensor) -> torch.Tensor:
+    def _forward_prepared(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         wq, sw = self._eval_weight
         xq, sx = quantize_rowwise(_flat(x))
         matmul = int8_matmul_rowwise_columnwise if self.variant == "vectorwise" else int8_matmul_rowwise_global
-        return matmul(xq, sx, wq, sw, self.bias, x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return matmul(xq, sx, wq, sw, bias, x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, variant={self.variant}"
@@ -286,4 +299,4 @@ class StandardLinear(nn.Linear):
     """nn.Linear through StandardLinearFn (16-bit, explicit backward)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return StandardLinearFn.apply(x, self.weight, self.bias)
+        return StandardLinearFn.apply(*autocast_operands(x, self.weight, self.bias))

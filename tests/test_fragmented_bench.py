@@ -127,7 +127,7 @@ def test_gate_records_a_wrong_layer_as_an_error_and_does_not_time_it(tmp_path, c
     from qbench.layers.fragmented import FragmentedLinear
 
     original = FragmentedLinear._hard
-    monkeypatch.setattr(FragmentedLinear, "_hard", lambda self, x: original(self, x) * 1.01)
+    monkeypatch.setattr(FragmentedLinear, "_hard", lambda self, x, p: original(self, x, p) * 1.01)
     code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "3", "--fragments", "4", "--modes", "eval",
                                  "--baselines", "none", "--steps", "1", "--out", str(tmp_path / "g"), "--json"], capsys)
     assert code == 1

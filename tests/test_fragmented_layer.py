@@ -422,6 +422,32 @@ def test_compiled_inference_matches_eager(path):
     assert relerr(got, want) <= 1e-5, f"rel err {relerr(got, want):.2e}"
 
 
+@pytest.mark.parametrize("path", ["train", "grouped", "dense"])
+def test_autocast_runs_the_layer_in_the_autocast_dtype(path):
+    """Under autocast with fp32 master weights the layer runs as nn.Linear does there: what the layer with
+    bf16 parameters gives for bf16 input (output in bf16), the gradients landing in the fp32 parameters; in
+    training mode and on both eval paths (before, training under autocast failed on mixed dtypes)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    layer, x = make((96, 40, 3, 5, 7), "fp32", bias=True, seed=8, device=device)
+    half = FragmentedLinear(96, 40, 3, 5, bias=True, dtype=torch.bfloat16, device=device)
+    half.load_state_dict(layer.state_dict())
+    for m in (layer, half):
+        m.train(path == "train")
+        m.eval_path = "auto" if path == "train" else path
+    g = torch.randn(x.shape[0], 40, device=device).to(torch.bfloat16)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = layer(x)
+    y.backward(g)
+    want = half(x.to(torch.bfloat16))
+    want.backward(g)
+    # the same bf16 computation; on a GPU the backward's fp32 atomics may add in another order
+    assert y.dtype == torch.bfloat16 and relerr(y, want) <= 1e-3
+    for (name, p), q in zip(layer.named_parameters(), half.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert p.grad.dtype == torch.float32 and relerr(p.grad, q.grad.float()) <= 1e-3, name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_cuda_graph_train_step_matches_eager_without_syncs(dtype):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -97,11 +98,25 @@ class FragmentedLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"input has {x.shape[-1]} features, the layer expects {self.in_features}")
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        y = self._soft(x2) if self.training else self._hard(x2)
-        if self.has_bias:
-            y = y + (self.expert_bias + self.compressed_bias)
+        x2, p = self._operands(x.reshape(-1, self.in_features))
+        with _autocast_off(x2) if p.autocast else contextlib.nullcontext():
+            y = self._soft(x2, p) if self.training else self._hard(x2, p)
+            if p.bias is not None:
+                y = y + p.bias
         return y.reshape(*lead, self.out_features)
+
+    def _operands(self, x: torch.Tensor) -> tuple[torch.Tensor, _Operands]:
+        """x and the parameters as the forward takes them: in the autocast dtype where autocast is on for x's
+        device (fp32 master weights, 16-bit products, as nn.Linear takes its operands there; the kernels want one
+        dtype), else as they are."""
+        params = (self.selector_weights, self.expert_weights, self.compressor.weight, self.compressed_net.weight)
+        biases = (self.expert_bias, self.compressed_bias) if self.has_bias else ()
+        device = x.device.type
+        autocast = torch.is_autocast_enabled(device)
+        if autocast:
+            dtype = torch.get_autocast_dtype(device)
+            x, params, biases = x.to(dtype), [t.to(dtype) for t in params], [t.to(dtype) for t in biases]
+        return x, _Operands(*params, biases[0] + biases[1] if biases else None, autocast)
 
     @torch.inference_mode()
     def infer(self, x: torch.Tensor) -> torch.Tensor:
@@ -113,14 +128,15 @@ class FragmentedLinear(nn.Module):
         finally:
             self.train(was_training)
 
-    def _low_rank(self, expert_out: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _low_rank(expert_out: torch.Tensor, v: torch.Tensor, p: _Operands) -> torch.Tensor:
         """expert_out + compressed_net(compressor(v)); the add is fused into the last matmul."""
-        c = F.linear(v, self.compressor.weight)
-        return torch.addmm(expert_out, c, self.compressed_net.weight.t())
+        c = F.linear(v, p.compressor)
+        return torch.addmm(expert_out, c, p.expansion.t())
 
-    def _soft(self, x: torch.Tensor) -> torch.Tensor:
-        return SoftFragmentedFn.apply(x, self.selector_weights, self.expert_weights, self.compressor.weight,
-                                      self.compressed_net.weight)
+    @staticmethod
+    def _soft(x: torch.Tensor, p: _Operands) -> torch.Tensor:
+        return SoftFragmentedFn.apply(x, p.selector, p.experts, p.compressor, p.expansion)
 
     def use_grouped(self, batch: int) -> bool:
         """Grouped GEMM when the selected fragments are a small share of W (at most batch/N of it);
@@ -131,14 +147,32 @@ class FragmentedLinear(nn.Module):
         share = 4 if self.expert_weights.element_size() >= 4 else 16
         return share * batch <= self.num_fragments
 
-    def _hard(self, x: torch.Tensor) -> torch.Tensor:
+    def _hard(self, x: torch.Tensor, p: _Operands) -> torch.Tensor:
         # u: x kept only on its selected fragment, v: x with it zeroed; idx [B] the selection
-        u, v, idx = SelectScale.apply(x, self.selector_weights, True)
+        u, v, idx = SelectScale.apply(x, p.selector, True)
         if self.use_grouped(x.shape[0]):
-            expert = GroupedExperts.apply(x, idx, self.expert_weights)
+            expert = GroupedExperts.apply(x, idx, p.experts)
         else:
-            expert = u @ self.expert_weights.view(self.in_features, self.out_features)
-        return self._low_rank(expert, v)
+            expert = u @ p.experts.view(self.in_features, self.out_features)
+        return self._low_rank(expert, v, p)
+
+
+class _Operands(NamedTuple):
+    """The forward's parameters (see FragmentedLinear._operands): S [N, F], W [N, F, out], C [c, in],
+    E [out, c], the two biases summed [out] or None; autocast: whether they were cast for autocast."""
+
+    selector: torch.Tensor
+    experts: torch.Tensor
+    compressor: torch.Tensor
+    expansion: torch.Tensor
+    bias: torch.Tensor | None
+    autocast: bool
+
+
+def _autocast_off(x: torch.Tensor):
+    """Autocast off for x's device: the operands are already in its dtype, and the layer keeps its own choices
+    (the selector's scores in fp32)."""
+    return torch.autocast(x.device.type, enabled=False)
 
 
 class SoftFragmentedFn(torch.autograd.Function):

@@ -138,19 +138,20 @@ class FragmentedLinear(nn.Module):
     def _soft(x: torch.Tensor, p: _Operands) -> torch.Tensor:
         return SoftFragmentedFn.apply(x, p.selector, p.experts, p.compressor, p.expansion)
 
-    def use_grouped(self, batch: int) -> bool:
+    def use_grouped(self, batch: int, dtype: torch.dtype) -> bool:
         """Grouped GEMM when the selected fragments are a small share of W (at most batch/N of it);
         otherwise one dense matmul. The share must be small: on an H200 the grouped kernel's fixed
-        cost beat cuBLAS's dense skinny GEMM from 1/4 of W in fp32 but only from 1/16 in 16-bit."""
+        cost beat cuBLAS's dense skinny GEMM from 1/4 of W in fp32 but only from 1/16 in 16-bit
+        (dtype: the one the products run in)."""
         if self.eval_path != "auto":
             return self.eval_path == "grouped"
-        share = 4 if self.expert_weights.element_size() >= 4 else 16
+        share = 4 if dtype.itemsize >= 4 else 16
         return share * batch <= self.num_fragments
 
     def _hard(self, x: torch.Tensor, p: _Operands) -> torch.Tensor:
         # u: x kept only on its selected fragment, v: x with it zeroed; idx [B] the selection
         u, v, idx = SelectScale.apply(x, p.selector, True)
-        if self.use_grouped(x.shape[0]):
+        if self.use_grouped(x.shape[0], p.experts.dtype):
             expert = GroupedExperts.apply(x, idx, p.experts)
         else:
             expert = u @ p.experts.view(self.in_features, self.out_features)

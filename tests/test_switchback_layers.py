@@ -199,12 +199,16 @@ def test_compiled_inference_forwards_match_eager(variant):
         assert err <= 1e-2 * want.float().abs().max().item() + 1e-6, f"prepared={prepared}: max |diff| {err:.3e}"
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_autocast_runs_the_layer_in_the_autocast_dtype(variant):
     """Under autocast with fp32 master weights the layer runs as nn.Linear does there: its operands in the
-    autocast dtype, its output in it, its gradients into the fp32 parameters: exactly what the layer with
-    16-bit parameters gives for the 16-bit operands, in training and without autograd (prepared for eval,
-    the output is in the autocast dtype too)."""
+    autocast dtype, its output in it, its gradients into the fp32 parameters: what the layer with 16-bit
+    parameters gives for the 16-bit operands, in training and without autograd (prepared for eval, the output
+    is in the autocast dtype too)."""
     dtype = torch.bfloat16
     torch.manual_seed(5)
     layer = SwitchBackLinear(48, 40, device=DEVICE, variant=variant)
@@ -216,13 +220,14 @@ def test_autocast_runs_the_layer_in_the_autocast_dtype(variant):
     y.backward(g.to(dtype))
     want = half(x.to(dtype))
     want.backward(g.to(dtype))
-    assert y.dtype == dtype and torch.equal(y, want)
+    # the same 16-bit computation (a GPU library may pick another reduction order for a product: not bitwise)
+    assert y.dtype == dtype and _rel(y, want) <= 1e-3
     for p, q in ((layer.weight, half.weight), (layer.bias, half.bias)):
-        assert p.grad.dtype == torch.float32 and torch.equal(p.grad, q.grad.float())
+        assert p.grad.dtype == torch.float32 and _rel(p.grad, q.grad) <= 1e-3
     with torch.no_grad(), torch.autocast(DEVICE, dtype=dtype):
         got = layer(x)
     with torch.no_grad():
-        assert got.dtype == dtype and torch.equal(got, half(x.to(dtype)))
+        assert got.dtype == dtype and _rel(got, half(x.to(dtype))) <= 1e-3
     layer.eval()
     layer.prepare_for_eval()  # W quantized once, from the fp32 weights themselves: close, not equal
     with torch.no_grad(), torch.autocast(DEVICE, dtype=dtype):

@@ -24,7 +24,8 @@ from torch import nn
 from kernels._common import is_compiling, register_op
 from kernels.switchback_matmul import fp8_matmul_rowwise_columnwise
 from kernels.switchback_quantize import quantize_columnwise_transpose, quantize_rowwise
-from qbench.layers.switchback import autocast_operands, grad_operands, in_order, weight_grad_first
+from qbench.layers.autocast import in_autocast_dtype
+from qbench.layers.switchback import grad_operands, in_order, weight_grad_first
 
 RECIPES = ("switchback", "all")
 ACT, GRAD = "e4m3", "e5m2"
@@ -115,7 +116,7 @@ class Fp8Linear(nn.Linear):
         self.recipe = recipe
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return Fp8LinearFn.apply(*autocast_operands(x, self.weight, self.bias), self.recipe)
+        return Fp8LinearFn.apply(*in_autocast_dtype(x, self.weight, self.bias), self.recipe)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe}"

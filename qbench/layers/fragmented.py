@@ -37,6 +37,7 @@ from kernels.fragmented import select_scale, select_scale_backward, selector_gra
 from kernels.fragmented_backward import expert_backward, expert_weight_grad, low_rank_input_grad
 from kernels.fragmented_experts import expert_sum, fragment_outputs
 from kernels.grouped_gemm import grouped_matmul
+from qbench.layers.autocast import autocast_dtype, cast_to
 
 SCORE_DTYPE = torch.float32  # selector scores and softmax in fp32: a bf16 argmax would flip near-ties
 # dtypes whose low-rank code c = v C^T is computed inside the pass over W (kernels/fragmented_experts.py),
@@ -109,14 +110,11 @@ class FragmentedLinear(nn.Module):
         """x and the parameters as the forward takes them: in the autocast dtype where autocast is on for x's
         device (fp32 master weights, 16-bit products, as nn.Linear takes its operands there; the kernels want one
         dtype), else as they are."""
-        params = (self.selector_weights, self.expert_weights, self.compressor.weight, self.compressed_net.weight)
+        dtype = autocast_dtype(x)
         biases = (self.expert_bias, self.compressed_bias) if self.has_bias else ()
-        device = x.device.type
-        autocast = torch.is_autocast_enabled(device)
-        if autocast:
-            dtype = torch.get_autocast_dtype(device)
-            x, params, biases = x.to(dtype), [t.to(dtype) for t in params], [t.to(dtype) for t in biases]
-        return x, _Operands(*params, biases[0] + biases[1] if biases else None, autocast)
+        x, *params = cast_to(dtype, x, self.selector_weights, self.expert_weights, self.compressor.weight,
+                             self.compressed_net.weight, *biases)
+        return x, _Operands(*params[:4], params[4] + params[5] if biases else None, dtype is not None)
 
     @torch.inference_mode()
     def infer(self, x: torch.Tensor) -> torch.Tensor:

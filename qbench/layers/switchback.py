@@ -32,6 +32,7 @@ from kernels.switchback_quantize import (
     quantize_rowwise,
     quantize_rowwise_colsum,
 )
+from qbench.layers.autocast import in_autocast_dtype
 
 VARIANTS = ("global", "vectorwise", "global_memeff")
 
@@ -44,17 +45,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 def _unflat(t: torch.Tensor, lead: tuple, last: int) -> torch.Tensor:
     """[*lead, last] view of a 2-D t (as it is when lead has one dimension)."""
     return t if len(lead) == 1 else t.reshape(*lead, last)
-
-
-def autocast_operands(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None):
-    """(x, weight, bias) as nn.Linear takes them: in the autocast dtype where autocast is on for x's device
-    (fp32 master weights, 16-bit products; the weight's gradient reaches it through the cast), else as they are;
-    None stays None. The layers' Functions run custom kernels, which autocast does not see."""
-    device = x.device.type
-    if not torch.is_autocast_enabled(device):
-        return x, weight, bias
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(None if t is None else t.to(dtype) for t in (x, weight, bias))
 
 
 def grad_operands(g2: torch.Tensor, need_x: bool, need_b: bool, format: str = "int8"):
@@ -267,9 +257,9 @@ class SwitchBackLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._eval_weight is not None and not self.training:
-            x, _, bias = autocast_operands(x, None, self.bias)  # W was quantized once: no cast of it
+            x, _, bias = in_autocast_dtype(x, None, self.bias)  # W was quantized once: no cast of it
             return self._forward_prepared(x, bias)
-        x, weight, bias = autocast_operands(x, self.weight, self.bias)
+        x, weight, bias = in_autocast_dtype(x, self.weight, self.bias)
         if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
             return self._forward_no_grad(x, weight, bias)  # nothing to save for a backward that will not come
         return FUNCTIONS[self.variant].apply(x, weight, bias)
@@ -299,4 +289,4 @@ class StandardLinear(nn.Linear):
     """nn.Linear through StandardLinearFn (16-bit, explicit backward)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return StandardLinearFn.apply(*autocast_operands(x, self.weight, self.bias))
+        return StandardLinearFn.apply(*in_autocast_dtype(x, self.weight, self.bias))

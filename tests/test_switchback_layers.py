@@ -199,10 +199,6 @@ def test_compiled_inference_forwards_match_eager(variant):
         assert err <= 1e-2 * want.float().abs().max().item() + 1e-6, f"prepared={prepared}: max |diff| {err:.3e}"
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_autocast_runs_the_layer_in_the_autocast_dtype(variant):
     """Under autocast with fp32 master weights the layer runs as nn.Linear does there: its operands in the

@@ -13,7 +13,7 @@ from qbench.layers.moe import MoELayer, MoEOptions
 from qbench.layers.moe.reference import rel_error
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-NAMES = ("out", "dx", "gate.weight", "gate.bias", "w1", "b1", "w2", "b2")
+NAMES = ("out", "dx", "w1", "b1", "w2", "b2", "gate.weight", "gate.bias")  # _step's order (named_parameters)
 
 
 def _layer(cf: float, dtype, sizes=(16, 24, 3), hot: int = 0, degree: int = 2):
@@ -155,3 +155,26 @@ def test_layer_keeps_no_autograd_graph_after_its_step():
     _step(layer, layer, x, dy)
     assert layer.last["routing"].weights.grad_fn is None
     assert layer.last["routing"].weights.requires_grad is False
+
+
+@pytest.mark.parametrize("cf,fp32_gate", [(0.5, False), (0.0, True)], ids=["capacity0.5", "dropless-fp32-gate"])
+def test_autocast_runs_the_layer_in_the_autocast_dtype(cf, fp32_gate):
+    """Under autocast with fp32 master weights the layer runs as nn.Linear does there: what the layer with
+    16-bit parameters (the same numbers) gives for the 16-bit input, its output in that dtype, its gradients
+    into the fp32 parameters; an fp32 gate stays fp32 (same routing in both). Before, the experts ran in fp32.
+    Replicated experts under autocast: tests/test_moe_dist.py."""
+    dtype = torch.bfloat16
+    opts = MoEOptions(16, 24, 3, 2, capacity_factor=cf, fp32_gate=fp32_gate)
+    layer = MoELayer(opts, rank=0, world_size=1, dtype=torch.float32, device=DEVICE, seed=1)
+    half = MoELayer(opts, rank=0, world_size=1, dtype=dtype, device=DEVICE, seed=1)
+    half.load_state_dict(layer.state_dict())
+    x, dy = _inputs(37, 16, torch.float32)
+    with torch.autocast(DEVICE, dtype=dtype):
+        got = _step(layer, layer, x, dy.to(dtype))
+    want = _step(half, half, x.to(dtype), dy.to(dtype))
+    assert got[0].dtype == dtype and got[1].dtype == torch.float32  # out, and dx through the input's cast
+    for name, p, q in zip(NAMES[2:], got[2:], want[2:]):
+        assert p.dtype == torch.float32 and q.dtype == (torch.float32 if fp32_gate and "gate" in name else dtype)
+    # the same 16-bit computation; dx and fp32-gate gradients differ only by where fp32 results are rounded
+    for name, a, b in zip(NAMES, got, want):
+        assert rel_error(a.float(), b.float()) <= 1e-2, f"{name}: relative error {rel_error(a.float(), b.float()):.2e}"

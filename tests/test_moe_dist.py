@@ -44,6 +44,16 @@ def test_replication_gives_the_same_outputs_and_gradients(world_size):
     assert max(errors) < 1e-5, f"replication changed results: {errors}"
 
 
+def test_replicated_experts_follow_autocast():
+    """Replicas of hot experts under autocast: their weights go out in the autocast dtype and their gradients
+    come home into the fp32 parameters, as the 16-bit layer computes them (see the world-size-1 twin in
+    tests/test_moe_compile.py)."""
+    [(dtypes, hot, errors)] = list(dist.launch(moe_workers.replication_under_autocast, world_size=2,
+                                               backend="gloo", device="cpu"))
+    assert dtypes == ["torch.bfloat16"] + ["torch.float32"] * 6 and len(hot) == 2
+    assert max(errors) <= 1e-2, f"relative errors against the 16-bit layer: {errors}"
+
+
 def test_failing_rank_ends_the_run_with_its_error():
     start = time.monotonic()
     with pytest.raises(dist.RankFailure, match="rank 1 failed: ValueError: deliberate failure on rank 1"):

@@ -58,6 +58,27 @@ def replication_equal(ctx):
     yield hot_list, [float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(*outs)]
 
 
+def replication_under_autocast(ctx):
+    """A replicating layer with fp32 weights under autocast (bf16) against the bf16 layer of the same weights:
+    (dtypes of output and parameter gradients, relative error of output, dx and each gradient)."""
+    from qbench.layers.moe.reference import rel_error
+
+    steps = []
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = _layer(ctx, dtype, 0.0, 2, 2)
+        if dtype != torch.float32:
+            layer.load_state_dict(steps[0][0].state_dict())
+        x, dy = _inputs(ctx, layer, "rand-skew", torch.float32, 98)
+        x = x.to(dtype).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.float32):
+            out = layer(x)
+        out.backward(dy.to(out.dtype))
+        steps.append((layer, [out.detach(), x.grad] + [p.grad for p in layer.parameters()]))
+    (_, got), (half, want) = steps
+    yield ([str(t.dtype) for t in got[:1] + got[2:]], half.last["plan"].hot,
+           [rel_error(a.float(), b.float()) for a, b in zip(got, want)])
+
+
 def fail_on_rank(ctx, bad_rank):
     """Rank `bad_rank` raises mid-run while the others wait in a collective."""
     import torch.distributed as dist

@@ -260,14 +260,13 @@ class BlocksMoELayer(MoELayer):
 
     def forward(self, x):
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
+        x2, weights = self._operands(x)
         with self._phase("gate"):  # source layout = rows sorted by expert, unpadded
             routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False)
         with self._phase("plan"):
             plan, hot = self._plan(routing, rows, source)
             self.last = {"routing": routing.detached(), "plan": plan}
-        weights = (self.w1, self.b1, self.w2, self.b2)
-        replicas = self._start_replicas(plan.hot)  # first: the broadcast runs beside what follows
+        replicas = self._start_replicas(plan.hot, weights)  # first: the broadcast runs beside what follows
         into = getattr(self.transport, "source_buffer", None)  # symm: gather straight into the pull buffer
         use = into is not None and hot.source is not None and not plan.all_local  # all local: x_src is kept
         into = into(plan, x2.shape[1], x2.dtype) if use else None

@@ -29,6 +29,7 @@ from torch import nn
 from kernels._common import is_compiling, use_triton
 from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position
+from qbench.layers.autocast import autocast_dtype, in_autocast_dtype
 from qbench.layers.moe import plan as plans
 from qbench.layers.moe.experts import ExpertConfig, expert_ffn, expert_parallel
 from qbench.layers.moe.options import MoEOptions
@@ -87,7 +88,7 @@ class MoELayer(nn.Module):
 
     def forward(self, x):
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
+        x2, weights = self._operands(x)
         with self._phase("gate"):
             routing, rows, source = self._gate_route(x2, with_rows=self.degree == 1 and self.opts.replicate_hot == 0)
         with self._phase("plan"):
@@ -95,8 +96,15 @@ class MoELayer(nn.Module):
             if not is_compiling():  # module state is not part of a compiled graph
                 self.last = {"routing": routing.detached(), "plan": plan}
         if self.world_size == 1 and not plan.hot:
-            return self._local_experts(x2, routing, plan, dplan).reshape(shape)
-        return self._experts(x2, routing, plan, dplan).reshape(shape)
+            return self._local_experts(x2, weights, routing, plan, dplan).reshape(shape)
+        return self._experts(x2, weights, routing, plan, dplan).reshape(shape)
+
+    def _operands(self, x):
+        """(x2 [T, d], expert weights (w1, b1, w2, b2)). Under torch.autocast, in its dtype, as nn.Linear
+        takes its operands there (fp32 master weights, 16-bit products; the gradients reach the parameters
+        through the casts); as they are otherwise."""
+        x2, *weights = in_autocast_dtype(x.reshape(-1, x.shape[-1]), self.w1, self.b1, self.w2, self.b2)
+        return x2, tuple(weights)
 
     def _step_plan(self, x2, routing, rows, source):
         """(StepPlan, DevicePlan): without a host read where the shapes are static, else with the
@@ -110,12 +118,11 @@ class MoELayer(nn.Module):
                               source, self.rank)
         return plans.finish(dplan), dplan  # the step's only host synchronisation
 
-    def _local_experts(self, x2, routing, plan, dplan):
+    def _local_experts(self, x2, weights, routing, plan, dplan):
         """World size 1 without replication: gather, expert FFN on the send buffer, combine."""
         send = gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded, dplan.source)
         with self._phase("experts"):
-            y = expert_ffn(send, (self.w1, self.b1, self.w2, self.b2), plan.offsets_all, self.opts.activation,
-                           self.opts.gemm, self.timer)
+            y = expert_ffn(send, weights, plan.offsets_all, self.opts.activation, self.opts.gemm, self.timer)
         with self._phase("combine"):  # rows < 0 (dropped) add nothing
             return _Combine.apply(y, dplan.rows, routing.weights, routing.padded)
 
@@ -123,7 +130,7 @@ class MoELayer(nn.Module):
         """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows
         then also gives every assignment's row in the expert-sorted send buffer (-1: dropped) and each
         row's token (`padded` to the capacity when cf > 0 unless told otherwise); else rows = source = None."""
-        logits = self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
+        logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
         if not use_triton(logits):
             return route(logits, k, cf, self.forced), None, None
@@ -134,21 +141,30 @@ class MoELayer(nn.Module):
             logits, k, cap, cf > 0 if padded is None else padded, self.forced, rows=with_rows)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
-    def _start_replicas(self, hot: list[int]):
+    def _gate_logits(self, x2):
+        """Logits [T, E] of x2 [T, d]: in the gate's dtype, or under autocast in the autocast dtype as
+        nn.Linear runs there, except that an fp32 gate (fp32_gate) stays in fp32."""
+        if autocast_dtype(x2) is None:
+            return self.gate(x2 if x2.dtype == self.gate.weight.dtype else x2.to(self.gate.weight.dtype))
+        if not self.opts.fp32_gate:
+            return self.gate(x2)
+        with torch.autocast(x2.device.type, enabled=False):
+            return self.gate(x2.float())
+
+    def _start_replicas(self, hot: list[int], weights):
         """Replicas of the hot experts with their weight broadcast started (None without hot experts).
         Started before anything else of the expert step, on the replicas' own communicator."""
         if not hot:
             return None
         with self._phase("replicas"):
             replicas = Replicas(hot, self.opts.num_local_experts, self.rank, self.group)
-            replicas.broadcast(self.w1, self.b1, self.w2, self.b2)
+            replicas.broadcast(*weights)
         return replicas
 
-    def _experts(self, x2, routing, plan, dplan):
+    def _experts(self, x2, weights, routing, plan, dplan):
         rows = dplan.rows
-        replicas = self._start_replicas(plan.hot)
+        replicas = self._start_replicas(plan.hot, weights)
         send = gather_tokens(x2, rows, plan.send_rows, routing.padded, dplan.source)
-        weights = (self.w1, self.b1, self.w2, self.b2)
         hot_x = x2[:0]
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)

@@ -178,3 +178,16 @@ def test_autocast_runs_the_layer_in_the_autocast_dtype(cf, fp32_gate):
     # the same 16-bit computation; dx and fp32-gate gradients differ only by where fp32 results are rounded
     for name, a, b in zip(NAMES, got, want):
         assert rel_error(a.float(), b.float()) <= 1e-2, f"{name}: relative error {rel_error(a.float(), b.float()):.2e}"
+
+
+def test_compiled_under_autocast_matches_eager():
+    """fp32 master weights under autocast, compiled with fullgraph: the eager step's outputs and gradients."""
+    torch._dynamo.reset()
+    layer = _layer(0.5, torch.float32)
+    x, dy = _inputs(37, 16, torch.float32)
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        got = _step(torch.compile(layer, fullgraph=True, backend=backend), layer, x, dy.to(torch.bfloat16))
+        want = _step(layer, layer, x, dy.to(torch.bfloat16))
+    # the same bf16 kernels; inductor may fuse the casts and the glue around them differently
+    _assert_same(got, want, 1e-2, "compiled under autocast")

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite on a GPU machine, from the repository root; logs under $OUT/tests.
 #   scripts/gpu_tests.sh            (CHUNKS parallel pytest processes, default 10; LIMIT_S each, default 500)
+#   IDS=left.txt scripts/gpu_tests.sh   only the node ids listed in that file (one per line: a left.txt)
 # On a GPU the kernels compile and autotune instead of running under the interpreter, so one pytest
 # process takes longer than a device call allows. The tests are spread over CHUNKS processes one test at a
 # time, round robin (the slow cases are parametrizations of a few tests, so each process gets a share),
 # and run side by side on the one GPU; the timing tests run afterwards on their own, so that no other
 # process's kernels share the GPU while they time. A process cut at LIMIT_S names what it did not run in
-# $OUT/tests/left.txt: run those with `pytest $(cat left.txt)`.
+# $OUT/tests/left.txt: run those with `IDS=left.txt scripts/gpu_tests.sh` (the file inside the tree: the device
+# copies the working tree, not $OUT).
 source "$(dirname "$0")/gpu_prelude.sh"
 CHUNKS=${CHUNKS:-10}
 LIMIT_S=${LIMIT_S:-500}
@@ -16,7 +18,11 @@ mkdir -p "$dir"
 gpu_header > "$dir/header.txt"
 python3 -c "from qbench.env import own_source_hash; print('source_hash', own_source_hash()[:12])" >> "$dir/header.txt"
 
-python3 -m pytest --collect-only -q -p no:cacheprovider 2>/dev/null | grep "::" > "$dir/all.txt"
+if [ -n "${IDS:-}" ]; then
+  grep "::" "$IDS" > "$dir/all.txt"
+else
+  python3 -m pytest --collect-only -q -p no:cacheprovider 2>/dev/null | grep "::" > "$dir/all.txt"
+fi
 grep -E "^tests/test_timing(_dist)?\.py::" "$dir/all.txt" > "$dir/timing.txt"
 grep -vE "^tests/test_timing(_dist)?\.py::" "$dir/all.txt" |
   awk -v n="$CHUNKS" -v d="$dir" '{ print > (d "/chunk" (NR - 1) % n ".txt") }'
@@ -33,7 +39,7 @@ for ids in "$dir"/chunk*.txt; do
   run "$(basename "$ids" .txt)" "$ids" &
 done
 wait
-run timing "$dir/timing.txt"
+[ -s "$dir/timing.txt" ] && run timing "$dir/timing.txt"  # (pytest with no ids would run everything)
 
 python3 - "$dir" <<'EOF'
 """Totals over every process's JUnit XML, the failures by name, and the tests no process finished (a
@@ -60,7 +66,7 @@ for xml in sorted(d.glob("*.xml")):
 left = [n for n in (d / "all.txt").read_text().split("\n") if n and n not in seen]
 (d / "left.txt").write_text("".join(n + "\n" for n in left))
 print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped, {len(left)} not finished"
-      + (" (rerun them: pytest $(cat left.txt))" if left else ""))
+      + (" (rerun them: IDS=left.txt scripts/gpu_tests.sh)" if left else ""))
 print("\n".join(f"FAILED {n}" for n in failed))
 EOF
 (cd "$OUT" && tar czf tests.tar.gz tests && rm -rf tests)

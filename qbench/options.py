@@ -49,10 +49,10 @@ def parse_pairs(value: str | tuple | None) -> tuple[tuple[int, int], ...] | None
         return value
     pairs = []
     for item in _split(value):
-        parts = item.lower().split("x")
-        if len(parts) != 2:
+        parts = [part.strip() for part in item.lower().split("x")]
+        if len(parts) != 2 or not all(parts):
             raise click.BadParameter(f"{item!r} is not an IN x OUT pair; write pairs like 1408x6144")
-        pairs.append(tuple(parse_positive_ints(",".join(parts))))
+        pairs.append((*parse_positive_ints(parts[0]), *parse_positive_ints(parts[1])))
     return tuple(pairs)
 
 

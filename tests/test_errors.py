@@ -103,6 +103,8 @@ USAGE = [
     (SB + ["--dims", "0"], "not a positive size"),
     (SB + ["--dims", "64x"], "not an integer"),
     (SB + ["--pairs", "64x64"], "give --dims or --pairs"),
+    (["switchback", "--pairs", "64x"], "'64x' is not an IN x OUT pair"),
+    (["switchback", "--pairs", "64x0"], "0 is not a positive size"),
     (SB + ["--dtype", "fp32"], "unknown fp32"),
     (SB + ["--variants", "bogus"], "unknown bogus"),
     (SB + ["--exec", "graph"], "--exec graph needs a CUDA device"),

@@ -412,14 +412,15 @@ def _mark_cross_env(rows: list[Row], allowed: bool) -> None:
             row.marker, row.note = "x", "different hardware (pass --cross-env to compare anyway)"
 
 
-def parse_threshold(text: str) -> float:
-    """'5%' or '5' -> 5.0 (percent)."""
+def parse_threshold(text: str, given_as: str | None = None) -> float:
+    """'5%' or '5' -> 5.0 (percent). given_as: how the user wrote it, for the message (default --threshold)."""
+    where = given_as or f"--threshold {text!r}"
     try:
         value = float(str(text).strip().rstrip("%"))
     except ValueError:
-        raise QbenchUsageError(f"--threshold {text!r} is not a percentage; write e.g. --threshold 5%") from None
-    if value < 0:
-        raise QbenchUsageError("--threshold must not be negative")
+        raise QbenchUsageError(f"{where}: {text!r} is not a percentage; write e.g. 5 or 5%") from None
+    if not value >= 0 or value == float("inf"):
+        raise QbenchUsageError(f"{where}: the percentage must be a finite number >= 0")
     return value
 
 
@@ -430,7 +431,7 @@ def parse_fail_on(items: Sequence[str]) -> list[tuple[str, float]]:
         name, sep, pct = str(item).rpartition(":")
         if not sep or not name:
             raise QbenchUsageError(f"--fail-on {item!r} must be METRIC:PCT, e.g. --fail-on time_global:5")
-        gates.append((name, parse_threshold(pct)))
+        gates.append((name, parse_threshold(pct, f"--fail-on {item!r}")))
     return gates
 
 

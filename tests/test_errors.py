@@ -161,6 +161,9 @@ USAGE = [
     (["compare", "{run}", "{listenv}"], "env.json is not a JSON object"),
     (["compare", "{run}", "{x_bold}"], "x[bold] is not a qbench run"),  # brackets printed as written
     (["compare", "{run}", "{run}", "--threshold", "abc"], "is not a percentage"),
+    (["compare", "{run}", "{run}", "--threshold", "nan"], "must be a finite number >= 0"),
+    (["compare", "{run}", "{run}", "--threshold", "-1"], "must be a finite number >= 0"),
+    (["compare", "{run}", "{run}", "--fail-on", "time_global:x"], "--fail-on 'time_global:x': 'x' is not a percentage"),
     (["plot", "{run}", "--out", UNWRITABLE + ".png"], "cannot write figure"),
     (["plot", "{run}", "--out", "{afile}/figure.png"], "is a file"),
     (["plot", "{run}", "--out", "figure.gif"], "unknown figure format"),

@@ -236,9 +236,21 @@ def _only(per_run: list[Cell | None]) -> Cell | None:
 
 def summarize(paths: Sequence[str], options: SummaryOptions) -> Summary:
     """Load the runs (run directories, or seed files imported on the fly) and summarize them."""
+    return summarize_runs([load_any(p) for p in paths], options)
+
+
+def bench_groups(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The runs by the bench (or benches, joined by '+') their records hold, in order of first appearance."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault("+".join(sorted({rec["bench"] for rec in run.records})), []).append(run)
+    return groups
+
+
+def summarize_runs(runs: Sequence[Run], options: SummaryOptions) -> Summary:
+    """The summary of loaded runs (see summarize)."""
     if options.across_runs is not None and options.across_runs not in ACROSS_RUNS:
         raise QbenchUsageError(f"--across-runs {options.across_runs}: choose from {', '.join(ACROSS_RUNS)}")
-    runs = [load_any(p) for p in paths]
     if not options.ratio_to:
         return build(runs, options)
     from qbench.ratios import ratio_runs
@@ -360,13 +372,14 @@ def text_rows(summary: Summary, digits: int) -> tuple[list[str], list[list[str]]
     return [*summary.row_params, *(h for h, _, _ in columns)], rows
 
 
-def table(summary: Summary, digits: int, notes: Sequence[str] = ()):
+def table(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None):
     from rich.table import Table
     from rich.text import Text
 
     headers, rows = text_rows(summary, digits)  # Text: '[p20, p80]' is data, not rich markup
     caption = Text("\n".join([*legend(summary), *notes]))
-    out = Table(header_style="bold", caption=caption, caption_justify="left")
+    out = Table(header_style="bold", caption=caption, caption_justify="left",
+                title=None if title is None else Text(title), title_justify="left")
     for i, header in enumerate(headers):
         out.add_column(Text(header), justify="right", style="cyan" if i < len(summary.row_params) else None)
     for row in rows:
@@ -374,10 +387,11 @@ def table(summary: Summary, digits: int, notes: Sequence[str] = ()):
     return out
 
 
-def markdown(summary: Summary, digits: int, notes: Sequence[str] = ()) -> str:
-    """A Markdown table to paste, the legend (and notes) below it (one line each)."""
+def markdown(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None) -> str:
+    """A Markdown table to paste, the legend (and notes) below it (one line each); the title above it."""
     headers, rows = text_rows(summary, digits)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines = [] if title is None else [f"**{title}**", ""]
+    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in [*legend(summary), *notes])
 
@@ -398,7 +412,7 @@ def as_json(summary: Summary, targets: Sequence[dict] = ()) -> str:
     return json.dumps(payload, indent=2, default=str) + "\n"
 
 
-def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] = ()) -> None:
+def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] = (), title: str | None = None) -> None:
     """Print the summary on stdout: a rich table (default), --markdown or --json; with each --target's
     verdict on the printed values (qbench.targets)."""
     from qbench import targets as target_checks
@@ -406,8 +420,21 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
     results = target_checks.check([target_checks.parse(t) for t in targets], metric_cells(summary), digits)
     notes = target_checks.lines(results)
     if fmt == "markdown":
-        sys.stdout.write(markdown(summary, digits, notes))
+        sys.stdout.write(markdown(summary, digits, notes, title))
     elif fmt == "json":
         sys.stdout.write(as_json(summary, results))
     else:
-        report.stdout_console().print(table(summary, digits, notes))
+        report.stdout_console().print(table(summary, digits, notes, title))
+
+
+def show_each_bench(groups: dict[str, list[Run]], options: SummaryOptions, fmt: str | None, digits: int) -> None:
+    """One table per bench (bench_groups), each with that bench's own columns and main metrics: the runs of
+    several benches in one table would have the union of their parameters and metrics as columns."""
+    if options.across_runs is not None:
+        raise QbenchUsageError(f"--across-runs combines reruns of one command; these runs are of several benches "
+                               f"({', '.join(groups)}): summarize each bench's runs on their own")
+    for i, (bench, runs) in enumerate(groups.items()):
+        if i and fmt == "markdown":
+            sys.stdout.write("\n")
+        show(summarize_runs(runs, options), fmt, digits,
+             title=f"{bench}: {', '.join(run.label for run in runs)}")

@@ -247,6 +247,26 @@ def test_cli_outputs_and_exit_codes(tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
+def test_runs_of_several_benches_get_a_table_each(tmp_path):
+    """Without --metric, runs of different benches print one table per bench, each titled by its bench and runs
+    and with only its own parameters; --metric (or --json) keeps one table, --across-runs over them refuses."""
+    sb = write_run(tmp_path / "sb", _sweep())
+    toy_records = [_record({"experts": e}, time=t, samples=SAMPLES) for e, t in ((8, 1.3), (16, 2.0))]
+    toy = write_run(tmp_path / "toy", toy_records)
+    out = _cli(sb, toy, "--markdown")
+    assert out.returncode == 0, out.stderr
+    tables = out.stdout.split("**toy: ")
+    assert len(tables) == 2 and tables[0].startswith(f"**switchback: {sb}**")
+    header = [line for line in tables[0].splitlines() if line.startswith("|")][0]
+    assert "dim_in" in header and "experts" not in header and "bench" not in header
+    assert [line for line in tables[1].splitlines() if line.startswith("|")][0].startswith("| experts |")
+    one = _cli(sb, toy, "--markdown", "--metric", "time")
+    assert one.stdout.count("**") == 0 and "| bench |" in one.stdout  # one table, a bench column
+    assert len(json.loads(_cli(sb, toy, "--json").stdout)["rows"]) > 4  # JSON stays one unpivoted list
+    refused = _cli(sb, toy, "--across-runs", "median")
+    assert refused.returncode == 2 and "several benches (switchback, toy)" in refused.stderr
+
+
 def test_spreads_per_metric_largest_first(tmp_path):
     """--spreads: per metric (every metric by default, the stored-only speed-up too) the cells with a spread,
     the largest spread and its case, the median spread; largest first."""

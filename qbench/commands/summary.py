@@ -48,7 +48,8 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)
     where the record keeps no samples. Speed-ups are the ratios of medians the records store.
-    Several RUNS appear side by side (a `run` column), or combined with --across-runs. Runs are
+    Several RUNS appear side by side (a `run` column), or combined with --across-runs; runs of
+    different benches get a table each unless --metric, --target or --json is given. Runs are
     matched on their parameters, a missing `exec` read as eager and `float16` as fp16. RUNS are
     run directories or seed files (imported on the fly)."""
     from qbench import summary
@@ -61,4 +62,9 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
 
         spread_table.show(summary.summarize(runs, options), fmt)
         return
-    summary.show(summary.summarize(runs, options), fmt, digits, targets)
+    loaded = [summary.load_any(path) for path in runs]
+    groups = summary.bench_groups(loaded)
+    if len(groups) > 1 and not metrics and not targets and fmt != "json":
+        summary.show_each_bench(groups, options, fmt, digits)  # each bench's own columns and metrics
+        return
+    summary.show(summary.summarize_runs(loaded, options), fmt, digits, targets)

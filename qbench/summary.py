@@ -251,6 +251,10 @@ def summarize_runs(runs: Sequence[Run], options: SummaryOptions) -> Summary:
     """The summary of loaded runs (see summarize)."""
     if options.across_runs is not None and options.across_runs not in ACROSS_RUNS:
         raise QbenchUsageError(f"--across-runs {options.across_runs}: choose from {', '.join(ACROSS_RUNS)}")
+    groups = bench_groups(runs)
+    if options.across_runs is not None and len(groups) > 1:
+        raise QbenchUsageError(f"--across-runs combines reruns of one command; these runs are of several benches "
+                               f"({', '.join(groups)}): summarize each bench's runs on their own")
     if not options.ratio_to:
         return build(runs, options)
     from qbench.ratios import ratio_runs
@@ -430,9 +434,6 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
 def show_each_bench(groups: dict[str, list[Run]], options: SummaryOptions, fmt: str | None, digits: int) -> None:
     """One table per bench (bench_groups), each with that bench's own columns and main metrics: the runs of
     several benches in one table would have the union of their parameters and metrics as columns."""
-    if options.across_runs is not None:
-        raise QbenchUsageError(f"--across-runs combines reruns of one command; these runs are of several benches "
-                               f"({', '.join(groups)}): summarize each bench's runs on their own")
     for i, (bench, runs) in enumerate(groups.items()):
         if i and fmt == "markdown":
             sys.stdout.write("\n")

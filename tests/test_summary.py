@@ -263,8 +263,9 @@ def test_runs_of_several_benches_get_a_table_each(tmp_path):
     one = _cli(sb, toy, "--markdown", "--metric", "time")
     assert one.stdout.count("**") == 0 and "| bench |" in one.stdout  # one table, a bench column
     assert len(json.loads(_cli(sb, toy, "--json").stdout)["rows"]) > 4  # JSON stays one unpivoted list
-    refused = _cli(sb, toy, "--across-runs", "median")
-    assert refused.returncode == 2 and "several benches (switchback, toy)" in refused.stderr
+    for metric in ([], ["--metric", "time"]):
+        refused = _cli(sb, toy, "--across-runs", "median", *metric)
+        assert refused.returncode == 2 and "several benches (switchback, toy)" in refused.stderr
 
 
 def test_spreads_per_metric_largest_first(tmp_path):

@@ -64,7 +64,7 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
         return
     loaded = [summary.load_any(path) for path in runs]
     groups = summary.bench_groups(loaded)
-    if len(groups) > 1 and not metrics and not targets and fmt != "json":
+    if len(groups) > 1 and not (metrics or targets or across_runs) and fmt != "json":
         summary.show_each_bench(groups, options, fmt, digits)  # each bench's own columns and metrics
         return
     summary.show(summary.summarize_runs(loaded, options), fmt, digits, targets)

@@ -433,9 +433,19 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
 
 def show_each_bench(groups: dict[str, list[Run]], options: SummaryOptions, fmt: str | None, digits: int) -> None:
     """One table per bench (bench_groups), each with that bench's own columns and main metrics: the runs of
-    several benches in one table would have the union of their parameters and metrics as columns."""
-    for i, (bench, runs) in enumerate(groups.items()):
+    several benches in one table would have the union of their parameters and metrics as columns. A bench
+    that -k (or --ratio-to) leaves nothing of is named on stderr; if none is left, that is the usage error."""
+    summaries, refused = [], []
+    for bench, runs in groups.items():
+        try:
+            summaries.append((f"{bench}: {', '.join(run.label for run in runs)}", summarize_runs(runs, options)))
+        except QbenchUsageError as exc:
+            refused.append((bench, exc))
+    if not summaries:
+        raise refused[0][1]
+    for i, (title, summary) in enumerate(summaries):
         if i and fmt == "markdown":
             sys.stdout.write("\n")
-        show(summarize_runs(runs, options), fmt, digits,
-             title=f"{bench}: {', '.join(run.label for run in runs)}")
+        show(summary, fmt, digits, title=title)
+    for bench, exc in refused:
+        sys.stderr.write(f"{bench}: nothing to show ({exc})\n")

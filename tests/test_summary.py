@@ -263,6 +263,10 @@ def test_runs_of_several_benches_get_a_table_each(tmp_path):
     one = _cli(sb, toy, "--markdown", "--metric", "time")
     assert one.stdout.count("**") == 0 and "| bench |" in one.stdout  # one table, a bench column
     assert len(json.loads(_cli(sb, toy, "--json").stdout)["rows"]) > 4  # JSON stays one unpivoted list
+    only_toy = _cli(sb, toy, "--markdown", "-k", "experts=")
+    assert only_toy.returncode == 0 and "**toy: " in only_toy.stdout and "switchback" not in only_toy.stdout
+    assert only_toy.stderr.startswith("switchback: nothing to show (no ok record")
+    assert _cli(sb, toy, "-k", "nosuch").returncode == 2
     for metric in ([], ["--metric", "time"]):
         refused = _cli(sb, toy, "--across-runs", "median", *metric)
         assert refused.returncode == 2 and "several benches (switchback, toy)" in refused.stderr

@@ -419,7 +419,7 @@ def parse_threshold(text: str, given_as: str | None = None) -> float:
         value = float(str(text).strip().rstrip("%"))
     except ValueError:
         raise QbenchUsageError(f"{where}: {text!r} is not a percentage; write e.g. 5 or 5%") from None
-    if not value >= 0 or value == float("inf"):
+    if not 0 <= value < float("inf"):  # NaN fails both comparisons
         raise QbenchUsageError(f"{where}: the percentage must be a finite number >= 0")
     return value
 

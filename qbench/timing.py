@@ -261,8 +261,8 @@ def time_fn(
     _warm_up({"fn": fn}, device, warmup)
     call = _graph_of(fn) if (cuda_graph and device == "cuda") else fn
     ahead = HOST_AHEAD_MS if gpu_only and device == "cuda" else 0.0  # each repeat's spin counts against the budget
-    return _sample({"fn": call}, device, repeat, budget_ms, flush_l2, _spin(device, gpu_only), ahead,
-                   observe)["fn"]
+    spin = _spin(device, gpu_only)
+    return _sample({"fn": call}, device, repeat, budget_ms, flush_l2, lambda _: spin(), ahead, observe)["fn"]
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None = None, warmup: int = 3,
@@ -279,7 +279,43 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: str | None
     its host allows. observe() is called once per round, after the round's last call is issued."""
     device = resolve_device(device)
     _warm_up(fns, device, warmup)
-    return _sample(fns, device, repeat, budget_ms, flush_l2, functools.partial(_synchronize, device), 0.0, observe)
+    return _sample(fns, device, repeat, budget_ms, flush_l2, lambda _: _synchronize(device), 0.0, observe)
+
+
+LOOP_BLOCK = 8  # back-to-back calls per sample of time_loops
+
+
+def time_loops(fns: dict[str, Callable[[], object]], *, device: str | None = None, warmup: int = 3,
+               repeat: int | None = None, budget_ms: float | None = None, block: int = LOOP_BLOCK,
+               flush_l2: bool = True, observe: Callable[[], None] | None = None) -> dict[str, Timing]:
+    """Each call's time per call inside a loop of it, as a training loop runs its steps: a sample is the
+    mean of `block` calls issued back to back. Before each sample the L2 is flushed, the device
+    synchronized and one untimed call issued, so the first timed call, like every later one, is issued
+    while the call before it still runs on the GPU. So a call whose host is faster than its GPU work is
+    timed at the GPU's pace (the host's lead hidden, as in a loop), and one whose host is slower at the
+    host's pace. Blocks of the calls are interleaved, the order rotating every round (as time_interleaved
+    does with single calls), so that a drift of the machine falls on every call alike, while each block
+    runs in its own call's regime of clocks and power, as a loop of that call alone would.
+    time_interleaved instead starts every call on an idle device: there a step pays the host's lead
+    (the time until its first launch reaches the GPU, and the gaps while the GPU waits for the next) even
+    when its host is faster than its GPU, and the calls of one round share one power regime."""
+    device = resolve_device(device)
+    _warm_up(fns, device, warmup)
+    block = max(1, int(block))
+
+    def settle(name: str) -> None:
+        _synchronize(device)
+        fns[name]()
+
+    def blocks(fn):
+        def run():
+            for _ in range(block):
+                fn()
+        return run
+
+    timings = _sample({name: blocks(fn) for name, fn in fns.items()}, device, repeat, budget_ms, flush_l2, settle,
+                      0.0, observe)
+    return {name: Timing(tuple(ms / block for ms in t.samples_ms), device) for name, t in timings.items()}
 
 
 def _warm_up(fns: dict, device: str, warmup: int) -> None:
@@ -294,14 +330,14 @@ def _sample(fns: dict, device: str, repeat, budget_ms, flush_l2: bool, before, a
             observe: Callable[[], None] | None = None) -> dict[str, Timing]:
     """The timed samples of warmed-up calls: a probe round sets the round count (repeat, or budget_ms over
     the round's length, ahead_ms of `before` per call included); then per round one sample of each call,
-    the order rotating every round, each after an L2 flush and before(); observe() after each round."""
+    the order rotating every round, each after an L2 flush and before(name); observe() after each round."""
     names = list(fns)
     flush = _make_flush(device, flush_l2)
 
     def timed(name: str) -> _Clock:
         clock = _Clock(device)
         flush()
-        before()
+        before(name)
         clock.start()
         fns[name]()
         clock.stop()

@@ -85,6 +85,14 @@ def test_cpu_run_writes_seed_compatible_records(tmp_path):
             module = m["speedup_module" + ("" if mode == "eager" else f"_{mode}")]
             assert math.isclose(m[f"module_chain_ratio_{mode}"], module / m[f"speedup_chain_{mode}"], rel_tol=1e-12)
             assert rec["units"][f"module_chain_ratio_{mode}"] == "x"
+            # the same steps and chains timed as a loop runs them, with their own speed-ups and ratios
+            loop = m[f"loop_linear_{mode}_ms"] / m[f"loop_switchback_{mode}_ms"]
+            assert len(rec["samples"][f"loop_switchback_{mode}_ms"]) > 0 and m[f"loop_chain_global_{mode}_ms"] > 0
+            assert math.isclose(m[f"speedup_loop_{mode}"], loop, rel_tol=1e-12)
+            assert math.isclose(m[f"loop_kernel_ratio_{mode}"], loop / m["speedup_global"], rel_tol=1e-12)
+            chain = m[f"loop_chain_standard_{mode}_ms"] / m[f"loop_chain_global_{mode}_ms"]
+            assert math.isclose(m[f"loop_chain_ratio_{mode}"], loop / chain, rel_tol=1e-12)
+            assert rec["units"][f"loop_kernel_ratio_{mode}"] == rec["units"][f"speedup_loop_{mode}"] == "x"
 
 
 def test_pairs_json_and_bf16(tmp_path):

@@ -171,6 +171,58 @@ def test_host_time_times_calls_back_to_back_after_settling_calls(monkeypatch):
     assert [len(b) for b in blocks] == [settle + timing.HOST_BLOCK, settle + 11 - timing.HOST_BLOCK]
 
 
+def test_time_loops_times_blocks_issued_back_to_back_after_one_untimed_call(monkeypatch):
+    """Each sample: a synchronize, one untimed call, then `block` calls of the same function back to back;
+    blocks of the functions interleaved, the first of a round rotating; one sample per round each."""
+    events = []
+    monkeypatch.setattr(timing, "_synchronize", lambda device: events.append("|"))
+    calls = {name: (lambda name=name: events.append(name)) for name in ("a", "b")}
+    got = timing.time_loops(calls, device="cpu", warmup=1, repeat=3, block=4)
+    blocks = [b for b in "".join(events).split("|") if b][1:]  # the warm-up calls ("ab") left out
+    assert blocks == ["aaaaa", "bbbbb"] + ["aaaaa", "bbbbb", "bbbbb", "aaaaa", "aaaaa", "bbbbb"]  # probe, 3 rounds
+    assert len(got["a"].samples_ms) == len(got["b"].samples_ms) == 3
+
+
+def test_time_loops_sample_is_the_time_per_call_past_the_first(monkeypatch):
+    """A sample is the block's time over its calls; the first call after a wait (slow here, as the first
+    step after a synchronize is on a GPU host) is the untimed one."""
+    since_sync = {"calls": 0}
+    monkeypatch.setattr(timing, "_synchronize", lambda device: since_sync.update(calls=0))
+
+    def call():
+        since_sync["calls"] += 1
+        time.sleep(0.03 if since_sync["calls"] == 1 else 0.002)
+
+    got = timing.time_loops({"step": call}, device="cpu", warmup=1, repeat=4, block=5)["step"]
+    assert len(got.samples_ms) == 4 and all(1.9 <= ms < 5 for ms in got.samples_ms), got.samples_ms
+
+
+@pytest.mark.gpu
+def test_time_loops_hides_a_host_faster_than_its_gpu_work_and_keeps_a_slower_one():
+    """A step that takes 0.3 ms to issue 2 ms of GPU work runs at the GPU's pace in a loop (time_interleaved,
+    starting it on an idle device, adds the host's lead); one that takes 0.6 ms to issue 0.05 ms of GPU
+    work runs at the host's pace."""
+    import time as _time
+
+    import torch
+
+    gpu_bound_cycles, host_bound_cycles = (int(s * timing._sm_clock_hz()) for s in (2e-3, 5e-5))
+
+    def gpu_bound():
+        _time.sleep(3e-4)
+        torch.cuda._sleep(gpu_bound_cycles)
+
+    def host_bound():
+        _time.sleep(6e-4)
+        torch.cuda._sleep(host_bound_cycles)
+
+    calls = {"gpu_bound": gpu_bound, "host_bound": host_bound}
+    loops = timing.time_loops(calls, device="cuda", repeat=10, flush_l2=False)
+    idle = timing.time_interleaved(calls, device="cuda", repeat=10, flush_l2=False)
+    assert loops["gpu_bound"].median < 0.9 * idle["gpu_bound"].median, (loops["gpu_bound"], idle["gpu_bound"])
+    assert loops["host_bound"].median >= 0.55, loops["host_bound"].median
+
+
 def test_phase_timer_replay_ms_reads_the_one_captured_step():
     """replay_ms: the phases of the one step recorded while capturing, a phase entered twice summed;
     a timer holding more than one step (not a captured step) is refused."""

@@ -21,6 +21,13 @@ Metrics (ms; eager keeps the historic names):
   sm_clock_mhz_<m>, power_w_<m>   the GPU's SM clock and power over the mode's rounds (medians, NVML;
                             qbench.telemetry), beside sm_clock_mhz_kernels / power_w_kernels of the
                             components timed alone
+  loop_<layer>_<m>_ms, loop_chain_<total>_<m>_ms   the same steps and chains timed as a training loop
+                            runs them (qbench.timing.time_loops: blocks of steps issued back to back, so
+                            a host faster than the GPU stays hidden, each block in its own layer's regime
+                            of clocks and power); the module_* times above start every step on an idle
+                            device, one step of each layer per round
+  speedup_loop[_fp8|_fp8_all]_<m>, speedup_loop_chain_<m>, loop_kernel_ratio_<m>, loop_chain_ratio_<m>
+                            the speed-ups and ratios above, from the loop times
 Why the chains: the components are timed one at a time with the GPU idling in between, the module steps
 back to back, and an H200 runs the int8 kernels markedly slower under sustained load than isolated (the
 16-bit ones less so; README, switchback section), so module_kernel_ratio mixes the layer's own overhead
@@ -126,7 +133,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
     import torch
 
     from qbench.telemetry import GpuReadings
-    from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved
+    from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved, time_loops
 
     x = ops.x.detach().requires_grad_(True)
     layers = _layers(ops, variants)
@@ -161,6 +168,11 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
             if name in steps:  # its samples kept: host time varies from run to run (README, reruns)
                 host, key = host_time(steps[name], device=ops.device), f"host_{name}_{mode}_ms"
                 metrics[key], samples[key] = host.median, list(host.samples_ms)
+        loops = time_loops({**steps, **chains}, device=ops.device, repeat=repeat,
+                           budget_ms=(budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains)))
+        for name, timing in loops.items():
+            key = f"loop_{name}_{mode}_ms"
+            metrics[key], samples[key] = timing.median, list(timing.samples_ms)
         del steps
     return metrics, samples, None
 
@@ -194,21 +206,41 @@ def _speedup_key(name: str, mode: str) -> str:
 
 def derive(metrics: dict) -> dict:
     """Speed-ups of each module over nn.Linear per mode, and SwitchBack's ratio to the kernel-sum
-    speed-up, isolated (module_kernel_ratio_<mode>) and chained (module_chain_ratio_<mode>)."""
+    speed-up, isolated (module_kernel_ratio_<mode>) and chained (module_chain_ratio_<mode>); the same
+    from the loop times (speedup_loop..., loop_kernel_ratio_<mode>, loop_chain_ratio_<mode>)."""
     out = {}
     for mode in EXECS:
         suffix = "" if mode == "eager" else f"_{mode}"
-        ref = metrics.get(f"module_linear{suffix}_ms")
-        for name in ("switchback", "fp8", "fp8_all"):
-            ms = metrics.get(f"module_{name}{suffix}_ms")
-            if ms and ref:
-                out[_speedup_key(name, mode)] = ref / ms
-        module = out.get(_speedup_key("switchback", mode))
-        if module and metrics.get("speedup_global"):
-            out[f"module_kernel_ratio_{mode}"] = module / metrics["speedup_global"]
-        chain_standard, chain_global = (metrics.get(f"chain_{name}_{mode}_ms") for name in CHAINS)
-        if chain_standard and chain_global:
-            out[f"speedup_chain_{mode}"] = chain_standard / chain_global
-            if module:
-                out[f"module_chain_ratio_{mode}"] = module / out[f"speedup_chain_{mode}"]
+        times = {name: metrics.get(f"module_{name}{suffix}_ms") for name in LAYERS}
+        out.update(_ratios(times, {n: metrics.get(f"chain_{n}_{mode}_ms") for n in CHAINS}, metrics, mode,
+                           speedup=lambda name, m=mode: _speedup_key(name, m), prefix="module"))
+        times = {name: metrics.get(f"loop_{name}_{mode}_ms") for name in LAYERS}
+        out.update(_ratios(times, {n: metrics.get(f"loop_chain_{n}_{mode}_ms") for n in CHAINS}, metrics, mode,
+                           speedup=lambda name, m=mode: _loop_speedup_key(name, m), prefix="loop"))
+    return out
+
+
+LAYERS = ("linear", "switchback", "fp8", "fp8_all")
+
+
+def _loop_speedup_key(name: str, mode: str) -> str:
+    return "speedup_loop" + ("" if name == "switchback" else f"_{name}") + f"_{mode}"
+
+
+def _ratios(times: dict, chain_times: dict, metrics: dict, mode: str, speedup, prefix: str) -> dict:
+    """Each layer's speed-up over nn.Linear (times: layer -> ms), and SwitchBack's speed-up over the
+    kernel sum's (<prefix>_kernel_ratio_<mode>) and over the chained kernels' (<prefix>_chain_ratio_<mode>,
+    with the chains' speed-up, speedup_chain_<mode> or speedup_loop_chain_<mode>)."""
+    out, ref = {}, times["linear"]
+    for name in LAYERS[1:]:
+        if times[name] and ref:
+            out[speedup(name)] = ref / times[name]
+    module = out.get(speedup("switchback"))
+    if module and metrics.get("speedup_global"):
+        out[f"{prefix}_kernel_ratio_{mode}"] = module / metrics["speedup_global"]
+    if chain_times["standard"] and chain_times["global"]:
+        chain_key = "speedup_chain_" + mode if prefix == "module" else "speedup_loop_chain_" + mode
+        out[chain_key] = chain_times["standard"] / chain_times["global"]
+        if module:
+            out[f"{prefix}_chain_ratio_{mode}"] = module / out[chain_key]
     return out

@@ -194,7 +194,7 @@ def units_of(metrics: dict) -> dict:
     special = {"repeat": units.COUNT, "roofline_fraction": units.FRACTION_OF_ROOFLINE}
 
     def unit(name: str) -> str:
-        if name.startswith(("module_kernel_ratio_", "module_chain_ratio_")):
+        if name.startswith(("module_kernel_ratio_", "module_chain_ratio_", "loop_kernel_ratio_", "loop_chain_ratio_")):
             return units.SPEEDUP
         return special.get(name) or units.by_name(name) or units.MS
 

@@ -93,3 +93,14 @@ def test_console_block_is_its_commands_output(line, command, output):
     while printed and not printed[-1]:
         printed.pop()
     assert printed == [row.rstrip() for row in output], f"README line {line} is not what `{command}` prints"
+
+
+def test_every_results_folder_is_indexed_and_every_indexed_folder_exists():
+    """results/README.md indexes the committed runs: each folder under results/ has a row, and each row's
+    folder is there (a run removed to git history leaves the table too)."""
+    index = (ROOT / "results" / "README.md").read_text()
+    folders = {p.name for p in (ROOT / "results").iterdir() if p.is_dir()}
+    rows = [line for line in index.splitlines() if line.startswith("| `")]
+    indexed = {re.match(r"\| `([^`/]+)", row).group(1) for row in rows}
+    assert not folders - indexed, f"not in results/README.md: {sorted(folders - indexed)}"
+    assert not indexed - folders, f"indexed but not under results/: {sorted(indexed - folders)}"

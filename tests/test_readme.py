@@ -104,3 +104,38 @@ def test_every_results_folder_is_indexed_and_every_indexed_folder_exists():
     indexed = {re.match(r"\| `([^`/]+)", row).group(1) for row in rows}
     assert not folders - indexed, f"not in results/README.md: {sorted(folders - indexed)}"
     assert not indexed - folders, f"indexed but not under results/: {sorted(indexed - folders)}"
+
+
+# a committed path: results/..., tests/fixtures/..., qbench/model/configs/...; an option before it is kept, so
+# that paths a command writes (--out results/sb) are told from those it reads
+SHIPPED_PATH = re.compile(r"(?<![\w/.])(--[\w-]+[ =])?((?:results|tests/fixtures|qbench/model/configs)/"
+                          r"(?:\{[^}\s]*\}|[^\s`'\"),;{])*)")
+OUTPUT_OPTIONS = ("--out", "--file", "--trace", "--trace-dir", "--plot")
+
+
+def _shipped_paths(text: str) -> list[str]:
+    """The committed paths a text names as inputs: brace groups and ranges (run1..3) expanded, placeholders
+    (<...>, *, ...) and the paths of output options left out."""
+    paths = []
+    for option, path in SHIPPED_PATH.findall(text):
+        path = path.rstrip(".:")
+        if option.strip(" =") in OUTPUT_OPTIONS or any(mark in path for mark in ("<", ">", "*", "...")):
+            continue
+        span = re.fullmatch(r"(.*\D)(\d+)\.\.(\d+)", path)
+        paths += ([f"{span.group(1)}{i}" for i in range(int(span.group(2)), int(span.group(3)) + 1)] if span
+                  else _expand_braces(path))
+    return paths
+
+
+def test_every_committed_file_the_readme_and_the_help_examples_name_exists():
+    """#17: the examples name files that ship (a run moved to git history must leave the README and the
+    --help examples too)."""
+    from qbench import cli
+
+    texts = {"README.md": "\n".join(README_LINES)}
+    for name in cli.COMMANDS:
+        texts[f"qbench {name} --help"] = "\n".join(_run(f"qbench {name} --help"))
+    named = [(source, path) for source, text in texts.items() for path in _shipped_paths(text)]
+    assert len(named) > 100  # the scan finds what it checks
+    missing = [(source, path) for source, path in named if not (ROOT / path).exists()]
+    assert not missing, missing

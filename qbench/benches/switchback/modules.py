@@ -157,9 +157,8 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
         # the layers' steps and the kernel chains interleaved, so their ratios do not move with the
         # machine's drift and every one runs in the same (sustained) regime
         readings = GpuReadings(ops.device)  # the clock and power of the mode's rounds
-        timings = time_interleaved({**steps, **chains}, device=ops.device, repeat=repeat,
-                                   budget_ms=(budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains)),
-                                   observe=readings)
+        calls, budget = {**steps, **chains}, (budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains))
+        timings = time_interleaved(calls, device=ops.device, repeat=repeat, budget_ms=budget, observe=readings)
         metrics.update(readings.metrics(mode))
         for name, timing in timings.items():
             key = f"{name}_{mode}_ms" if name in chains else (
@@ -168,9 +167,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
             if name in steps:  # its samples kept: host time varies from run to run (README, reruns)
                 host, key = host_time(steps[name], device=ops.device), f"host_{name}_{mode}_ms"
                 metrics[key], samples[key] = host.median, list(host.samples_ms)
-        loops = time_loops({**steps, **chains}, device=ops.device, repeat=repeat,
-                           budget_ms=(budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains)))
-        for name, timing in loops.items():
+        for name, timing in time_loops(calls, device=ops.device, repeat=repeat, budget_ms=budget).items():
             key = f"loop_{name}_{mode}_ms"
             metrics[key], samples[key] = timing.median, list(timing.samples_ms)
         del steps
@@ -213,10 +210,12 @@ def derive(metrics: dict) -> dict:
         suffix = "" if mode == "eager" else f"_{mode}"
         times = {name: metrics.get(f"module_{name}{suffix}_ms") for name in LAYERS}
         out.update(_ratios(times, {n: metrics.get(f"chain_{n}_{mode}_ms") for n in CHAINS}, metrics, mode,
-                           speedup=lambda name, m=mode: _speedup_key(name, m), prefix="module"))
+                           speedup=lambda name, m=mode: _speedup_key(name, m), prefix="module",
+                           chain_key=f"speedup_chain_{mode}"))
         times = {name: metrics.get(f"loop_{name}_{mode}_ms") for name in LAYERS}
         out.update(_ratios(times, {n: metrics.get(f"loop_chain_{n}_{mode}_ms") for n in CHAINS}, metrics, mode,
-                           speedup=lambda name, m=mode: _loop_speedup_key(name, m), prefix="loop"))
+                           speedup=lambda name, m=mode: _loop_speedup_key(name, m), prefix="loop",
+                           chain_key=f"speedup_loop_chain_{mode}"))
     return out
 
 
@@ -227,10 +226,10 @@ def _loop_speedup_key(name: str, mode: str) -> str:
     return "speedup_loop" + ("" if name == "switchback" else f"_{name}") + f"_{mode}"
 
 
-def _ratios(times: dict, chain_times: dict, metrics: dict, mode: str, speedup, prefix: str) -> dict:
-    """Each layer's speed-up over nn.Linear (times: layer -> ms), and SwitchBack's speed-up over the
-    kernel sum's (<prefix>_kernel_ratio_<mode>) and over the chained kernels' (<prefix>_chain_ratio_<mode>,
-    with the chains' speed-up, speedup_chain_<mode> or speedup_loop_chain_<mode>)."""
+def _ratios(times: dict, chain_times: dict, metrics: dict, mode: str, speedup, prefix: str, chain_key: str) -> dict:
+    """Each layer's speed-up over nn.Linear (times: layer -> ms; speedup(layer): its key), and SwitchBack's
+    speed-up over the kernel sum's (<prefix>_kernel_ratio_<mode>) and over the chained kernels'
+    (<prefix>_chain_ratio_<mode>, with the chains' own speed-up under chain_key)."""
     out, ref = {}, times["linear"]
     for name in LAYERS[1:]:
         if times[name] and ref:
@@ -239,7 +238,6 @@ def _ratios(times: dict, chain_times: dict, metrics: dict, mode: str, speedup, p
     if module and metrics.get("speedup_global"):
         out[f"{prefix}_kernel_ratio_{mode}"] = module / metrics["speedup_global"]
     if chain_times["standard"] and chain_times["global"]:
-        chain_key = "speedup_chain_" + mode if prefix == "module" else "speedup_loop_chain_" + mode
         out[chain_key] = chain_times["standard"] / chain_times["global"]
         if module:
             out[f"{prefix}_chain_ratio_{mode}"] = module / out[chain_key]

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
+    HostDescriptor,
     LaunchCache,
     aligned,
     capability,
@@ -41,6 +42,7 @@ from kernels._common import (
     interpreting,
     next_power_of_2,
     specialization,
+    tensor_descriptor,
     upcast,
 )
 
@@ -164,15 +166,13 @@ def supported(x, w, offsets, out, bias=None) -> bool:
 
 
 def _descriptors(x, w, layout, bm: int = 16, bn: int = 16, bk: int = 16):
-    """Host descriptors over x [T, K] and the 2-D view of w with the tile's block shapes (the autotuner's
+    """HostDescriptors over x [T, K] and the 2-D view of w with the tile's block shapes (the autotuner's
     pre-hook sets them on a first launch)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     G, K, N = w.shape
-    x_desc = TensorDescriptor(x, [x.shape[0], K], [x.stride(0), 1], [bm, bk])
+    x_desc = HostDescriptor(x, (x.shape[0], K), (x.stride(0), 1), (bm, bk))
     if layout == "plain":
-        return x_desc, TensorDescriptor(w, [G * K, N], [N, 1], [bk, bn])
-    return x_desc, TensorDescriptor(w, [G * N, K], [K, 1], [bn, bk])
+        return x_desc, HostDescriptor(w, (G * K, N), (N, 1), (bk, bn))
+    return x_desc, HostDescriptor(w, (G * N, K), (K, 1), (bn, bk))
 
 
 def _programs(device) -> int:
@@ -201,7 +201,8 @@ def launch_fwd(x, w, offsets, bias, y):
         flags = (layout == "transposed", bias is not None, ieee(x.dtype), upcast(x.dtype),
                  next_power_of_2(S + 1), sms)
         grid = lambda meta: (_programs_for(T, S, N, sms, meta["BM"], meta["BN"]),)  # noqa: E731
-        compiled = _grouped_fwd_tma_kernel[grid](*_descriptors(x, w, layout), *tail, TRANS_W=flags[0],
+        descs = (tensor_descriptor(d) for d in _descriptors(x, w, layout))
+        compiled = _grouped_fwd_tma_kernel[grid](*descs, *tail, TRANS_W=flags[0],
                                                  HAS_BIAS=flags[1], IEEE=flags[2], UPCAST=flags[3],
                                                  BLOCK_S=flags[4], NUM_PROGRAMS=sms)
         best = _grouped_fwd_tma_kernel.best_config

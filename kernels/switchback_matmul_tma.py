@@ -12,14 +12,13 @@ switchback_matmul.py falls back to the pointer kernel otherwise.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._common import (
+    HostDescriptor,
     LaunchCache,
     aligned,
     best_tile,
@@ -29,6 +28,7 @@ from kernels._common import (
     device_properties,
     quantized_dot,
     quantized_zeros,
+    tensor_descriptor,
 )
 
 
@@ -69,23 +69,11 @@ def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
     return capability(a.device) >= (9, 0) and K % 16 == 0 and (N * out_dtype.itemsize) % 16 == 0
 
 
-_DESCRIPTORS: dict[tuple, tuple] = {}
-
-
-def _reused_descriptors(key, a, b, c, blocks):
-    """The descriptors of a launch key, built once (their validation costs host time per call) and
-    pointed at this call's tensors: same shapes, strides and blocks by the key; one set per thread,
-    since the base is set just before the launch reads it."""
-    descs = _DESCRIPTORS.get(key)
-    if descs is None:
-        descs = _DESCRIPTORS[key] = _descriptors(a, b, c, *blocks)
-    descs[0].base, descs[1].base, descs[2].base = a, b, c
-    return descs
-
-
 def _descriptors(a, b, c, bm, bn, bk):
-    return (TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
-            TensorDescriptor.from_tensor(c, [bm, bn]))
+    """HostDescriptors of A [M, K], B [N, K] and C [M, N] with the tile's blocks."""
+    return (HostDescriptor(a, a.shape, (a.stride(0), 1), (bm, bk)),
+            HostDescriptor(b, b.shape, (b.stride(0), 1), (bn, bk)),
+            HostDescriptor(c, c.shape, (c.stride(0), 1), (bm, bn)))
 
 
 def launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
@@ -105,9 +93,7 @@ def launch(a, sa, b, sb, bias, out_dtype, per_column, config=None):
         cache.store(key, *_first_launch(a, b, c, tail, per_column, bias is not None, fp8, config))
         return c
     replay, _, consts, _ = entry
-    descs = _reused_descriptors((key, threading.get_ident()), a, b, c, consts[:3])
-    replay(*descs, *tail)
-    descs[0].base = descs[1].base = descs[2].base = None  # hold no tensor past the launch
+    replay(*_descriptors(a, b, c, *consts[:3]), *tail)
     return c
 
 
@@ -127,7 +113,8 @@ def _first_launch(a, b, c, tail, per_column, has_bias, fp8, config):
         bm, bn, bk, stages, warps = config
         group = 8
         grid = (min(sms, cdiv(M, bm) * cdiv(N, bn)),)
-        compiled = _quantized_matmul_tma_kernel[grid](*_descriptors(a, b, c, bm, bn, bk), *tail, BLOCK_M=bm, BLOCK_N=bn,
+        descs = (tensor_descriptor(d) for d in _descriptors(a, b, c, bm, bn, bk))
+        compiled = _quantized_matmul_tma_kernel[grid](*descs, *tail, BLOCK_M=bm, BLOCK_N=bn,
                                                       BLOCK_K=bk, GROUP_M=group, **flags, num_stages=stages,
                                                       num_warps=warps)
     consts = (bm, bn, bk, group, sms, per_column, has_bias, fp8)

@@ -45,6 +45,7 @@ from kernels._common import (
     register_op,
     sm_count,
     stored_scale,
+    stream_scratch,
     use_triton,
 )
 from kernels.switchback_quantize_weight import (  # noqa: F401  (the references of the weight quantizers)
@@ -187,7 +188,7 @@ def _quantize_rowwise_colsum(x: torch.Tensor, format: str = "int8"):
     if M == 0 or K == 0:
         return q, s.zero_(), sums.zero_()
     most = 1 if interpreting() else sm_count(x.device) * COLSUM_PROGRAMS_PER_SM
-    part = torch.empty((most, K), dtype=torch.float32, device=x.device)
+    part = stream_scratch(x.device, (most, K), torch.float32)
     args = (x, q, s, part, sums, barrier_flags(x.device), M, K, x.stride(0))
 
     def first():

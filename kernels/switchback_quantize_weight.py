@@ -46,6 +46,7 @@ from kernels._common import (
     next_power_of_2,
     sm_count,
     stored_scale,
+    stream_scratch,
 )
 
 PROGRAMS_PER_SM = 32  # strips x row splits of phase 2: enough loads in flight to hide HBM latency
@@ -206,7 +207,7 @@ def quantize(w: torch.Tensor, per_column: bool, plain: bool, transposed: bool, f
     if N == 0 or K == 0:
         return q, qt, s.zero_()
     plan = _plan(N, K, per_column, transposed, sm_count(w.device))
-    part = torch.empty((plan.parts, K) if per_column else plan.parts, dtype=torch.float32, device=w.device)
+    part = stream_scratch(w.device, (plan.parts, K) if per_column else (plan.parts,), torch.float32)
     args = (w, part, s, q if plain else s, qt if transposed else s, barrier_flags(w.device), N, K, plan.parts,
             plan.rows, plan.strips, plan.splits)
 

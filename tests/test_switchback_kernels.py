@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels import switchback_matmul as sm
+from kernels import switchback_matmul_tma as tma
 from kernels import switchback_quantize as sq
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -185,6 +186,94 @@ def test_launch_hooks_are_told_apart_from_an_empty_hook_chain():
     assert _hooked(SimpleNamespace(launch_enter_hook=None, launch_exit_hook=chain))
 
 
+_TRITON_36_LAUNCHER = """
+def wrap(launcher, tensordesc_indices, tensordesc_meta):
+    def inner(*args):  # reads the cells as triton's does
+        return launcher(*args) if tensordesc_indices or tensordesc_meta else None
+    return inner
+"""
+
+
+def _compiled_with_descriptor_wrapper(indices, metas, encodings: list, launches: list, scratch: int = 0):
+    """A stand-in for a compiled kernel whose launcher wraps its raw launcher the way triton 3.6 does
+    (closure cells launcher, tensordesc_indices, tensordesc_meta; 13 base arguments); its
+    make_tensordesc_arg records each encoding."""
+    from types import SimpleNamespace
+
+    def make_tensordesc_arg(desc, meta):
+        encodings.append((desc.base.data_ptr(), tuple(desc.shape), tuple(desc.block_shape), meta))
+        return [("map", desc.base.data_ptr(), tuple(desc.block_shape)), *desc.shape, *desc.strides]
+
+    names = {"_BASE_ARGS_FORMAT_LEN": 13, "make_tensordesc_arg": make_tensordesc_arg}
+    exec(_TRITON_36_LAUNCHER, names)
+    inner = names["wrap"](lambda *args: launches.append(args), indices, metas)
+    run = SimpleNamespace(launch=inner, global_scratch_size=scratch, profile_scratch_size=0,
+                          launch_cooperative_grid=False, launch_pdl=False)
+    return SimpleNamespace(run=run, function="fn", packed_metadata="meta")
+
+
+def test_host_descriptors_are_encoded_once_per_address_and_passed_beneath_tritons_wrapper():
+    """Replays of a kernel with host TMA descriptors (triton 3.6's launcher layout) encode a descriptor
+    once per address, shape, strides and block, pass the encodings in argument order to the launcher
+    beneath the wrapper, encode again when a tensor moves, and keep at most ENCODED_PER_POSITION per
+    argument."""
+    from kernels._common import ENCODED_PER_POSITION, HostDescriptor, _descriptor_launcher
+
+    encodings, launches = [], []
+    compiled = _compiled_with_descriptor_wrapper({0, 1}, [{"swizzle": 1}, {"swizzle": 2}], encodings, launches)
+    launch = _descriptor_launcher(compiled)
+    assert launch is not None
+    a, b = torch.zeros(64, 32), torch.zeros(16, 32)
+
+    def descs(x, y):
+        return HostDescriptor(x, x.shape, (x.stride(0), 1), (16, 32)), HostDescriptor(y, y.shape, (32, 1), (8, 32))
+
+    for _ in range(3):
+        launch((5, 1, 1), 7, (*descs(a, b), 3.0, 64), ("C",))
+    assert len(encodings) == 2 and [e[3] for e in encodings] == [{"swizzle": 1}, {"swizzle": 2}]
+    base = (5, 1, 1, 7, "fn", False, False, None, None, "meta", None, None, None)
+    expected = (*base, ("map", a.data_ptr(), (16, 32)), 64, 32, 32, 1, ("map", b.data_ptr(), (8, 32)), 16, 32, 32, 1,
+                3.0, 64, "C")
+    assert launches == [expected] * 3
+    moved = torch.zeros(64, 32)
+    launch((5, 1, 1), 7, (*descs(moved, b), 3.0, 64), ("C",))
+    assert len(encodings) == 3 and encodings[-1][0] == moved.data_ptr()
+    assert launches[-1][13] == ("map", moved.data_ptr(), (16, 32))
+    kept = [torch.zeros(64, 32) for _ in range(ENCODED_PER_POSITION + 1)]
+    for t in kept:
+        launch((5, 1, 1), 7, (*descs(t, b), 3.0, 64), ("C",))
+    before = len(encodings)
+    launch((5, 1, 1), 7, (*descs(kept[-1], b), 3.0, 64), ("C",))  # still cached after the cache was cleared
+    assert len(encodings) == before
+
+
+def test_host_descriptors_keep_tritons_path_for_other_launcher_layouts():
+    """No encoding cache where the launcher is not laid out as triton 3.6 lays it out: descriptors that are
+    not the leading arguments, a kernel that needs launch scratch memory, or a plain launcher."""
+    from types import SimpleNamespace
+
+    from kernels._common import _descriptor_launcher
+
+    metas = [{"swizzle": 1}, {"swizzle": 1}]
+    assert _descriptor_launcher(_compiled_with_descriptor_wrapper({0, 2}, metas, [], [])) is None
+    assert _descriptor_launcher(_compiled_with_descriptor_wrapper({0, 1}, metas, [], [], scratch=128)) is None
+    assert _descriptor_launcher(_compiled_with_descriptor_wrapper({0, 1}, None, [], [])) is None
+    plain = SimpleNamespace(run=SimpleNamespace(launch=print), function="fn", packed_metadata="meta")
+    assert _descriptor_launcher(plain) is None
+
+
+def test_launch_scratch_is_one_buffer_per_stream_shape_and_dtype():
+    """stream_scratch returns the same buffer for the same device, stream, shape and dtype (launches on one
+    stream reuse it), and another for another shape or dtype."""
+    from kernels._common import stream_scratch
+
+    device = torch.empty(0, device=DEVICE).device  # a CUDA tensor's device carries its index
+    first = stream_scratch(device, (3, 5), torch.float32)
+    assert stream_scratch(device, (3, 5), torch.float32) is first
+    assert stream_scratch(device, (3, 6), torch.float32) is not first
+    assert stream_scratch(device, (3, 5), torch.float16).dtype == torch.float16
+
+
 def test_host_launch_geometry_helpers_equal_tritons():
     """kernels._common's plain-Python cdiv and next_power_of_2 (launch paths call them every step) give
     triton's values, including 0 and 1."""
@@ -211,6 +300,34 @@ def test_replays_skip_tritons_launch_path(monkeypatch):
     monkeypatch.setattr(CompiledKernel, "__getitem__", refuse)
     assert_equal(sq.quantize_rowwise(a)[0], sq.quantize_rowwise_reference(a)[0], "replayed rowwise")
     assert_equal(sq.quantize_global(a)[0], sq.quantize_global_reference(a)[0], "replayed global")
+
+
+@pytest.mark.gpu
+def test_tma_matmul_replays_pass_encoded_descriptors_beneath_triton(monkeypatch):
+    """With triton 3.6's launcher (the layout kernels._common._descriptor_launcher knows), replays of the
+    int8 TMA matmul never take Triton's launch path, and stay right with fresh operands every call (the
+    caching allocator hands back the same addresses with new contents)."""
+    import triton
+    from triton.compiler.compiler import CompiledKernel
+
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip(f"triton {triton.__version__}: replays keep Triton's descriptor path")
+    a, b, aq, sa, bq, sb = _operands(777, 1024, 1536, torch.float16, False)
+    if not tma.supported(aq, bq, torch.float16):
+        pytest.skip("no TMA on this GPU")
+    sm.int8_matmul_rowwise_global(aq, sa, bq, sb, None, torch.float16, impl="tma")
+
+    def refuse(self, grid):
+        raise AssertionError("a replay took Triton's launch path")
+
+    monkeypatch.setattr(CompiledKernel, "__getitem__", refuse)
+    for call in range(4):
+        a, b, aq, sa, bq, sb = _operands(777, 1024, 1536, torch.float16, False)
+        c = sm.int8_matmul_rowwise_global(aq, sa, bq, sb, None, torch.float16, impl="tma")
+        ref = sm.quantized_matmul_reference(aq, sa, bq, sb, None, torch.float16)
+        bad = (c.float() - ref.float()).abs() > ULP[torch.float16] * ref.float().abs() + 1e-3
+        assert not bad.any(), f"call {call}: {first_mismatches(c, ref, bad)}"
+        del c, aq, bq
 
 
 @pytest.mark.gpu

@@ -8,7 +8,9 @@ line in COMMANDS.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
 import warnings
 
 import click
@@ -67,10 +69,37 @@ def _fail(prog: str, message: str, code: int) -> None:
     sys.exit(code)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread (a BaseException, so no per-configuration error handler takes
+    it for a failed configuration): the run writer closes as after Ctrl-C, writing its CSV and autotuner
+    picks. `timeout`, batch schedulers at their time limit and `kill` send SIGTERM, which would otherwise
+    end the process on the spot."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _on_sigterm(handler):
+    """Install handler for SIGTERM (only the main thread may); returns the previous one, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr and exit 2, never a traceback."""
     args = sys.argv[1:] if argv is None else argv
     prog = "qbench" + (f" {args[0]}" if args and args[0] in COMMANDS else "")
+    previous = _on_sigterm(_raise_terminated)
+    try:
+        _run(args, prog)
+    finally:
+        if previous is not None:
+            _on_sigterm(previous)
+
+
+def _run(args: list[str], prog: str) -> None:
     try:
         code = cli.main(args=args, prog_name="qbench", standalone_mode=False)
     except click.UsageError as exc:
@@ -89,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(prog, "interrupted", 130)
     except KeyboardInterrupt:
         _fail(prog, "interrupted; records measured so far are kept", 130)
+    except Terminated:
+        _fail(prog, "terminated (SIGTERM); records measured so far are kept", 128 + signal.SIGTERM)
     except Exception as exc:  # noqa: BLE001 - a bug still ends in one line; its traceback goes to a file
         _fail(prog, f"internal error: {type(exc).__name__}: {_first_line(exc)} (a bug; traceback in "
                     f"{_save_traceback(exc)})", 1)

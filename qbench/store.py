@@ -127,7 +127,7 @@ class RunWriter:
         self.count = 0
         self._fh = None
         self._claimed: str | None = None  # "dir" or "env": what the claim created, undone if nothing is written
-        self._autotune_mark = autotune_mark()
+        self._autotune_mark = self._stored_mark = autotune_mark()
         if self.path.exists() and not self.path.is_dir():
             raise QbenchUsageError(f"{self.path} exists and is not a directory; choose another --out")
         self._benches, self._prior = _existing(self.path) if append else (set(), set())
@@ -206,6 +206,15 @@ class RunWriter:
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self.count += 1
+        self._store_new_picks()
+
+    def _store_new_picks(self) -> None:
+        """The autotuner picks noted since the last record, into env.json now: a run killed before close()
+        (SIGKILL, the OOM killer) still names the configs its records ran with."""
+        mark = autotune_mark()
+        if mark != self._stored_mark:
+            _store_autotune(self.path / ENV_FILE, autotune_picks(self._autotune_mark))
+            self._stored_mark = mark
 
     def close(self) -> None:
         if self._fh is not None and not self._fh.closed:

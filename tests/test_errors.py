@@ -211,6 +211,33 @@ def test_usage_error_in_a_real_process(args, files, tmp_path):
     assert_one_line(proc.stderr, "error:")
 
 
+def test_sigterm_closes_the_run_as_ctrl_c_does(tmp_path):
+    """SIGTERM (`timeout`, a scheduler's time limit) in the middle of a sweep: exit 128 + 15 with one line, the
+    records measured so far kept, and the run closed: its CSV written from them, env.json whole."""
+    import json
+
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TRITON_INTERPRET", None)  # the torch references: the interpreter would take minutes
+    args = ["switchback", "--pairs", "64x256,256x64,96x384,384x96,128x512,512x128", "--batch-sizes", "64,256,1024",
+            "--exec", "eager", "--out", str(out)]  # about half a second per configuration on a CPU
+    proc = subprocess.Popen([sys.executable, "-m", "qbench", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    records = out / store.RECORDS_FILE
+    deadline = time.monotonic() + 120
+    while not (records.exists() and records.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert_error_line(err, "terminated (SIGTERM); records measured so far are kept")
+    kept = store.read_records(out)
+    assert 1 <= len(kept) < 18
+    assert (out / store.CSV_FILE).read_text().count("\n") == len(kept) + 1  # header and one row per record
+    json.loads((out / store.ENV_FILE).read_text())
+
+
 # ---- run-time failures: an error record, the sweep goes on, exit 1 ------------------------------------------
 
 def _fail_switchback_m32(monkeypatch, error):

@@ -141,6 +141,24 @@ def test_autotune_picks_noted_during_the_run_land_in_env_json(tmp_path):
     ]
 
 
+def test_autotune_picks_reach_env_json_with_each_record(tmp_path):
+    """Picks are stored as the records that ran with them are written, not only at close(): a run killed
+    on the spot (SIGKILL, the OOM killer) still names its kernels' configs."""
+    writer = store.RunWriter(tmp_path / "run", {"gpu_name": "x"})
+
+    def kernels():
+        return [p["kernel"] for p in json.loads((tmp_path / "run" / store.ENV_FILE).read_text()).get("autotune", [])]
+
+    env.note_autotune("int8_matmul", {"M": 64}, {"BLOCK_M": 32})
+    writer.write(_records(1)[0])
+    assert kernels() == ["int8_matmul"]
+    env.note_autotune("quantize", {"M": 64}, {"BLOCK": 128})
+    writer.write(_records(2)[1])
+    assert kernels() == ["int8_matmul", "quantize"]
+    writer.close()
+    assert kernels() == ["int8_matmul", "quantize"]
+
+
 def test_default_run_names_are_unique_and_sort_by_start_time(tmp_path):
     names = [store.default_run_dir("moe", tmp_path).name for _ in range(200)]  # all within a few microseconds
     assert len(set(names)) == len(names)

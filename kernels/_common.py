@@ -207,6 +207,7 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
     raw_stream = torch._C._cuda_getCurrentRawStream
     g0, g1, g2 = grid
     encoded = _descriptor_launcher(compiled)
+    described = _takes_descriptors(compiled)  # then only Triton's path turns HostDescriptors into arguments
 
     def through_triton(args, grid):
         args = tuple(tensor_descriptor(a) if isinstance(a, HostDescriptor) else a for a in args)
@@ -217,7 +218,7 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
             return through_triton(args, grid)
         if encoded is not None:
             return encoded(grid or (g0, g1, g2), raw_stream(device), args, constexprs)
-        if any(isinstance(a, HostDescriptor) for a in args):
+        if described:
             return through_triton(args, grid)
         if grid is None:
             run(g0, g1, g2, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
@@ -225,6 +226,15 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
             run(*grid, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
 
     return replay
+
+
+def _takes_descriptors(compiled) -> bool:
+    """Whether the kernel's signature has a tensor-descriptor argument (read once per launch key, so that
+    replays of every other kernel pay nothing for descriptors); True where the signature cannot be read."""
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    if not isinstance(signature, dict):
+        return True
+    return any(str(kind).startswith("tensordesc") for kind in signature.values())
 
 
 ENCODED_PER_POSITION = 64  # encoded descriptors kept per descriptor argument of a launch key (addresses recur)

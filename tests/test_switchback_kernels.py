@@ -262,6 +262,21 @@ def test_host_descriptors_keep_tritons_path_for_other_launcher_layouts():
     assert _descriptor_launcher(plain) is None
 
 
+def test_only_kernels_with_descriptor_arguments_take_the_descriptor_path():
+    """A replay converts HostDescriptors only for kernels whose signature has a descriptor (or cannot be read):
+    the others launch as before, with no per-launch check of their arguments."""
+    from types import SimpleNamespace
+
+    from kernels._common import _takes_descriptors
+
+    def kernel(**signature):
+        return SimpleNamespace(src=SimpleNamespace(signature=signature))
+
+    assert _takes_descriptors(kernel(a_desc="tensordesc<i8[128, 128]>", M="i32"))
+    assert not _takes_descriptors(kernel(a_ptr="*fp16", M="i32", BLOCK="constexpr"))
+    assert _takes_descriptors(SimpleNamespace())
+
+
 def test_launch_scratch_is_one_buffer_per_stream_shape_and_dtype():
     """stream_scratch returns the same buffer for the same device, stream, shape and dtype (launches on one
     stream reuse it), and another for another shape or dtype."""

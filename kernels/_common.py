@@ -436,11 +436,17 @@ def barrier_flags(device):
     stream, so that launches on two streams never count each other's programs."""
     import torch
 
-    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-    key = (device, stream)
+    key = (device, current_stream(device))
     if key not in BARRIERS:
         BARRIERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return BARRIERS[key]
+
+
+def current_stream(device) -> int:
+    """The raw handle of the device's current stream (0 off CUDA): the key of per-stream launch state."""
+    import torch
+
+    return torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
 
 
 SCRATCH: dict = {}  # (device, raw stream, shape, dtype) -> a launch's scratch buffer
@@ -453,8 +459,7 @@ def stream_scratch(device, shape: tuple, dtype):
     Keyed by stream as barrier_flags is, so launches on two streams never share one."""
     import torch
 
-    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
-    key = (device, stream, shape, dtype)
+    key = (device, current_stream(device), shape, dtype)
     buf = SCRATCH.get(key)
     if buf is None:
         buf = SCRATCH[key] = torch.empty(shape, dtype=dtype, device=device)

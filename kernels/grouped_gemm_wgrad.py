@@ -5,10 +5,12 @@ the custom ops): for G groups whose rows lie in S = R * G segments (segment s be
     db[g] = sum over the same rows of dy                     (optional: the bias gradient, fused)
     x [T, K], dy [T, N], offsets int64 [S + 1]  ->  dw [G, K, N] in x.dtype, db [G, N] in dy.dtype,
     fp32 accumulation; groups without rows give zeros.
-The bias gradient runs in the same launch, in programs of its own: G x N-tile programs after the
+The bias gradient runs in the same launch, in programs of its own: G x N-tile programs before the
 weight-gradient ones, each summing dy over its group's rows for one column tile (one more read of dy,
-overlapped with the compute-bound products; no second launch). It used to be summed inside the
-weight-gradient programs from the dy tile they had already loaded, but triton 3.6 builds that wrongly
+no second launch). First, because the GPU starts programs roughly in launch order: the memory-bound
+sums then run beside the first compute-bound products instead of after the last ones, where they
+lengthened the launch's tail. It used to be summed inside the weight-gradient programs from the dy
+tile they had already loaded, but triton 3.6 builds that wrongly
 for sm_90: on an H200, 2 of the 4 pointer configs gave dw off by up to 13% of its largest value
 (BN 256 with several segments per group, BR 32 with one), while every config was right without the
 sum. Keeping the sum out of the programs that run the dot is what makes every config right.
@@ -105,14 +107,13 @@ def _grouped_wgrad_kernel(
     HAS_DB: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     BK: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr,
 ):
-    # Programs [0, n_wgrad): dw[g, K tile, N tile] = sum over the group's rows; then (HAS_DB) the bias ones.
+    # Programs [0, n_bias) (HAS_DB): db[g, N tile]; then dw[g, K tile, N tile] = sum over the group's rows.
     pid = tl.program_id(0)
-    n_wgrad = G * tl.cdiv(K, BK) * tl.cdiv(N, BN)
-    if pid >= n_wgrad:
-        if HAS_DB:
-            _bias_program(pid - n_wgrad, dy_ptr, db_ptr, off_ptr, N, G, R, sdm, sdn, BR, BN)
+    n_bias = G * tl.cdiv(N, BN) if HAS_DB else 0
+    if pid < n_bias:
+        _bias_program(pid, dy_ptr, db_ptr, off_ptr, N, G, R, sdm, sdn, BR, BN)
     else:
-        g, ks, cols = _wgrad_program(pid, K, N, BK, BN)
+        g, ks, cols = _wgrad_program(pid - n_bias, K, N, BK, BN)
         acc = tl.zeros((BK, BN), dtype=tl.float32)
         for seg in range(R):  # the R segments of group g: g, g + G, g + 2G, ...
             lo = tl.load(off_ptr + seg * G + g)
@@ -156,8 +157,8 @@ def launch_wgrad(x, dy, offsets, G, with_bias: bool = False):
 
 
 def _grid(G: int, K: int, N: int, with_bias: bool):
-    """The launch grid of a config: G x K tiles x N tiles weight-gradient programs, then (with_bias)
-    G x N tiles bias-gradient ones."""
+    """The launch grid of a config: (with_bias) G x N tiles bias-gradient programs, then G x K tiles x
+    N tiles weight-gradient ones."""
     return lambda meta: (G * cdiv(N, meta["BN"]) * (cdiv(K, meta["BK"]) + int(with_bias)),)
 
 

@@ -49,6 +49,18 @@ def test_gpu_run_passes_its_checks_in_every_mode(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.gpu
+def test_gpu_graph_mode_right_after_eager_captures(tmp_path):
+    """--exec eager,graph: the eager steps (and their gradient accumulators, made on the default stream) are
+    gone before the graph mode captures, so its captures neither fail nor reuse them across streams."""
+    out = tmp_path / "run"
+    res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--variants", "global,module", "--exec",
+                 "eager,graph", "--device", "cuda", "--out", str(out), cwd=tmp_path)
+    _, records = store.load_run(out)
+    assert records and [(r["case"], r["error"]) for r in records if r["status"] != "ok"] == []
+    assert res.returncode == 0 and "AccumulateGrad" not in res.stderr, res.stderr[-2000:]
+
+
 def test_cpu_run_writes_seed_compatible_records(tmp_path):
     out = tmp_path / "run"
     res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--out", str(out), cwd=tmp_path)

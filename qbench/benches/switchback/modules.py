@@ -107,11 +107,14 @@ def _mismatch(got: list, want: list, bound: float, names=("output", "dX", "dW", 
 
 
 def _prepare(mode: str, layer, x, g):
-    """(the step to time, the step's results [y, dX, dW, db]) in one execution mode."""
+    """(the step to time, the step's results [y, dX, dW, db]) in one execution mode. The step takes X as a
+    leaf of its own: a leaf shared by every layer's step would keep one gradient accumulator for X, made on
+    the stream of whichever step ran first, and a later capture (another stream) that reused it would fail."""
     import torch
 
     from qbench.timing import graph_replay
 
+    x = x.detach().requires_grad_(True)
     if mode == "compile":
         layer = torch.compile(layer, fullgraph=True, dynamic=False)
     out: dict = {}
@@ -135,9 +138,8 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
     from qbench.telemetry import GpuReadings
     from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved, time_loops
 
-    x = ops.x.detach().requires_grad_(True)
     layers = _layers(ops, variants)
-    eager = {name: _prepare("eager", layer, x, ops.g)[1] for name, layer in layers.items()}
+    eager = {name: _prepare("eager", layer, ops.x, ops.g)[1] for name, layer in layers.items()}
     # the low-precision outputs and dX against the 16-bit layer (dW and db are 16-bit in SwitchBack)
     for name in (n for n in layers if n != "linear"):
         failure = _mismatch(eager[name][:2], eager["linear"][:2], LOW_PRECISION_REL_ERROR[name])
@@ -150,7 +152,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
             torch._dynamo.reset()  # fresh caches once per mode: every layer's compiled step stays valid
         steps = {}
         for name, layer in layers.items():
-            steps[name], got = _prepare(mode, layer, x, ops.g)
+            steps[name], got = _prepare(mode, layer, ops.x, ops.g)
             failure = _mismatch(got, eager[name], SAME_KERNELS_REL_ERROR)
             if failure:
                 return metrics, samples, f"{mode} {name} differs from eager: {failure}"
@@ -170,7 +172,10 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
         for name, timing in time_loops(calls, device=ops.device, repeat=repeat, budget_ms=budget).items():
             key = f"loop_{name}_{mode}_ms"
             metrics[key], samples[key] = timing.median, list(timing.samples_ms)
-        del steps
+        # the mode's steps go before the next mode's are made: each keeps its last output, whose autograd
+        # graph holds the parameters' gradient accumulators, made on this mode's stream; a capture reusing
+        # them from its own stream fails ("operation failed due to a previous error during capture")
+        del steps, calls
     return metrics, samples, None
 
 

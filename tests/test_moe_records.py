@@ -164,3 +164,27 @@ def test_resume_runs_the_configurations_a_cut_run_lacks(tmp_path, capsys):
     assert lines[0] == first[0] and len(lines) == 2  # the kept record as it was, the missing one measured
     assert [json.loads(line)["params"]["num_local_experts"] for line in lines] == [2, 4]
     assert "1 records added; 2 records in" in err
+
+
+@pytest.mark.gpu
+def test_graph_mode_reuses_no_gradient_accumulator_of_an_earlier_capture(tmp_path, capfd):
+    """graph mode captures twice (the timed step, then the phase breakdown) with eager warm-up steps before
+    each: the first capture's kept output must be gone by then, or the warm-up steps reuse its parameters'
+    gradient accumulators across streams (torch warns: "The AccumulateGrad node's stream does not match")."""
+    import warnings
+
+    from qbench.cli import main
+
+    out = tmp_path / "run"
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(SystemExit) as exc:
+            main(["moe", "--world-size", "1", "--capacity-factor", "1.0", "--exec", "graph", "--model-dim", "256",
+                  "--hidden-size", "512", "--samples", "1024", "--num-local-experts", "4", "--num-steps", "4",
+                  "--warmup", "1", "--out", str(out)])
+    printed = capfd.readouterr()
+    assert exc.value.code == 0, printed.err[-2000:]
+    record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
+    assert record["status"] == "ok" and "forward_time" in record["metrics"], record
+    assert not [w for w in seen if "AccumulateGrad" in str(w.message)]
+    assert "AccumulateGrad" not in printed.err

@@ -53,7 +53,11 @@ def graphed(config, model, x, dy, out: dict, timer=None):
     """step(i) replaying one CUDA graph of the whole training step, after WARMUP eager steps. The
     gradients and the kept output are dropped outside the capture (timing.graph_replay's prepare).
     timer: a PhaseTimer(captured=True) whose phases (forward, backward, and the layer's own while it is
-    the layer's timer) the graph records at every replay; it keeps only the captured step's."""
+    the layer's timer) the graph records at every replay; it keeps only the captured step's.
+    A kept output of an earlier capture is dropped first: its autograd graph holds the parameters'
+    gradient accumulators, made on that capture's stream, which the eager warm-up steps would otherwise
+    reuse from the default stream (a cross-stream wait per accumulation; torch warns of it)."""
+    out.clear()
     warm = make_step(config, model, x, dy, _no_phase, out)
     for i in range(WARMUP):
         warm(i)

@@ -141,6 +141,13 @@ def test_module_steps_run_once_per_backward_thread(tmp_path):
     assert [r["params"]["backward_thread"] for r in records] == ["device", "calling"]
     assert all(r["status"] == "ok" and r["metrics"]["module_switchback_ms"] > 0 for r in records)
     assert "bwd thread" in res.stdout
+    for r in records:  # the eager steps' calls, each timed alone, and their sums (host_calls.py)
+        m = r["metrics"]
+        for layer in ("switchback", "linear"):
+            parts = [v for k, v in m.items() if k.startswith(f"host_call_{layer}_")]
+            assert len(parts) == (6 if layer == "switchback" else 4) and all(v > 0 for v in parts), m
+            assert m[f"host_calls_{layer}_ms"] == pytest.approx(sum(parts))
+            assert r["units"][f"host_calls_{layer}_ms"] == "ms"
 
 
 def test_help_ends_with_examples(tmp_path):
@@ -239,3 +246,45 @@ def _fragmented_run(path):
     with store.RunWriter(path, {}, bench="fragmented") as writer:
         writer.write(store.make_record("fragmented", {"in_features": 8}))
     return path
+
+
+def test_host_calls_are_the_calls_an_eager_switchback_step_makes(monkeypatch):
+    """The host-time breakdown times the kernel calls that SwitchBackLinear's eager step makes, no more and no
+    fewer: each kernel function the layer calls is counted during one step and during one pass over the
+    breakdown's SwitchBack calls (its 16-bit weight gradient is a plain matmul in both)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from kernels import switchback_matmul as sm
+    from kernels import switchback_quantize as sq
+    from qbench.benches.switchback import host_calls
+    from qbench.layers import switchback as layer_module
+
+    names = ("quantize_rowwise", "quantize_global_both", "quantize_rowwise_colsum", "int8_matmul_rowwise_global")
+    counts: dict[str, int] = {}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    for name in names:
+        for module in (layer_module, sq if hasattr(sq, name) else sm):
+            monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+    M, K, N = 8, 32, 16
+    ops = SimpleNamespace(x=torch.randn(M, K), g=torch.randn(M, N), w=torch.randn(N, K) * K**-0.5, device="cpu",
+                          dtype=torch.float32)
+    layer = layer_module.SwitchBackLinear(K, N)
+    x = ops.x.clone().requires_grad_(True)
+    counts.clear()
+    layer(x).backward(ops.g)
+    step = dict(counts)
+    fns = host_calls.calls(ops)["switchback"]  # making them quantizes the operands once: counted, then cleared
+    counts.clear()
+    for fn in fns.values():
+        fn()
+    assert step == counts == {"quantize_rowwise": 1, "quantize_global_both": 1, "quantize_rowwise_colsum": 1,
+                              "int8_matmul_rowwise_global": 2}
+    assert len(fns) == sum(step.values()) + 1  # and the 16-bit weight gradient

@@ -11,6 +11,8 @@ Metrics (ms; eager keeps the historic names):
   module_<layer>_ms, speedup_module[_fp8|_fp8_all]                       eager
   module_<layer>_<m>_ms, speedup_module[_fp8|_fp8_all]_<m>                m = compile, graph
   host_<layer>_<m>_ms   CPU time spent issuing one step (every mode)
+  host_call_<layer>_<call>_ms, host_calls_<layer>_ms   with eager: each call the eager steps make, timed
+                        alone, and their sum (benches/switchback/host_calls.py)
   module_kernel_ratio_<m>   speedup_module_<m> / speedup_global: how much of the kernel-sum speed-up
                             the module keeps (1.0: all of it)
   chain_<total>_<m>_ms      the kernels of a total (time_standard, time_global) run back to back as one
@@ -135,6 +137,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
     results are taken first: SwitchBack against nn.Linear, then every mode against eager."""
     import torch
 
+    from qbench.benches.switchback import host_calls
     from qbench.telemetry import GpuReadings
     from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved, time_loops
 
@@ -176,6 +179,10 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
         # graph holds the parameters' gradient accumulators, made on this mode's stream; a capture reusing
         # them from its own stream fails ("operation failed due to a previous error during capture")
         del steps, calls
+    if "eager" in execs:  # where the eager steps' host time goes: each of their calls alone
+        call_metrics, call_samples = host_calls.measure(ops)
+        metrics.update(call_metrics)
+        samples.update(call_samples)
     return metrics, samples, None
 
 

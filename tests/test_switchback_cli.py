@@ -288,3 +288,34 @@ def test_host_calls_are_the_calls_an_eager_switchback_step_makes(monkeypatch):
     assert step == counts == {"quantize_rowwise": 1, "quantize_global_both": 1, "quantize_rowwise_colsum": 1,
                               "int8_matmul_rowwise_global": 2}
     assert len(fns) == sum(step.values()) + 1  # and the 16-bit weight gradient
+
+
+def test_each_modes_steps_are_gone_before_the_next_mode_prepares(monkeypatch):
+    """A mode's steps keep their last output, whose autograd graph holds the gradient accumulators made on
+    that mode's stream; a CUDA-graph capture that reuses them from its own stream fails (every GPU record of
+    a graphed mode was an error while the steps outlived their mode). On the CPU: when a mode prepares its
+    first step, no step of an earlier mode is alive."""
+    import weakref
+
+    from qbench.benches.switchback import components as comp
+    from qbench.benches.switchback import modules
+    from qbench.benches.switchback.sweep import Shape, SwitchbackConfig
+
+    config = SwitchbackConfig(pairs=((24, 40),), batch_sizes=(16,), device="cpu")
+    ops = comp.Operands.make(Shape(16, 24, 40, 4, False), config)
+    kept: dict[str, list] = {}
+    prepare = modules._prepare
+
+    def watching(mode, layer, x, g):
+        if mode not in kept:  # this mode's first step: every earlier mode's steps (and their outputs) gone
+            alive = [m for m, refs in kept.items() if any(r() is not None for r in refs)]
+            assert alive == [], f"steps of {alive} still alive when {mode} prepares"
+            kept[mode] = []
+        step, results = prepare(mode, layer, x, g)
+        kept[mode].append(weakref.ref(step))  # a step keeps its last output in its closure
+        return step, results
+
+    monkeypatch.setattr(modules, "_prepare", watching)
+    metrics, _, failure = modules.measure(ops, ("eager", "compile"), ("global", "module"), repeat=2, budget_ms=None)
+    assert failure is None and metrics["module_switchback_compile_ms"] > 0
+    assert len(kept["eager"]) == 2 * len(modules._layers(ops, ("global", "module")))  # the check, then the timed

@@ -137,6 +137,7 @@ USAGE = [
     (CFG + ["{bin_yaml}"], "bin.yaml is not a text file"),
     (CFG + ["{bad_yaml}"], "bad.yaml is not valid YAML"),
     (CFG + ["no-such-config"], "does not exist"),
+    (CFG + ["/dev/null"], "/dev/null is not a regular file"),
     (CFG + ["deepflow", "--tokens", "1e400", "--hours", "1"], "'1e400' is not a finite number"),
     (CFG + ["deepflow", "--out", UNWRITABLE], "cannot create run directory"),
     (GEMM + ["{bad_yaml}"], "bad.yaml is not valid YAML"),

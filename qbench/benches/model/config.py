@@ -33,7 +33,8 @@ def resolve(path: str | Path) -> Path:
     shipped = SHIPPED / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
     if path.parent == Path(".") and shipped.is_file():
         return shipped
-    raise ConfigError(f"config file {path} does not exist (shipped configs, usable by name: "
+    problem = "is not a regular file" if path.exists() else "does not exist"
+    raise ConfigError(f"config file {path} {problem} (shipped configs, usable by name: "
                       f"{', '.join(shipped_configs())})")
 
 

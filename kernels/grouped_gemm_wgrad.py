@@ -10,10 +10,10 @@ weight-gradient ones, each summing dy over its group's rows for one column tile 
 no second launch). First, because the GPU starts programs roughly in launch order: the memory-bound
 sums then run beside the first compute-bound products instead of after the last ones, where they
 lengthened the launch's tail. It used to be summed inside the weight-gradient programs from the dy
-tile they had already loaded, but triton 3.6 builds that wrongly
-for sm_90: on an H200, 2 of the 4 pointer configs gave dw off by up to 13% of its largest value
-(BN 256 with several segments per group, BR 32 with one), while every config was right without the
-sum. Keeping the sum out of the programs that run the dot is what makes every config right.
+tile they had already loaded, but triton 3.6 builds that wrongly for sm_90: on an H200, 2 of the 4
+pointer configs gave dw off by up to 13% of its largest value (BN 256 with several segments per group,
+BR 32 with one), while every config was right without the sum. Keeping the sum out of the programs
+that run the dot is what makes every config right.
 
 One weight-gradient program per (group, K tile, N tile) walks its group's segments; the grid does not
 depend on the row count, so a launch never reads the group sizes on the host and every launch of one

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-LAYERS = ("switchback", "linear")
-
 
 def calls(ops) -> dict[str, dict[str, Callable[[], object]]]:
     """layer -> call name -> the call, with the operands' X [M, K], G [M, N], W [N, K] and a bias [N]."""

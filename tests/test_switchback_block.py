@@ -43,6 +43,19 @@ def test_model_bench_tiny_preset(tmp_path):
     assert (out / "switchback_model.png").stat().st_size > 1000
 
 
+@pytest.mark.gpu
+def test_gpu_model_bench_passes_its_checks_in_every_mode(tmp_path):
+    """On a GPU the block stack of every variant is checked against the eager 16-bit stack in every mode
+    (eager, compiled, graphed) before it is timed: every record of a small run is ok."""
+    out = tmp_path / "run"
+    res = qbench("--model", "tiny", "--batch-sizes", "2", "--layers", "2", "--repeat", "2", "--variants",
+                 "16bit,switchback,fp8,fp8_all", "--device", "cuda", "--out", str(out), cwd=tmp_path)
+    _, records = store.load_run(out)
+    assert {r["params"]["exec"] for r in records} == {"eager", "compile", "graph"}
+    assert [(r["params"]["variant"], r["params"]["exec"], r["error"]) for r in records if r["status"] != "ok"] == []
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
 def test_train_check_tiny(tmp_path):
     out = tmp_path / "train"
     res = qbench("--train-check", "--steps", "20", "--layers", "1", "--variants", "switchback,fp8",

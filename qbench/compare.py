@@ -435,6 +435,11 @@ def parse_fail_on(items: Sequence[str]) -> list[tuple[str, float]]:
     return gates
 
 
+def metric_names_of(runs: Sequence[Run]) -> list[str]:
+    """Every metric name the runs' records keep, in record order."""
+    return list(dict.fromkeys(name for run in runs for rec in run.records for name in rec.get("metrics", {})))
+
+
 def require_metrics(runs: Sequence[Run], metrics: Sequence[str], gates: Sequence[tuple[str, float]]) -> None:
     """--metric and --fail-on name metrics some record has: a misspelt name would select nothing and
     a gate on it would always pass."""

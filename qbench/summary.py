@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qbench import join, report, units
+from qbench import join, metric_names, report, units
 from qbench.compare import Run, load_any
 from qbench.errors import QbenchUsageError
 from qbench.timing import percentile
@@ -119,11 +119,12 @@ def _select(runs: Sequence[Run], options: SummaryOptions) -> tuple[list[tuple[in
 
 
 def pick_metrics(records: Sequence[dict], wanted: Sequence[str], every: bool = False) -> list[str]:
-    """--metric names (each must exist), else (every) all metrics, else every metric some record keeps
-    samples of (the bench's main metrics), else every time (a run rebuilt without its samples), in record
-    order."""
+    """--metric names (each must exist; patterns expanded by qbench.metric_names), else (every) all metrics,
+    else every metric some record keeps samples of (the bench's main metrics), else every time (a run rebuilt
+    without its samples), in record order."""
     known = list(dict.fromkeys(m for rec in records for m in rec.get("metrics", {})))
     shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+    wanted = metric_names.expand(wanted, known)
     for name in wanted:
         if name not in known:
             raise QbenchUsageError(f"--metric {name}: no selected record has this metric (they have: {shown})")

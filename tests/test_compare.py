@@ -399,3 +399,17 @@ def test_across_merges_the_repeats_of_several_runs_as_group_does(tmp_path):
     row = _row(compare.compare_runs(compare.across_param(overlapping, "exec"), compare.CompareOptions()), "time")
     assert row.marker == "~" and row.reference_value == pytest.approx(12.05)  # eager: median of 12.05, 10.05, 12.05
     assert row.candidate_value == pytest.approx(10.05)  # graph: median of 10.05, 11.55, 10.05
+
+
+def test_metric_patterns_on_the_command_line(tmp_path):
+    """compare --metric takes shell-style patterns too: 't*' compares time and tflops, 'x*' is a usage error."""
+    recs = [timed_record({"n": 1}, [1.0, 1.1, 1.2], tflops=100.0)]
+    a, b = write_run(tmp_path / "a", recs), write_run(tmp_path / "b", recs)
+    cli = [sys.executable, "-m", "qbench", "compare", str(a), str(b), "--json"]
+    done = subprocess.run(cli + ["--metric", "t*"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert {row["metric"] for row in json.loads(done.stdout)["rows"]} == {"time", "tflops"}
+    done = subprocess.run(cli + ["--metric", "time*"], capture_output=True, text=True)
+    assert {row["metric"] for row in json.loads(done.stdout)["rows"]} == {"time"}
+    bad = subprocess.run(cli + ["--metric", "x*"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--metric x*: no metric of these records matches" in bad.stderr

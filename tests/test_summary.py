@@ -305,3 +305,16 @@ def test_spreads_on_the_command_line(tmp_path):
     for args in ([*runs, "--spreads"], [*runs, "--across-runs", "median", "--spreads", "--target", "time:..1"]):
         result = _cli(*args)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_metric_patterns_select_every_matching_metric_in_record_order(tmp_path):
+    """--metric with shell-style wildcards ('time*', 's?eedup', '[st]*'): each pattern stands for the metrics it
+    matches, in record order, a name named twice once; a pattern matching nothing is a usage error."""
+    run = [_sweep()]
+    assert _summary(tmp_path / "a", *run, metrics=("sp*",)).metrics == ["speedup"]
+    assert _summary(tmp_path / "b", *run, metrics=("[st]*",)).metrics == ["time", "speedup"]
+    assert _summary(tmp_path / "c", *run, metrics=("speedup", "*e*")).metrics == ["speedup", "time"]
+    with pytest.raises(QbenchUsageError, match=r"--metric x\*: no metric of these records matches"):
+        _summary(tmp_path / "d", *run, metrics=("x*",))
+    with pytest.raises(QbenchUsageError, match="--metric tim: no selected record"):  # plain names stay exact
+        _summary(tmp_path / "e", *run, metrics=("tim",))

@@ -20,7 +20,8 @@ Examples:
 
 @click.command(epilog=EPILOG)
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
-@click.option("--metric", "metrics", multiple=True, help="Compare only this metric (repeatable).")
+@click.option("--metric", "metrics", multiple=True,
+              help="Compare only this metric (repeatable; a shell-style pattern: every metric it matches, 'time_*').")
 @click.option("--threshold", default="5%", show_default=True, help="Changes within this are noise ('=').")
 @click.option("--only-changed", is_flag=True, help="Hide rows within the threshold.")
 @click.option("--sort", type=click.Choice(("name", "ratio")), default="name", show_default=True)
@@ -50,12 +51,10 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     candidate lacks also fails (unless --allow-missing). RUNS are run directories or seed files
     (imported on the fly). Joins read a missing `exec` parameter as eager, a missing
     `backward_thread` as device and `float16` as fp16, so runs from older versions still join."""
-    from qbench import compare, report
+    from qbench import compare, metric_names, report
     from qbench.errors import QbenchUsageError
 
-    options = compare.CompareOptions(
-        tuple(metrics), compare.parse_threshold(threshold), pattern, cross_env, only_changed, sort
-    )
+    threshold = compare.parse_threshold(threshold)
     gates = compare.parse_fail_on(fail_on)
     loaded = [compare.load_any(r) for r in runs]
     if group is not None and across:
@@ -64,6 +63,10 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
         loaded = compare.group_runs(loaded, group)
     if across:
         loaded = compare.across_param(loaded, across, cross_env)
+    options = compare.CompareOptions(
+        metric_names.expand(metrics, compare.metric_names_of(loaded)), threshold, pattern, cross_env, only_changed,
+        sort
+    )
     compare.require_metrics(loaded, options.metrics, gates)
     result = compare.compare_runs(loaded, options)
     result.reference = loaded[0].label if across else result.reference

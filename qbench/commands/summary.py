@@ -20,13 +20,16 @@ Examples:
       --across-runs median -k "batch_size=(32768|131072)/"          # the module in a loop of steps
   qbench summary results/switchback-h200-reruns/run{1,2,3} --across-runs median --spreads
                                                         # how far reruns disagree, every metric
+  qbench summary results/switchback-h200-host-calls/run{1,2,3} --across-runs median \
+      --metric 'host_call_switchback_*'                 # every metric the pattern matches
 """
 
 
 @click.command(epilog=EPILOG)
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
 @click.option("--metric", "metrics", multiple=True,
-              help="A metric to show (repeatable). [default: every metric with stored samples]")
+              help="A metric to show (repeatable; a shell-style pattern shows every metric it matches: "
+                   "'host_call_*'). [default: every metric with stored samples]")
 @click.option("-k", "pattern", default=None, help="Keep cases whose 'bench/case' matches this regex.")
 @click.option("--by", "--columns", "by", default=None, metavar="PARAM",
               help="Pivot this parameter into columns (e.g. batch_size, system, run).")

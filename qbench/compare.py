@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench import join, store, units
+from qbench import join, metric_names, store, units
 from qbench.env import COMPARABILITY_KEYS
 from qbench.errors import QbenchUsageError
 
@@ -435,20 +435,15 @@ def parse_fail_on(items: Sequence[str]) -> list[tuple[str, float]]:
     return gates
 
 
-def metric_names_of(runs: Sequence[Run]) -> list[str]:
-    """Every metric name the runs' records keep, in record order."""
-    return list(dict.fromkeys(name for run in runs for rec in run.records for name in rec.get("metrics", {})))
-
-
 def require_metrics(runs: Sequence[Run], metrics: Sequence[str], gates: Sequence[tuple[str, float]]) -> None:
     """--metric and --fail-on name metrics some record has: a misspelt name would select nothing and
     a gate on it would always pass."""
-    known = {name for run in runs for rec in run.records for name in rec.get("metrics", {})}
+    known = metric_names.of(rec for run in runs for rec in run.records)
     asked = [("--metric", name) for name in metrics] + [("--fail-on", name) for name, _ in gates]
     for flag, name in asked:
         if name not in known:
-            shown = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
-            raise QbenchUsageError(f"{flag} {name}: no record of these runs has this metric (they have: {shown})")
+            raise QbenchUsageError(f"{flag} {name}: no record of these runs has this metric "
+                                   f"(they have: {metric_names.listed(known)})")
 
 
 def require_gates_evaluable(comparison: Comparison, gates: Sequence[tuple[str, float]]) -> None:

@@ -12,6 +12,16 @@ from qbench.errors import QbenchUsageError
 WILDCARDS = frozenset("*?[")
 
 
+def of(records) -> list[str]:
+    """Every metric name the records keep, in record order."""
+    return list(dict.fromkeys(name for rec in records for name in rec.get("metrics", {})))
+
+
+def listed(known: Sequence[str]) -> str:
+    """The first names of `known`, for a usage error's "(they have: ...)"."""
+    return ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+
+
 def is_pattern(name: str) -> bool:
     return any(c in WILDCARDS for c in name)
 
@@ -26,7 +36,6 @@ def expand(wanted: Sequence[str], known: Sequence[str], flag: str = "--metric") 
             continue
         hits = [m for m in known if fnmatchcase(m, name)]
         if not hits:
-            shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
-            raise QbenchUsageError(f"{flag} {name}: no metric of these records matches (they have: {shown})")
+            raise QbenchUsageError(f"{flag} {name}: no metric of these records matches (they have: {listed(known)})")
         names.extend(hits)
     return tuple(dict.fromkeys(names))

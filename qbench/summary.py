@@ -122,8 +122,8 @@ def pick_metrics(records: Sequence[dict], wanted: Sequence[str], every: bool = F
     """--metric names (each must exist; patterns expanded by qbench.metric_names), else (every) all metrics,
     else every metric some record keeps samples of (the bench's main metrics), else every time (a run rebuilt
     without its samples), in record order."""
-    known = list(dict.fromkeys(m for rec in records for m in rec.get("metrics", {})))
-    shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+    known = metric_names.of(records)
+    shown = metric_names.listed(known)
     wanted = metric_names.expand(wanted, known)
     for name in wanted:
         if name not in known:

@@ -64,8 +64,8 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     if across:
         loaded = compare.across_param(loaded, across, cross_env)
     options = compare.CompareOptions(
-        metric_names.expand(metrics, compare.metric_names_of(loaded)), threshold, pattern, cross_env, only_changed,
-        sort
+        metric_names.expand(metrics, metric_names.of(rec for run in loaded for rec in run.records)), threshold,
+        pattern, cross_env, only_changed, sort
     )
     compare.require_metrics(loaded, options.metrics, gates)
     result = compare.compare_runs(loaded, options)

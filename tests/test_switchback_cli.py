@@ -274,14 +274,16 @@ def test_host_calls_are_the_calls_an_eager_switchback_step_makes(monkeypatch):
         for module in (layer_module, sq if hasattr(sq, name) else sm):
             monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
     M, K, N = 8, 32, 16
-    ops = SimpleNamespace(x=torch.randn(M, K), g=torch.randn(M, N), w=torch.randn(N, K) * K**-0.5, device="cpu",
-                          dtype=torch.float32)
+    x, g, w = torch.randn(M, K), torch.randn(M, N), torch.randn(N, K) * K**-0.5
+    q = {"x": sq.quantize_rowwise(x), "g": sq.quantize_rowwise(g), "w_global": sq.quantize_global(w),
+         "w_global_t": sq.quantize_global_transpose(w)}
+    ops = SimpleNamespace(x=x, g=g, w=w, q=q, device="cpu", dtype=torch.float32)
     layer = layer_module.SwitchBackLinear(K, N)
     x = ops.x.clone().requires_grad_(True)
     counts.clear()
     layer(x).backward(ops.g)
     step = dict(counts)
-    fns = host_calls.calls(ops)["switchback"]  # making them quantizes the operands once: counted, then cleared
+    fns = host_calls.calls(ops)["switchback"]
     counts.clear()
     for fn in fns.values():
         fn()

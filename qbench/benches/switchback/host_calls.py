@@ -19,17 +19,16 @@ from collections.abc import Callable
 
 
 def calls(ops) -> dict[str, dict[str, Callable[[], object]]]:
-    """layer -> call name -> the call, with the operands' X [M, K], G [M, N], W [N, K] and a bias [N]."""
+    """layer -> call name -> the call, with the operands' X [M, K], G [M, N], W [N, K], a bias [N], and for the
+    int8 products the operands' quantized X, G and W (ops.q: the same values the layer's quantizers give)."""
     import torch
 
     from kernels import switchback_matmul as sm
     from kernels import switchback_quantize as sq
 
-    x, g, w = ops.x, ops.g, ops.w
+    x, g, w, q = ops.x, ops.g, ops.w, ops.q
     bias = torch.linspace(-1, 1, w.shape[0], device=x.device, dtype=x.dtype)
-    xq, sx = sq.quantize_rowwise(x)
-    wq, wtq, sw = sq.quantize_global_both(w)
-    gq, sg, _ = sq.quantize_rowwise_colsum(g)
+    (xq, sx), (gq, sg), (wq, sw), (wtq, _) = q["x"], q["g"], q["w_global"], q["w_global_t"]
     return {
         "switchback": {
             "quantize_x": lambda: sq.quantize_rowwise(x),

@@ -43,6 +43,39 @@ def stdout_console() -> Console:
     return console
 
 
+CELL_WRAP = 24  # characters: a cell longer than this may wrap onto more lines of its column; shorter ones stay whole
+
+
+def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    """Characters each table column needs so that rich cuts none of its words: its longest word, and its
+    longest text up to CELL_WRAP (rich wraps a text at its spaces, and cuts a word only where a column is
+    narrower)."""
+    out = []
+    for i, header in enumerate(headers):
+        texts = [header, *(row[i] for row in rows)]
+        word = max(len(w) for t in texts for w in t.split() or [""])
+        out.append(max(1, word, min(max(map(len, texts)), CELL_WRAP)))
+    return out
+
+
+def column_groups(widths: Sequence[int], keys: int, width: int) -> list[list[int]]:
+    """The value columns (indices after the first `keys` key columns) in consecutive groups, each of which fits
+    a table `width` characters wide beside the key columns, every column at its width (column_widths): a table
+    with too many columns for the console prints as several, each repeating the key columns, instead of
+    squeezing every cell to '4.3…'. A column too wide to share a table gets one of its own."""
+    need = [w + 3 for w in widths]  # each column's left border and padding
+    fixed = 1 + sum(need[:keys])  # the table's right border and its key columns
+    groups: list[list[int]] = [[]]
+    used = fixed
+    for i in range(keys, len(widths)):
+        if groups[-1] and used + need[i] > width:
+            groups.append([])
+            used = fixed
+        groups[-1].append(i)
+        used += need[i]
+    return groups
+
+
 def stderr_console() -> Console:
     return Console(stderr=True)
 

@@ -377,18 +377,30 @@ def text_rows(summary: Summary, digits: int) -> tuple[list[str], list[list[str]]
     return [*summary.row_params, *(h for h, _, _ in columns)], rows
 
 
-def table(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None):
+def tables(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None,
+           width: int | None = None) -> list:
+    """The rich table(s) of the summary: one, or where its columns do not fit `width` characters (None: no
+    limit), several that each repeat the case columns and take the next metric columns that fit
+    (report.column_groups); the title above the first, the legend and notes under the last."""
     from rich.table import Table
     from rich.text import Text
 
     headers, rows = text_rows(summary, digits)  # Text: '[p20, p80]' is data, not rich markup
-    caption = Text("\n".join([*legend(summary), *notes]))
-    out = Table(header_style="bold", caption=caption, caption_justify="left",
-                title=None if title is None else Text(title), title_justify="left")
-    for i, header in enumerate(headers):
-        out.add_column(Text(header), justify="right", style="cyan" if i < len(summary.row_params) else None)
-    for row in rows:
-        out.add_row(*map(Text, row))
+    keys, widths = len(summary.row_params), report.column_widths(headers, rows)
+    groups = [list(range(keys, len(headers)))] if width is None else report.column_groups(widths, keys, width)
+    out = []
+    for n, group in enumerate(groups):
+        last, columns = n == len(groups) - 1, [*range(keys), *group]
+        # each column kept at its width where the table fits; one that cannot fit is left to rich to squeeze
+        fits = width is None or sum(widths[i] + 3 for i in columns) + 1 <= width
+        t = Table(header_style="bold", caption=Text("\n".join([*legend(summary), *notes])) if last else None,
+                  caption_justify="left", title=None if title is None or n else Text(title), title_justify="left")
+        for i in columns:
+            t.add_column(Text(headers[i]), justify="right", style="cyan" if i < keys else None,
+                         min_width=widths[i] if fits else None)
+        for row in rows:
+            t.add_row(*(Text(row[i]) for i in columns))
+        out.append(t)
     return out
 
 
@@ -429,7 +441,9 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
     elif fmt == "json":
         sys.stdout.write(as_json(summary, results))
     else:
-        report.stdout_console().print(table(summary, digits, notes, title))
+        console = report.stdout_console()
+        for part in tables(summary, digits, notes, title, console.width):
+            console.print(part)
 
 
 def show_each_bench(groups: dict[str, list[Run]], options: SummaryOptions, fmt: str | None, digits: int) -> None:

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 
@@ -318,3 +319,39 @@ def test_metric_patterns_select_every_matching_metric_in_record_order(tmp_path):
         _summary(tmp_path / "d", *run, metrics=("x*",))
     with pytest.raises(QbenchUsageError, match="--metric tim: no selected record"):  # plain names stay exact
         _summary(tmp_path / "e", *run, metrics=("tim",))
+
+
+def test_column_groups_fit_the_width_beside_the_key_columns():
+    widths = [6, 7, 24, 24, 24, 40, 3, 90]  # two key columns, then six value columns (the last too wide)
+    groups = report.column_groups(widths, 2, 80)
+    assert [i for g in groups for i in g] == [2, 3, 4, 5, 6, 7] and all(groups)
+    fixed = 1 + (6 + 3) + (7 + 3)
+    for group in groups:  # each table fits, or holds one column that could not share
+        assert fixed + sum(widths[i] + 3 for i in group) <= 80 or len(group) == 1
+    assert groups == [[2, 3], [4], [5, 6], [7]]
+    assert report.column_groups(widths, 2, 1000) == [[2, 3, 4, 5, 6, 7]]
+    assert report.column_widths(["t (ms)", "a_long_metric_name (x)"], [["1.3 [1.12, 1.48]", "2"]]) == [16, 22]
+    wide = report.column_widths(["t"], [["4.328 (runs: 4.31001, 4.339, 4.328; spread 0.66%)"]])
+    assert wide == [report.CELL_WRAP]  # a long cell wraps at its spaces instead of widening the table
+
+
+def test_a_table_too_wide_for_the_console_prints_as_several_that_fit(tmp_path):
+    """Many metrics on a narrow console: tables that each repeat the case columns and fit the width, every
+    header and cell whole (nothing cut to '…'), the legend once, under the last; a wide console keeps one."""
+    metrics = {f"metric_number_{i}": 1.0 + i / 7 for i in range(8)}
+    records = [store.make_record("toy", {"dim_in": d}, {m: v * d for m, v in metrics.items()},
+                                 units={m: units.MS for m in metrics}, samples={m: SAMPLES for m in metrics})
+               for d in (1024, 4096)]
+    run = write_run(tmp_path / "run", records)
+    env = {"COLUMNS": "100"}
+    done = subprocess.run([sys.executable, "-m", "qbench", "summary", str(run)], capture_output=True, text=True,
+                          env={**os.environ, **env})
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and max(map(len, lines)) <= 100 and "\u2026" not in done.stdout
+    assert sum(line.startswith("\u250f") for line in lines) > 1  # several tables (their top borders)
+    assert all(f"metric_number_{i}" in done.stdout for i in range(8))
+    assert done.stdout.count("median [p20, p80]") == 1 and done.stdout.rstrip().endswith(lines[-1].strip())
+    assert sum("dim_in" in line for line in lines) == sum(line.startswith("\u250f") for line in lines)
+    wide = subprocess.run([sys.executable, "-m", "qbench", "summary", str(run)], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "1000"})
+    assert sum(line.startswith("\u250f") for line in wide.stdout.splitlines()) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -47,15 +48,35 @@ CELL_WRAP = 24  # characters: a cell longer than this may wrap onto more lines o
 
 
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    """Characters each table column needs so that rich cuts none of its words: its longest word, and its
-    longest text up to CELL_WRAP (rich wraps a text at its spaces, and cuts a word only where a column is
-    narrower)."""
+    """Characters each table column needs so that none of its words is cut: its longest word, and its longest
+    text up to CELL_WRAP (a text wraps at its spaces)."""
     out = []
     for i, header in enumerate(headers):
         texts = [header, *(row[i] for row in rows)]
         word = max(len(w) for t in texts for w in t.split() or [""])
         out.append(max(1, word, min(max(map(len, texts)), CELL_WRAP)))
     return out
+
+
+def natural_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    """Characters each table column takes with every text on one line."""
+    return [max(1, len(header), *(len(row[i]) for row in rows)) for i, header in enumerate(headers)]
+
+
+def fit_widths(natural: Sequence[int], least: Sequence[int], width: int) -> list[int] | None:
+    """Content widths of the columns of a table `width` characters wide (each column adds 3 for its border and
+    padding, the table 1): every column at its natural width where they all fit, else the widest ones cut down
+    to a common cap, none below its least width; None where the least widths alone do not fit. Fixed widths,
+    because rich's own squeezing ignores a column's min_width and cuts words to '…'."""
+    def total(cap: int) -> tuple[list[int], int]:
+        widths = [max(low, min(nat, cap)) for nat, low in zip(natural, least)]
+        return widths, sum(w + 3 for w in widths) + 1
+
+    for cap in range(max(natural, default=1), 0, -1):
+        widths, used = total(cap)
+        if used <= width:
+            return widths
+    return None
 
 
 def column_groups(widths: Sequence[int], keys: int, width: int) -> list[list[int]]:
@@ -201,13 +222,44 @@ MARKER_MEANING = {
     "n/a": "missing",
 }
 COMPARE_COLUMNS = ("case", "metric", "unit", "reference", "candidate", "ratio", "change", "p", "", "note")
+COMPARE_TEXT, COMPARE_TEXT_LEAST = ("case", "note"), 8  # the columns that wrap, and how narrow they may get
 
 
-def _compare_cells(row) -> list[str]:
+_CASE_SPLIT = re.compile(r"/(?=[A-Za-z_][\w.-]*=)")  # between the key=value parts of a case id (store.case_id)
+
+
+def _case_params(case: str) -> dict[str, str] | None:
+    """The parameters of a case id 'k=v/k=v', or None where it is not one."""
+    pairs = [part.partition("=") for part in _CASE_SPLIT.split(case)] if case else []
+    return {k: v for k, _, v in pairs} if pairs and all(sep for _, sep, _ in pairs) else None
+
+
+def case_labels(rows) -> tuple[dict[tuple[str, str], str], str]:
+    """What a comparison shows as each row's case, by (bench, case id): the parameters whose values differ
+    between the rows' cases, 'k=v, ...' (so that a narrow column wraps at its spaces), after the bench where
+    the rows hold several (a case id that is not 'k=v/...' shows whole); and the parameters all the cases
+    share, 'k=v, ...', which a table prints once beneath it instead of in every row."""
+    from qbench.store import varying_params
+
+    parsed = {(r.bench, r.case): _case_params(r.case) for r in rows}
+    records = [{"params": p} for p in parsed.values() if p is not None]
+    names = list(dict.fromkeys(k for record in records for k in record["params"]))
+    whole = len(records) == len(parsed)  # with an id that is not 'k=v/...' among them, no parameter is shared
+    varying = varying_params(records, names) if whole else names
+    shared = ", ".join(f"{n}={records[0]['params'][n]}" for n in names if n not in varying)
+    several = len({bench for bench, _ in parsed}) > 1
+    labels = {}
+    for (bench, case), params in parsed.items():
+        text = case if params is None else ", ".join(f"{n}={params[n]}" for n in varying if n in params)
+        labels[(bench, case)] = f"{bench} {text}".strip() if several else text or bench
+    return labels, shared
+
+
+def _compare_cells(row, label: str) -> list[str]:
     change = format_change(row.change_pct)
     p_value = "-" if row.p_value is None else f"{row.p_value:.3g}"
     return [  # values and ratio as summary prints them: never rounded onto a trailing zero (1.0198, not 1.020)
-        f"{row.bench}/{row.case}",
+        label,
         row.metric,
         row.unit or "",
         format_sig(row.reference_value),
@@ -220,33 +272,32 @@ def _compare_cells(row) -> list[str]:
     ]
 
 
-def comparison_tables(comparison) -> list[Table]:
-    """One rich table per candidate, with geometric-mean rows and marker counts in the caption."""
+def comparison_tables(comparison, width: int | None = None) -> list[Table]:
+    """One rich table per candidate, with geometric-mean rows and marker counts in the caption, its columns fitted
+    to `width` characters (fit_widths): the metric and number columns whole where they fit beside
+    COMPARE_TEXT_LEAST characters for the case and the note, which then wrap, instead of every metric name and
+    number cut to '…'."""
     tables = []
+    labels, shared = case_labels(comparison.rows)
     for candidate in dict.fromkeys(r.candidate for r in comparison.rows):
-        table = Table(title=f"{escape(str(candidate))} vs {escape(str(comparison.reference))}", header_style="bold")
-        for name in COMPARE_COLUMNS:
-            table.add_column(name, justify="left" if name in ("case", "metric", "note") else "right")
-        for row in (r for r in comparison.rows if r.candidate == candidate):
-            cells = [escape(c) for c in _compare_cells(row)]  # cases, notes and paths are data, not markup
-            style = MARKER_STYLE.get(row.marker, "")
-            table.add_row(*cells, style=style or None)
-        for (cand, metric), value in comparison.geomeans.items():
-            if cand == candidate:
-                table.add_row(
-                    "geometric mean",
-                    metric,
-                    "",
-                    "",
-                    "",
-                    format_sig(value),
-                    format_change(100 * (value - 1)),
-                    "",
-                    "",
-                    "",
-                    style="bold",
-                )
-        table.caption = counts_line(comparison.counts.get(candidate, {}))
+        rows = [(_compare_cells(r, labels[(r.bench, r.case)]), MARKER_STYLE.get(r.marker) or None)
+                for r in comparison.rows if r.candidate == candidate]
+        rows += [(["geometric mean", metric, "", "", "", format_sig(value), format_change(100 * (value - 1)), "", "",
+                   ""], "bold") for (cand, metric), value in comparison.geomeans.items() if cand == candidate]
+        texts = [cells for cells, _ in rows]
+        least = [min(w, COMPARE_TEXT_LEAST) if name in COMPARE_TEXT else w
+                 for name, w in zip(COMPARE_COLUMNS, column_widths(COMPARE_COLUMNS, texts))]
+        widths = None if width is None else fit_widths(natural_widths(COMPARE_COLUMNS, texts), least, width)
+        table = Table(title=f"{escape(str(candidate))} vs {escape(str(comparison.reference))}", header_style="bold",
+                      caption_justify="left")
+        for i, name in enumerate(COMPARE_COLUMNS):
+            table.add_column(name, justify="left" if name in ("case", "metric", "note") else "right",
+                             width=None if widths is None else widths[i],
+                             overflow="fold" if name in COMPARE_TEXT else "ellipsis")  # a case is one long word
+        for cells, style in rows:
+            table.add_row(*(escape(c) for c in cells), style=style)  # cases, notes and paths are data, not markup
+        table.caption = "\n".join(x for x in (counts_line(comparison.counts.get(candidate, {})),
+                                              shared and f"every case: {shared}") if x)
         tables.append(table)
     return tables
 
@@ -257,12 +308,15 @@ def counts_line(counts: Mapping[str, int]) -> str:
 
 def comparison_markdown(comparison) -> str:
     lines = ["| " + " | ".join(n or "marker" for n in COMPARE_COLUMNS) + " |", "|" + "---|" * len(COMPARE_COLUMNS)]
+    labels, shared = case_labels(comparison.rows)
     for row in comparison.rows:
-        cells = [c.replace("|", "\\|") for c in _compare_cells(row)]
+        cells = [c.replace("|", "\\|") for c in _compare_cells(row, labels[(row.bench, row.case)])]
         lines.append("| " + " | ".join(cells) + " |")
     for (cand, metric), value in comparison.geomeans.items():
         ratio, change = format_sig(value), format_change(100 * (value - 1))
         lines.append(f"| geometric mean ({cand}) | {metric} |  |  |  | {ratio} | {change} |  |  |  |")
+    if shared:
+        lines.append(f"\nevery case: {shared}")
     for warning in comparison.env_warnings:
         lines.append(f"\n> environment differs: {warning}")
     return "\n".join(lines) + "\n"
@@ -303,7 +357,7 @@ def print_comparison(comparison, fmt: str | None) -> None:
         sys.stdout.write(comparison_json(comparison))
     else:
         console = stdout_console()
-        for table in comparison_tables(comparison):
+        for table in comparison_tables(comparison, console.width):
             console.print(table)
 
 

@@ -386,18 +386,20 @@ def tables(summary: Summary, digits: int, notes: Sequence[str] = (), title: str 
     from rich.text import Text
 
     headers, rows = text_rows(summary, digits)  # Text: '[p20, p80]' is data, not rich markup
-    keys, widths = len(summary.row_params), report.column_widths(headers, rows)
-    groups = [list(range(keys, len(headers)))] if width is None else report.column_groups(widths, keys, width)
+    keys = len(summary.row_params)
+    least, natural = report.column_widths(headers, rows), report.natural_widths(headers, rows)
+    groups = [list(range(keys, len(headers)))] if width is None else report.column_groups(least, keys, width)
     out = []
     for n, group in enumerate(groups):
         last, columns = n == len(groups) - 1, [*range(keys), *group]
-        # each column kept at its width where the table fits; one that cannot fit is left to rich to squeeze
-        fits = width is None or sum(widths[i] + 3 for i in columns) + 1 <= width
+        # fixed widths where the group fits; one that cannot fit is left to rich to squeeze
+        fitted = None if width is None else report.fit_widths([natural[i] for i in columns],
+                                                                [least[i] for i in columns], width)
         t = Table(header_style="bold", caption=Text("\n".join([*legend(summary), *notes])) if last else None,
                   caption_justify="left", title=None if title is None or n else Text(title), title_justify="left")
-        for i in columns:
+        for j, i in enumerate(columns):
             t.add_column(Text(headers[i]), justify="right", style="cyan" if i < keys else None,
-                         min_width=widths[i] if fits else None)
+                         width=None if fitted is None else fitted[j], overflow="fold" if i < keys else "ellipsis")
         for row in rows:
             t.add_row(*(Text(row[i]) for i in columns))
         out.append(t)

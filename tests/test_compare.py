@@ -171,7 +171,32 @@ def test_rich_table_renders_all_rows(slower_runs):
     for table in report.comparison_tables(result):
         console.print(table)
     text = console.file.getvalue()
-    assert "toy/m=1" in text and "geometric mean" in text and "1 worse (+)" in text
+    assert "toy" in text and "geometric mean" in text and "1 worse (+)" in text
+    assert "every case: m=1" in text  # the one case's parameters, once beneath the table
+    every = compare.compare_runs(runs, compare.CompareOptions())
+    console = report.Console(file=io.StringIO(), width=200, no_color=True)
+    for table in report.comparison_tables(every):
+        console.print(table)
+    text = console.file.getvalue()
+    assert "m=1" in text and "m=2" in text and "every case" not in text  # m differs: each row names it
+
+
+def _case_row(bench, case):
+    return compare.Row(bench, case, "time", "ms", "b", 1.0, 1.0)
+
+
+def test_case_labels_show_what_differs_and_list_what_every_case_shares():
+    rows = [_case_row("sb", f"batch_size={m}/dim_in=1024/dtype=fp16") for m in (8192, 32768, 8192)]
+    labels, shared = report.case_labels(rows)
+    assert labels[("sb", "batch_size=8192/dim_in=1024/dtype=fp16")] == "batch_size=8192"
+    assert labels[("sb", "batch_size=32768/dim_in=1024/dtype=fp16")] == "batch_size=32768"
+    assert shared == "dim_in=1024, dtype=fp16"
+    labels, shared = report.case_labels([_case_row("sb", "m=1/path=a/b"), _case_row("moe", "m=1/path=a/c")])
+    assert labels == {("sb", "m=1/path=a/b"): "sb path=a/b", ("moe", "m=1/path=a/c"): "moe path=a/c"}  # two benches
+    assert shared == "m=1"  # a value with '/' in it stays whole
+    labels, shared = report.case_labels([_case_row("toy", "not-a-case-id"), _case_row("toy", "m=1")])
+    assert labels[("toy", "not-a-case-id")] == "not-a-case-id" and labels[("toy", "m=1")] == "m=1" and shared == ""
+    assert report.case_labels([_case_row("toy", "m=1")]) == ({("toy", "m=1"): "toy"}, "m=1")
 
 
 def _one_line_exit_2(result, *fragments):
@@ -368,7 +393,7 @@ def test_compare_cells_never_round_onto_the_threshold():
     """A +4.98% change within a 5% threshold prints as 1.0498 and +4.98%, not 1.050 and +5.0%."""
     row = compare.Row("toy", "m=1", "time", "ms", "b", reference_value=10.0, candidate_value=10.498)
     compare._verdict(row, -1, compare.CompareOptions())
-    cells = report._compare_cells(row)
+    cells = report._compare_cells(row, "m=1")
     assert cells[3:7] == ["10.00", "10.498", "1.0498", "+4.98%"] and row.marker == "="
     assert report.format_change(-13.08) == "-13.1%" and report.format_change(None) == "-"
 

@@ -355,3 +355,12 @@ def test_a_table_too_wide_for_the_console_prints_as_several_that_fit(tmp_path):
     wide = subprocess.run([sys.executable, "-m", "qbench", "summary", str(run)], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "1000"})
     assert sum(line.startswith("\u250f") for line in wide.stdout.splitlines()) == 1
+
+
+def test_fit_widths_cut_the_widest_columns_first_and_never_below_their_least():
+    natural, least = [10, 50, 8], [10, 12, 8]
+    assert report.fit_widths(natural, least, 200) == natural  # everything on one line where it fits
+    fitted = report.fit_widths(natural, least, 60)
+    assert fitted == [10, 32, 8] and sum(w + 3 for w in fitted) + 1 == 60  # only the wide column gives way
+    assert report.fit_widths(natural, least, 40) == [10, 12, 8]  # the least widths exactly
+    assert report.fit_widths(natural, least, 39) is None  # not even the least widths fit

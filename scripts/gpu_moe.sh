@@ -6,6 +6,12 @@
 #   check       the MoE GPU tests (grouped GEMM, routing and replication kernels, block GEMMs, the
 #               symmetric-memory transport on every GPU) and a short timing of both systems
 #   seed        the seed config (fp16, d 1024, h 4096, 8192 tokens per rank, 8 experts per rank, top-2)
+#   static      the seed config with a fixed capacity (--capacity-factor 1.0), eager and graphed (a static
+#               step: the all-to-alls are captured too), RUNS runs (default 3) of one command, then
+#               --a2a-ffn-overlap-degree 1,2 once
+#   replicated  rand-skew routing, --replicate-hot 0,2,4, RUNS runs of one command
+# (static and replicated: each run joins $OUT/NAME.tar as it ends, so a call cut short keeps the runs made,
+# one log $OUT/NAME.log, and the medians over the runs at its end)
 #   overlap     --a2a-ffn-overlap-degree 1,2,4
 #   replicate   rand-skew routing, --replicate-hot 0,2,4,6
 #   experts     --num-local-experts 8,16,32,64
@@ -42,6 +48,40 @@ check_part() {
   STEPS=20 WARMUP=5 moe check 120 --system a2a,blocks --locality 0.25,1.0
 }
 seed_part() { moe seed 120 --seed-format; }
+
+# repeated NAME FIRST_LIMIT_S LIMIT_S ARGS...: RUNS runs of qbench moe ARGS (the first may compile and autotune:
+# FIRST_LIMIT_S), run i in runs/moe-NAME-i, each moved into $OUT/TAG.tar as it ends, logs in $OUT/TAG.log
+# (TAG: NAME unless set, so that several commands share one tarball and log: few files come back)
+repeated() {
+  local name=$1 first=$2 limit=$3 run tag=${TAG:-$1}
+  shift 3
+  for run in $(seq "${RUNS:-3}"); do
+    timeout "$([ "$run" = 1 ] && echo "$first" || echo "$limit")" python3 -m qbench moe --world-size "$W" \
+      --num-steps "$STEPS" --warmup "$WARMUP" --out "$OUT/runs/moe-$name-$run" "$@" >> "$OUT/$tag.log" 2>&1
+    echo "== $name-$run rc=$?" | tee -a "$OUT/$tag.log"
+    tar -rf "$OUT/$tag.tar" -C "$OUT" "runs/moe-$name-$run" && rm -rf "$OUT/runs/moe-$name-$run"
+  done
+}
+
+# summarize NAME METRIC...: the medians over the runs NAME-1, NAME-2, ... of NAME.tar, into its log
+summarize() {
+  local name=$1 metric
+  shift
+  mkdir -p "$OUT/summary" && tar -xf "$OUT/$name.tar" -C "$OUT/summary"
+  set -- $(for metric in "$@"; do echo --metric "$metric"; done)
+  python3 -m qbench summary "$OUT"/summary/runs/moe-"$name"-[0-9]* --across-runs median "$@" 2>&1 | tee -a "$OUT/$name.log"
+  rm -rf "$OUT/summary"
+}
+
+static_part() {
+  repeated static 200 110 --capacity-factor 1.0 --exec eager,graph
+  RUNS=1 TAG=static repeated static-overlap 110 110 --capacity-factor 1.0 --exec eager,graph --a2a-ffn-overlap-degree 1,2
+  summarize static step_time floor_ms experts_time backward_experts_time dispatch_time combine_time host_ms
+}
+replicated_part() {
+  repeated replicated 150 110 --routing rand-skew --replicate-hot 0,2,4
+  summarize replicated step_time
+}
 overlap_part() { moe overlap 200 --a2a-ffn-overlap-degree 1,2,4 --seed-format; }
 replicate_part() { moe replicate 240 --routing rand-skew --replicate-hot 0,2,4,6; }
 experts_part() { moe experts 200 --num-local-experts 8,16,32,64; }

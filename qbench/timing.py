@@ -480,6 +480,7 @@ def time_ranks(
     group=None,
     on_warmup_end: Callable[[], None] | None = None,
     observe: Callable[[], None] | None = None,
+    block: int = 1,
 ) -> Timing:
     """Time a distributed step: barrier, start, step(i), synchronize, stop; max over ranks per step.
 
@@ -487,6 +488,10 @@ def time_ranks(
     reset its own PhaseTimer so that phases and steps cover the same steps. Every rank returns the
     same Timing (samples = per-step maxima over ranks). observe() is called after each timed step is
     issued, outside the timed span's host work.
+    block > 1 times the step inside a loop of it, as time_loops does for one process: a sample is the
+    mean of `block` steps issued back to back after one untimed step (so the first timed step, like
+    every later one, is issued while the step before it still runs: the host's lead is hidden wherever
+    the host issues a step faster than the GPU runs it, as in a training loop); `steps` samples.
     """
     import torch.distributed as dist
 
@@ -498,16 +503,20 @@ def time_ranks(
     if on_warmup_end is not None:
         on_warmup_end()
     local = []
+    block = max(1, int(block))
     for i in range(steps):
         if distributed:
             dist.barrier(group=group)
         _synchronize(device)
+        if block > 1:
+            step(i)  # untimed: the timed block starts behind a running step
         clock = _Clock(device)
         clock.start()
-        step(i)
+        for _ in range(block):
+            step(i)
         clock.stop()
         if observe is not None:
             observe()
         _synchronize(device)
-        local.append(clock.elapsed_ms())
+        local.append(clock.elapsed_ms() / block)
     return Timing(tuple(max_over_ranks(local, group)), device)

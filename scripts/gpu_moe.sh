@@ -7,7 +7,7 @@
 #               symmetric-memory transport on every GPU) and a short timing of both systems
 #   seed        the seed config (fp16, d 1024, h 4096, 8192 tokens per rank, 8 experts per rank, top-2)
 #   static      the seed config with a fixed capacity (--capacity-factor 1.0), eager and graphed (a static
-#               step: the all-to-alls are captured too), RUNS runs (default 3) of one command, then
+#               step: the all-to-alls are captured too), RUNS runs (default 3) of one command, then (W > 1)
 #               --a2a-ffn-overlap-degree 1,2 once
 #   replicated  rand-skew routing, --replicate-hot 0,2,4, RUNS runs of one command
 # (static and replicated: each run joins $OUT/NAME.tar as it ends, so a call cut short keeps the runs made,
@@ -75,8 +75,12 @@ summarize() {
 
 static_part() {
   repeated static 200 110 --capacity-factor 1.0 --exec eager,graph
-  RUNS=1 TAG=static repeated static-overlap 110 110 --capacity-factor 1.0 --exec eager,graph --a2a-ffn-overlap-degree 1,2
-  summarize static step_time floor_ms experts_time backward_experts_time dispatch_time combine_time host_ms
+  local exchange=()
+  if [ "$W" -gt 1 ]; then  # chunks overlap the exchange with the expert GEMMs: nothing to overlap at world size 1
+    RUNS=1 TAG=static repeated static-overlap 110 110 --capacity-factor 1.0 --exec eager,graph --a2a-ffn-overlap-degree 1,2
+    exchange=(dispatch_time combine_time)
+  fi
+  summarize static step_time loop_step_time floor_ms experts_time backward_experts_time "${exchange[@]}" host_ms
 }
 replicated_part() {
   repeated replicated 150 110 --routing rand-skew --replicate-hot 0,2,4

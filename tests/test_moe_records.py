@@ -138,6 +138,9 @@ def test_a_cpu_run_records_each_backward_thread_and_restores_the_engine(tmp_path
     assert exc.value.code == 0, printed
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["params"]["backward_thread"], r["status"]) for r in records] == [("device", "ok"), ("calling", "ok")]
+    for r in records:  # the step in a loop too: its samples (3 blocks at least), median and throughput
+        assert len(r["samples"]["loop_step_time"]) == 3 and r["units"]["loop_step_time"] == "ms"
+        assert r["metrics"]["loop_step_time"] > 0 and r["metrics"]["loop_tflops"] > 0
     assert "bwd" in printed  # the column, shown because the records differ in it
     assert torch.autograd.is_multithreading_enabled()  # the default is back once the run is over
 

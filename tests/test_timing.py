@@ -289,6 +289,21 @@ def test_gpu_readings_report_medians_and_nothing_without_a_reading():
     assert units.direction(units.MHZ) == units.direction(units.WATTS) == 0  # informative: no verdict
 
 
+def test_time_ranks_in_blocks_times_each_step_behind_an_untimed_one():
+    import time
+
+    seen = []
+
+    def step(i):
+        seen.append(i)
+        time.sleep(0.01)
+
+    result = timing.time_ranks(step, steps=2, warmup=1, device="cpu", block=3, observe=lambda: seen.append("o"))
+    assert seen == [-1, 0, 0, 0, 0, "o", 1, 1, 1, 1, "o"]  # per block: one untimed step, then three timed
+    assert len(result.samples_ms) == 2
+    assert all(9.5 <= ms < 25 for ms in result.samples_ms), result.samples_ms  # per step (~10 ms), not per block
+
+
 def test_time_ranks_observes_each_timed_step_not_the_warm_up():
     seen = []
     timing.time_ranks(lambda i: seen.append(i), steps=3, warmup=2, device="cpu", observe=lambda: seen.append("o"))

@@ -49,6 +49,9 @@ def summarize(config, case, world_size, samples, stats, memory, device):
     metrics["tflops"] = seed_flops(config) / (step * 1e-3) / 1e12
     metrics["tflops_full"] = full_flops(config, stats, world_size, E) / (step * 1e-3) / 1e12
     unit_of.update(tflops=units.TFLOPS, tflops_full=units.TFLOPS)
+    if "loop_step_time" in metrics:  # the seeds' formula over the step in a loop
+        metrics["loop_tflops"] = seed_flops(config) / (metrics["loop_step_time"] * 1e-3) / 1e12
+        unit_of["loop_tflops"] = units.TFLOPS
     ffn = experts_tflops(config, stats, world_size, metrics)
     if ffn is not None:
         metrics["experts_tflops"], unit_of["experts_tflops"] = ffn, units.TFLOPS

@@ -16,12 +16,12 @@ def table(records: list[dict[str, Any]]):
 
         return kernel_table(records)
     params = ["world_size", "num_local_experts", "a2a_ffn_overlap_degree", "replicate_hot", "routing", "gemm", "exec"]
-    metrics = ["step_time", "forward_time", "backward_time", "dispatch_time", "experts_time", "combine_time",
-               "host_ms", "tflops", "experts_tflops", "roofline_fraction", "expert_load_max_over_mean",
+    metrics = ["step_time", "loop_step_time", "forward_time", "backward_time", "dispatch_time", "experts_time",
+               "combine_time", "host_ms", "tflops", "experts_tflops", "roofline_fraction", "expert_load_max_over_mean",
                "dropped_tokens"]
     if any(r["params"].get("system") == "blocks" for r in records):
         params += ["system", "transport", "locality"]
-        metrics[3:6] = ["plan_time", "ag_time", "ga_time", "dispatch_time", "combine_time"]
+        metrics[4:7] = ["plan_time", "ag_time", "ga_time", "dispatch_time", "combine_time"]
         metrics.remove("experts_tflops")
         metrics.append("remote_fraction")
     elif any(r["params"].get("locality") is not None for r in records):
@@ -30,7 +30,8 @@ def table(records: list[dict[str, Any]]):
     return records_table(records, params, metrics, title="qbench moe (ms: median over steps of the max over ranks)",
                          headers={"a2a_ffn_overlap_degree": "overlap", "num_local_experts": "experts/rank",
                                   "expert_load_max_over_mean": "load max/mean", "replicate_hot": "hot",
-                                  "experts_tflops": "FFN tflops", "backward_thread": "bwd thread"})
+                                  "experts_tflops": "FFN tflops", "backward_thread": "bwd thread",
+                                  "loop_step_time": "loop step"})
 
 
 def seed_lines(record: dict) -> list[str]:

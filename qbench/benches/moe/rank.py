@@ -137,7 +137,7 @@ def record_of(config, case, params, world_size: int, samples, stats, extra: dict
     metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
     unit_of["check_max_rel_error"] = units.REL_ERROR
     drifted = drift_error(samples["step_time"])
-    keep = ("step_time", "forward_time", "backward_time", "step_time_instrumented")
+    keep = ("step_time", "forward_time", "backward_time", "step_time_instrumented", "loop_step_time")
     return make_record(BENCH, params, metrics, units=unit_of, device=device, status="error" if drifted else "ok",
                        error=drifted, samples={k: v for k, v in samples.items() if k in keep or "_time_rank" in k})
 

@@ -6,6 +6,10 @@
               backward times), then steps with them (the phase breakdown and step_time_instrumented)
   time_plain  one pass of any step (compiled: with forward / backward phases; graph replays: none,
               their phases come from a second capture, modes.graph_phases)
+  time_loop   loop_step_time: the step inside a loop of it, as a training loop runs it (a sample is the
+              mean of LOOP_BLOCK steps issued back to back after one untimed step; qbench.timing.time_ranks
+              with block): where the host issues a step faster than the GPU runs it, its lead is hidden, as
+              in training; step_time starts every step on an idle device and so also pays that lead
   host_ms     CPU time spent issuing one step (qbench.timing.host_time), the most of any rank
   sm_clock_mhz_step, power_w_step   the GPUs' SM clock (lowest rank) and power (highest rank) over the
               plain pass's steps (qbench.telemetry; GPU only)
@@ -14,11 +18,13 @@ Samples are per step, in ms, the maximum over ranks.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
 from qbench.telemetry import GpuReadings
-from qbench.timing import PhaseTimer, host_time, max_over_ranks, min_over_ranks, time_ranks
+from qbench.timing import LOOP_BLOCK, PhaseTimer, host_time, max_over_ranks, min_over_ranks, time_ranks
 
 PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
 HOST_REPEAT = 20  # steps whose host time is sampled (at most the timed steps)
@@ -89,7 +95,17 @@ def time_plain(ctx, config, model, moe, x, dy, out: dict, step=None) -> dict[str
     if min_over_ranks([1.0 if readings.clock_mhz else 0.0]) == [1.0]:  # every rank read its GPU
         samples["sm_clock_mhz_step"] = min_over_ranks(readings.clock_mhz)
         samples["power_w_step"] = max_over_ranks(readings.power_w)
+    samples["loop_step_time"] = time_loop(ctx, config, model, x, dy, out, step)
     return samples
+
+
+def time_loop(ctx, config, model, x, dy, out: dict, step=None) -> list[float]:
+    """loop_step_time samples (ms per step, the most of any rank): one per block of LOOP_BLOCK steps issued
+    back to back, config.num_steps // LOOP_BLOCK blocks (at least 3) after the plain pass's warm-up."""
+    run = step or make_step(config, model, x, dy, lambda name: contextlib.nullcontext(), out)
+    blocks = max(3, config.num_steps // LOOP_BLOCK)
+    timing = time_ranks(run, steps=blocks, warmup=0, device=_device_kind(ctx), block=LOOP_BLOCK)
+    return list(timing.samples_ms)
 
 
 def _timed_pass(ctx, config, model, moe, x, dy, out: dict, phases: bool, step=None, observe=None):

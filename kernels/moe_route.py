@@ -12,9 +12,10 @@ every second choice: Tutel's priority when an expert is over capacity), token bl
                      fills every source row with the zero row's index T
   _positions_kernel  grid (k * nb): position of every assignment in its expert's list = the
                      histogram rows before (j, b) + the rank inside the block; keep = pos < capacity;
-                     counts / kept per expert; with one chunk and no replication also the row of
-                     every assignment in the expert-sorted send buffer and the inverse map
-                     source[row] = token
+                     counts / kept per expert; without replication also the row of every
+                     assignment in the send buffer and the inverse map source[row] = token: sorted
+                     by expert with one chunk; with D chunks (padded only: C rows per expert) chunk-major,
+                     chunk c holding part c of every expert's C rows (qbench.layers.moe.plan.parts)
   _weights_grad_kernel  grid (T / BT): backward of the weights, d_logits [T, E] (zero off the choices)
 Eager calls launch directly and replay compiled kernels per shape (kernels._common.LaunchCache);
 while torch.compile traces, the routing and its backward are custom ops (torch.ops.qbench.moe_route,
@@ -77,7 +78,7 @@ def _choose_kernel(logits_ptr, idx_ptr, w_ptr, hist_ptr, fill_ptr, T, E, NB, str
 @triton.jit
 def _positions_kernel(idx_ptr, hist_ptr, flat_e_ptr, pos_ptr, keep_ptr, counts_ptr, kept_ptr,
                       rows_ptr, source_ptr, T, E, NB, CAP,
-                      K: tl.constexpr, ROWS: tl.constexpr, PADDED: tl.constexpr,
+                      K: tl.constexpr, ROWS: tl.constexpr, PADDED: tl.constexpr, CHUNKS: tl.constexpr,
                       BT: tl.constexpr, BE: tl.constexpr, BR: tl.constexpr):
     pid = tl.program_id(0)  # (choice j, token block b) in priority order
     j = pid // NB
@@ -107,41 +108,62 @@ def _positions_kernel(idx_ptr, hist_ptr, flat_e_ptr, pos_ptr, keep_ptr, counts_p
     if pid == 0:
         tl.store(counts_ptr + e, total.to(tl.int64), mask=e_ok)
         tl.store(kept_ptr + e, kept.to(tl.int64), mask=e_ok)
-    if ROWS:  # one chunk, no replication: rows sorted by expert (padded: CAP rows per expert)
-        if PADDED:
-            first = e * CAP
+    if ROWS:  # no replication: rows sorted by expert (padded: CAP rows per expert), or chunk-major
+        if CHUNKS > 1:  # padded: chunk c holds part c of every expert's CAP rows, experts in order
+            row = _chunked_row(choice, pos, E, CAP, CHUNKS)
         else:
-            first = tl.cumsum(kept, 0) - kept
-        row = tl.sum(first[None, :] * hits, 1) + pos
+            if PADDED:
+                first = e * CAP
+            else:
+                first = tl.cumsum(kept, 0) - kept
+            row = tl.sum(first[None, :] * hits, 1) + pos
         row = tl.where(keep, row, -1)
         tl.store(rows_ptr + a, row.to(tl.int64), mask=t_ok)
         tl.store(source_ptr + row, t.to(tl.int64), mask=t_ok & keep)
 
 
-def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=None, rows: bool = False):
+@triton.jit
+def _chunked_row(choice, pos, E, CAP, CHUNKS: tl.constexpr):
+    """Row of the assignment at position pos of expert `choice` in a chunk-major padded send buffer:
+    CAP rows per expert split into CHUNKS parts, the first CAP % CHUNKS one row longer (plan.parts);
+    chunk c holds part c of expert 0, 1, ..., E - 1, after the E * start_c rows of the chunks before."""
+    q = CAP // CHUNKS
+    r = CAP % CHUNKS
+    longer = r * (q + 1)  # the rows of the longer parts
+    c = tl.where(pos < longer, pos // (q + 1), r + (pos - longer) // tl.maximum(q, 1))
+    start = c * q + tl.minimum(c, r)
+    part = q + (c < r).to(tl.int32)
+    return E * start + choice * part + (pos - start)
+
+
+def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=None, rows: bool = False,
+                        chunks: int = 1):
     """Routing of one step: (idx [T, k], weights [T, k] fp32, flat_e, pos, keep [kT], counts, kept [E],
     rows [kT] | None, source [S] | None). weights = softmax over the k chosen logits, differentiable
-    w.r.t. logits. cap None: dropless. rows/source only when rows=True (one chunk, no replication):
-    source[row] = token of that send-buffer row (padded rows read token T: the appended zero row)."""
+    w.r.t. logits. cap None: dropless. rows/source only when rows=True (no replication): source[row] =
+    token of that send-buffer row (padded rows read token T: the appended zero row); the buffer is sorted
+    by expert, or with chunks > 1 (padded only) chunk-major (plan.send_rows' layout)."""
+    if chunks > 1 and not (rows and padded):
+        raise ValueError("send rows of several chunks are built for a padded send buffer only")
     cap = -1 if cap is None else cap
     if torch.is_grad_enabled() and logits.requires_grad:
-        out = RouteFunction.apply(logits, k, cap, padded, forced, rows)
+        out = RouteFunction.apply(logits, k, cap, padded, forced, rows, chunks)
     else:
-        out = _route_any(logits, k, cap, padded, forced, rows)
+        out = _route_any(logits, k, cap, padded, forced, rows, chunks)
     return (*out[:7], *(out[7:] if rows else (None, None)))
 
 
-def _route_any(logits, k: int, cap: int, padded: bool, forced, rows: bool):
+def _route_any(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: int):
     if is_compiling():
-        return _OPS["route"](logits, k, cap, padded, forced, rows)
-    return _route(logits, k, cap, padded, forced, rows)
+        return _OPS["route"](logits, k, cap, padded, forced, rows, chunks)
+    return _route(logits, k, cap, padded, forced, rows, chunks)
 
 
 _CHOOSE = LaunchCache("moe_route_choose")
 _POSITIONS = LaunchCache("moe_route_positions")
 
 
-def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool):
+def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: int):
     # Two launches when T > 0 (none when T == 0): every output below is written by a kernel, so
     # they are allocated with torch.empty (zeros / full only where no kernel runs). cap < 0: dropless.
     T, E = logits.shape
@@ -163,14 +185,16 @@ def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool):
         source.fill_(T)
     if T:
         _launch_route(logits, (idx, weights, hist, flat_e, pos, keep, counts, kept), row_of if rows else flat_e,
-                      source if rows else flat_e, (k, forced is not None, rows, padded, limit, total if fill else 0))
+                      source if rows else flat_e,
+                      (k, forced is not None, rows, padded, limit, total if fill else 0, chunks if rows else 1))
     return idx, weights, flat_e, pos, keep.view(torch.bool), counts, kept, row_of, source
 
 
 def _launch_route(logits, outs, row_of, source, flags) -> None:
-    """_choose_kernel then _positions_kernel; flags = (k, forced, rows, padded, capacity limit, rows to fill)."""
+    """_choose_kernel then _positions_kernel; flags = (k, forced, rows, padded, capacity limit, rows to fill,
+    chunks of the send rows)."""
     idx, weights, hist, flat_e, pos, keep, counts, kept = outs
-    k, forced, rows, padded, limit, fill = flags
+    k, forced, rows, padded, limit, fill, chunks = flags
     T, E = logits.shape
     nb = cdiv(T, BLOCK_TOKENS)
     BE = next_power_of_2(E)
@@ -180,7 +204,7 @@ def _launch_route(logits, outs, row_of, source, flags) -> None:
     consts = (k, forced, BLOCK_TOKENS, BE, next_power_of_2(k), BLOCK_FILL)
     _CHOOSE.launch(key, args, lambda: (_choose_kernel[(nb,)](*args, *consts), (nb,), consts, {}))
     args = (idx, hist, flat_e, pos, keep, counts, kept, row_of, source, T, E, nb, limit)
-    consts = (k, rows, padded, BLOCK_TOKENS, BE, 16)
+    consts = (k, rows, padded, chunks, BLOCK_TOKENS, BE, 16)
     _POSITIONS.launch(key, args, lambda: (_positions_kernel[(k * nb,)](*args, *consts), (k * nb,), consts, {}))
 
 
@@ -189,8 +213,8 @@ class RouteFunction(torch.autograd.Function):
     backward: one launch of _weights_grad_kernel. cap < 0: dropless."""
 
     @staticmethod
-    def forward(ctx, logits, k, cap, padded, forced, rows):
-        out = _route_any(logits, k, cap, padded, forced, rows)
+    def forward(ctx, logits, k, cap, padded, forced, rows, chunks):
+        out = _route_any(logits, k, cap, padded, forced, rows, chunks)
         ctx.save_for_backward(out[0], out[1])
         ctx.num_experts, ctx.logits_dtype = logits.shape[1], logits.dtype
         ctx.mark_non_differentiable(*out[:1], *out[2:])
@@ -200,10 +224,10 @@ class RouteFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _d_idx, d_weights, *_rest):
         if d_weights is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         idx, weights = ctx.saved_tensors
         d_logits = weights_backward(idx, weights, d_weights, ctx.num_experts, ctx.logits_dtype)
-        return d_logits, None, None, None, None, None
+        return d_logits, None, None, None, None, None, None
 
 
 @triton.jit
@@ -259,14 +283,14 @@ def _weights_backward(idx, weights, d_weights, num_experts: int, dtype):
 
 
 def _op_route(logits: torch.Tensor, k: int, cap: int, padded: bool, forced: torch.Tensor | None,
-              rows: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                   torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    out = _route(logits, k, cap, padded, forced, rows)
+              rows: bool, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    out = _route(logits, k, cap, padded, forced, rows, chunks)
     # a custom op's outputs may not alias its inputs: the forced ids pass through as idx
     return (out[0].clone() if forced is not None and out[0].data_ptr() == forced.data_ptr() else out[0], *out[1:])
 
 
-def _fake_route(logits, k, cap, padded, forced, rows):
+def _fake_route(logits, k, cap, padded, forced, rows, chunks):
     T, E = logits.shape
     ints = lambda *shape: logits.new_empty(shape, dtype=torch.int64)  # noqa: E731
     total = E * cap if padded else k * T

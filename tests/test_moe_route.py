@@ -57,6 +57,29 @@ def test_routing_kernels_match_route(T, E, k, cf):
         _mismatch(source[unused], torch.full_like(source[unused], T), "unfilled source rows")
 
 
+@pytest.mark.parametrize("T,E,k,cf,D", [(37, 6, 2, 1.0, 2), (130, 17, 3, 0.7, 3), (9, 4, 2, 0.25, 4)])
+def test_chunked_send_rows_match_tensor_ops(T, E, k, cf, D):
+    """With a padded send buffer in D chunks the kernels give plan.send_rows' chunk-major rows (the capacity
+    of (9, 4, 2, 0.25) is smaller than D: some chunk parts hold no row) and their inverse map."""
+    gen = torch.Generator().manual_seed(T + E + D)
+    logits = torch.randn(T, E, generator=gen).to(DEVICE).half()
+    cap = capacity_limit(cf, T, k, E)
+    idx, _, _, _, keep, _, kept, rows, source = choose_and_position(logits, k, cap, True, rows=True, chunks=D)
+    want = route(logits, k, cf, forced=idx)
+    _mismatch(rows, comm.send_rows(want, comm.chunk_parts(torch.full_like(kept, cap), D), None), "send rows")
+    tokens = torch.arange(k * T, device=DEVICE) % T
+    assert (source[rows[keep]] == tokens[keep]).all(), "source is not the inverse of rows"
+    unused = torch.ones(E * cap, dtype=torch.bool, device=DEVICE)
+    unused[rows[keep]] = False
+    _mismatch(source[unused], torch.full_like(source[unused], T), "unfilled source rows")
+
+
+def test_chunked_send_rows_need_a_padded_buffer():
+    logits = torch.randn(8, 4).to(DEVICE)
+    with pytest.raises(ValueError, match="padded"):
+        choose_and_position(logits, 2, None, False, rows=True, chunks=2)
+
+
 def test_forced_choices_pass_through():
     T, E, k = 29, 5, 2
     forced = torch.stack([torch.arange(T) % E, (torch.arange(T) + 2) % E], 1).to(DEVICE)

@@ -90,7 +90,7 @@ class MoELayer(nn.Module):
         shape = x.shape
         x2, weights = self._operands(x)
         with self._phase("gate"):
-            routing, rows, source = self._gate_route(x2, with_rows=self.degree == 1 and self.opts.replicate_hot == 0)
+            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows())
         with self._phase("plan"):
             plan, dplan = self._step_plan(x2, routing, rows, source)
             if not is_compiling():  # module state is not part of a compiled graph
@@ -126,10 +126,16 @@ class MoELayer(nn.Module):
         with self._phase("combine"):  # rows < 0 (dropped) add nothing
             return _Combine.apply(y, dplan.rows, routing.weights, routing.padded)
 
+    def _kernel_rows(self) -> bool:
+        """Whether the routing kernels give the send rows: without replication, for one chunk, or for the
+        layer's chunks when the send buffer is padded (a fixed capacity: every chunk part has a fixed size)."""
+        return self.opts.replicate_hot == 0 and (self.degree == 1 or self.opts.capacity_factor > 0)
+
     def _gate_route(self, x2, with_rows: bool, padded: bool | None = None):
         """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows
-        then also gives every assignment's row in the expert-sorted send buffer (-1: dropped) and each
-        row's token (`padded` to the capacity when cf > 0 unless told otherwise); else rows = source = None."""
+        then also gives every assignment's row in the send buffer (-1: dropped; sorted by expert, chunk-major
+        with several chunks) and each row's token (`padded` to the capacity when cf > 0 unless told
+        otherwise); else rows = source = None."""
         logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
         if not use_triton(logits):
@@ -137,8 +143,9 @@ class MoELayer(nn.Module):
         T, E = logits.shape
         cap = capacity_limit(cf, T, k, E) if cf != 0 else None
         # the weights (softmax over the k chosen logits, differentiable) come from the routing kernels
+        padded = cf > 0 if padded is None else padded
         idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
-            logits, k, cap, cf > 0 if padded is None else padded, self.forced, rows=with_rows)
+            logits, k, cap, padded, self.forced, rows=with_rows, chunks=self.degree if with_rows and padded else 1)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
     def _gate_logits(self, x2):

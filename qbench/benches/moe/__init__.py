@@ -22,7 +22,10 @@ Metrics (times in ms: median over steps of the max over ranks):
   forward / backward split), <phase>_time (eager: gate, plan, dispatch, experts, combine, backward_a2a,
   backward_experts; from a second pass of as many steps with them), step_time_instrumented (that
   pass's step time: what the phase events cost; graph: the phases from a second capture with the phase
-  events in the graph, modes.graph_phases), host_ms (CPU time spent issuing one step),
+  events in the graph, modes.graph_phases), loop_step_time (the step inside a loop of it: blocks of 8
+  steps issued back to back, so a host faster than the GPU is hidden as in training; every step of
+  step_time starts on an idle device) and loop_tflops (the seeds' formula over it), host_ms (CPU time
+  spent issuing one step),
   experts_tflops (the expert FFN's forward + backward FLOPs over experts_time + backward_experts_time),
   sm_clock_mhz_step (the lowest SM clock of any rank) and power_w_step (the highest board power) over the
   timed steps, where NVML reads them (qbench.telemetry),

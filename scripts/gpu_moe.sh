@@ -28,15 +28,15 @@ W=${W:-4}
 STEPS=${STEPS:-100}
 WARMUP=${WARMUP:-10}
 
-# moe NAME LIMIT_S ARGS...: qbench moe into $OUT/runs/moe-NAME, its log in $OUT/NAME.log; prints the
-# rc and the table's last ${TAIL:-8} rows
+# moe NAME LIMIT_S ARGS...: qbench moe into $OUT/runs/moe-NAME, its log added to $OUT/LOG.log (LOG: NAME
+# unless set); prints the rc and the table's last ${TAIL:-8} rows
 moe() {
-  local name=$1 limit=$2
+  local name=$1 limit=$2 log=$OUT/${LOG:-$1}.log
   shift 2
   timeout "$limit" python3 -m qbench moe --world-size "$W" --num-steps "$STEPS" --warmup "$WARMUP" \
-    --out "$OUT/runs/moe-$name" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name rc=$?"
-  grep -E "│|rror" "$OUT/$name.log" | tail -"${TAIL:-8}"
+    --out "$OUT/runs/moe-$name" "$@" >> "$log" 2>&1
+  echo "== $name rc=$?" | tee -a "$log"
+  grep -E "│|rror" "$log" | tail -"${TAIL:-8}"
 }
 
 check_part() {
@@ -56,9 +56,7 @@ repeated() {
   local name=$1 first=$2 limit=$3 run tag=${TAG:-$1}
   shift 3
   for run in $(seq "${RUNS:-3}"); do
-    timeout "$([ "$run" = 1 ] && echo "$first" || echo "$limit")" python3 -m qbench moe --world-size "$W" \
-      --num-steps "$STEPS" --warmup "$WARMUP" --out "$OUT/runs/moe-$name-$run" "$@" >> "$OUT/$tag.log" 2>&1
-    echo "== $name-$run rc=$?" | tee -a "$OUT/$tag.log"
+    LOG=$tag TAIL=0 moe "$name-$run" "$([ "$run" = 1 ] && echo "$first" || echo "$limit")" "$@"
     tar -rf "$OUT/$tag.tar" -C "$OUT" "runs/moe-$name-$run" && rm -rf "$OUT/runs/moe-$name-$run"
   done
 }

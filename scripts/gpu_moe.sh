@@ -78,7 +78,7 @@ static_part() {
     RUNS=1 TAG=static repeated static-overlap 110 110 --capacity-factor 1.0 --exec eager,graph --a2a-ffn-overlap-degree 1,2
     exchange=(dispatch_time combine_time)
   fi
-  summarize static step_time loop_step_time floor_ms experts_time backward_experts_time "${exchange[@]}" host_ms
+  summarize static step_time loop_step_time floor_ms plan_time experts_time backward_experts_time "${exchange[@]}" host_ms
 }
 replicated_part() {
   repeated replicated 150 110 --routing rand-skew --replicate-hot 0,2,4

@@ -7,6 +7,9 @@
 #   scripts/gpu_switchback.sh reruns   the command of results/switchback-h200-reruns, RUNS times in one call
 #                                      (one GPU, one host; then: qbench summary ... --across-runs median --spreads)
 #   scripts/gpu_switchback.sh ncu      DRAM bytes of the weight quantizers read by ncu (clocks left alone)
+#   scripts/gpu_switchback.sh torchao  with torchao's wheel carried under .whl/: its GPU test, then RUNS runs of
+#                                      the layers (three shapes, M = 32768, every mode) and of the vit-h stack
+#                                      compiled, each beside 16-bit, SwitchBack and the fp8 variants
 source "$(dirname "$0")/gpu_prelude.sh"
 PAIRS=1024x4096,4096x1024,2048x8192,8192x2048,4096x16384,16384x4096
 gpu_header
@@ -47,5 +50,15 @@ for name in ('quantize_global', 'quantize_global_transpose', 'quantize_columnwis
     getattr(sq, name)(w)
 torch.cuda.synchronize()" > "$OUT/ncu_quantizers.csv" 2> "$OUT/ncu_stderr.txt"
   echo "ncu rc=$?" ;;
-*) echo "unknown part $1: tests, modes, model, vit-h, reruns or ncu" >&2; exit 2 ;;
+torchao)
+  python3 -c "import torchao; print('torchao', torchao.__version__)" || exit 1
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_switchback_cli.py -k torchao 2>&1 | tail -2
+  for i in $(seq "${RUNS:-3}"); do
+    timeout 150 python3 -m qbench switchback --pairs 1024x4096,4096x16384,16384x4096 --batch-sizes 32768 \
+      --variants global,fp8,fp8_all,module,torchao --out "$OUT/runs/layers-torchao-run$i" | tail -5
+    timeout 150 python3 -m qbench switchback --model vit-h --batch-sizes 256 --exec compile \
+      --variants 16bit,switchback,fp8,fp8_all,torchao --out "$OUT/runs/vit-h-torchao-run$i" | tail -7
+    (cd "$OUT" && tar -rf torchao.tar runs && rm -rf runs && mkdir runs)  # what ran stays if the call is cut
+  done ;;
+*) echo "unknown part $1: tests, modes, model, vit-h, reruns, ncu or torchao" >&2; exit 2 ;;
 esac

@@ -61,6 +61,37 @@ def test_gpu_graph_mode_right_after_eager_captures(tmp_path):
     assert res.returncode == 0 and "AccumulateGrad" not in res.stderr, res.stderr[-2000:]
 
 
+@pytest.mark.gpu
+def test_gpu_torchao_peer_is_checked_and_timed_in_every_mode(tmp_path):
+    """--variants ...,torchao with torchao importable: its Float8Linear runs beside the modules, checked
+    against nn.Linear (eager) and against its own eager step (compile, graph) before it is timed."""
+    pytest.importorskip("torchao.float8")
+    out = tmp_path / "run"
+    res = qbench("--dims", "64", "--batch-sizes", "64", "--repeat", "3", "--variants", "global,module,torchao",
+                 "--device", "cuda", "--out", str(out), cwd=tmp_path)
+    _, records = store.load_run(out)
+    assert records and [(r["case"], r["error"]) for r in records if r["status"] != "ok"] == []
+    for mode in ("", "_compile", "_graph"):
+        assert all(r["metrics"][f"speedup_module_torchao{mode}"] > 0 for r in records), mode
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_torchao_layer_only_where_it_can_run():
+    """The torchao peer joins the modules only where torchao's Float8Linear can run (an fp8 GPU with
+    torchao importable); elsewhere the layers are the others, and a run goes on without it."""
+    from qbench.benches.switchback import components as comp
+    from qbench.benches.switchback import modules
+    from qbench.benches.switchback.sweep import Shape, SwitchbackConfig
+    from qbench.layers.transformer import unavailable
+
+    config = SwitchbackConfig(pairs=((24, 40),), batch_sizes=(16,), device="cpu")
+    ops = comp.Operands.make(Shape(16, 24, 40, 4, False), config)
+    assert unavailable("torchao", "cpu") is not None
+    assert set(modules._layers(ops, ("module", "torchao"))) == {"switchback", "linear"}
+    metrics, _, failure = modules.measure(ops, ("eager",), ("module", "torchao"), repeat=2, budget_ms=None)
+    assert failure is None and "module_switchback_ms" in metrics and "module_torchao_ms" not in metrics
+
+
 def test_cpu_run_writes_seed_compatible_records(tmp_path):
     out = tmp_path / "run"
     res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--out", str(out), cwd=tmp_path)

@@ -155,6 +155,14 @@ def torchao_convert(model: nn.Module) -> nn.Module:
     return convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: ".blocks." in f".{fqn}")
 
 
+def torchao_linear(linear: nn.Linear) -> nn.Module:
+    """torchao's Float8Linear (recipe "rowwise") holding `linear`'s weight and bias (the layer peer of
+    `qbench switchback`)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    return convert_to_float8_training(linear, config=Float8LinearConfig.from_recipe_name("rowwise"))
+
+
 def build(make, variant: str, state: dict | None = None) -> nn.Module:
     """make(variant) -> a fresh model; the reference weights `state` loaded into it (every variant
     starts from the same numbers), then torchao's conversion where the variant asks for it."""

@@ -1,15 +1,16 @@
 """Module-level training steps of `qbench switchback`, in the three ways training runs.
 
-SwitchBackLinear (global), and with the fp8 variants Fp8Linear (recipes switchback and all), against
-nn.Linear, each doing forward + backward (dX, dW, db) on the same X
-[M, K] and output gradient G [M, N], run
+SwitchBackLinear (global), with the fp8 variants Fp8Linear (recipes switchback and all), and with the
+torchao variant torchao's Float8Linear (recipe rowwise; only where torchao is importable, never a
+dependency), against nn.Linear, each doing forward + backward (dX, dW, db) on the same X [M, K] and
+output gradient G [M, N], run
   eager    layer(x).backward(g) as written;
   compile  torch.compile(layer, fullgraph=True) (inductor, static shapes: one compilation per shape,
            so the recompile limit never sends a shape back to eager);
   graph    the whole eager step captured into one CUDA graph and replayed (GPU only).
 Metrics (ms; eager keeps the historic names):
-  module_<layer>_ms, speedup_module[_fp8|_fp8_all]                       eager
-  module_<layer>_<m>_ms, speedup_module[_fp8|_fp8_all]_<m>                m = compile, graph
+  module_<layer>_ms, speedup_module[_fp8|_fp8_all|_torchao]                   eager
+  module_<layer>_<m>_ms, speedup_module[_fp8|_fp8_all|_torchao]_<m>            m = compile, graph
   host_<layer>_<m>_ms   CPU time spent issuing one step (every mode)
   host_call_<layer>_<call>_ms, host_calls_<layer>_ms   with eager: each call the eager steps make, timed
                         alone, and their sum (benches/switchback/host_calls.py)
@@ -42,8 +43,8 @@ from __future__ import annotations
 
 EXECS = ("eager", "compile", "graph")
 # forward / grad-input against 16-bit on N(0, 1) data: int8 ~1e-2; fp8 e4m3 (3 mantissa bits) ~3e-2,
-# e5m2 gradients (2 bits) ~6e-2
-LOW_PRECISION_REL_ERROR = {"switchback": 0.05, "fp8": 0.1, "fp8_all": 0.1}
+# e5m2 gradients (2 bits) ~6e-2; torchao's rowwise recipe keeps gradients in e4m3
+LOW_PRECISION_REL_ERROR = {"switchback": 0.05, "fp8": 0.1, "fp8_all": 0.1, "torchao": 0.1}
 SAME_KERNELS_REL_ERROR = 1e-2  # compile/graph vs eager: same kernels, the 16-bit dW may reorder sums
 
 
@@ -52,13 +53,17 @@ def supported_execs(device: str) -> tuple[str, ...]:
 
 
 def _layers(ops, variants):
-    """name -> layer with the operands' W and one bias: SwitchBack (global), nn.Linear, and the fp8
-    layers when asked for and the GPU runs fp8 matmuls (peers.fp8_supported)."""
+    """name -> layer with the operands' W and one bias: SwitchBack (global), nn.Linear, the fp8 layers
+    when asked for and the GPU runs fp8 matmuls (peers.fp8_supported), and torchao's Float8Linear when
+    asked for and it can run (qbench.layers.transformer.unavailable)."""
+    import copy
+
     import torch
 
     from qbench.benches.switchback.peers import fp8_supported
     from qbench.layers.fp8 import Fp8Linear
     from qbench.layers.switchback import SwitchBackLinear
+    from qbench.layers.transformer import torchao_linear, unavailable
 
     K, N = ops.x.shape[1], ops.w.shape[0]
     kw = {"device": ops.device, "dtype": ops.dtype}
@@ -70,6 +75,9 @@ def _layers(ops, variants):
         for layer in layers.values():
             layer.weight.copy_(ops.w)
             layer.bias.copy_(torch.linspace(-1, 1, N, device=ops.device, dtype=ops.dtype))
+    if "torchao" in variants and unavailable("torchao", ops.device) is None:
+        # its own copy of the parameters: a layer's step (and its graph) owns its gradients
+        layers["torchao"] = torchao_linear(copy.deepcopy(layers["linear"]))
     return layers
 
 
@@ -231,7 +239,7 @@ def derive(metrics: dict) -> dict:
     return out
 
 
-LAYERS = ("linear", "switchback", "fp8", "fp8_all")
+LAYERS = ("linear", "switchback", "fp8", "fp8_all", "torchao")
 
 
 def _loop_speedup_key(name: str, mode: str) -> str:

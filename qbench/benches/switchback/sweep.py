@@ -31,7 +31,7 @@ SEED_PAIRS = ((1024, 4096, 4), (1280, 5120, 4), (1408, 5632, 4), (1408, 6144, 4.
 GPU_BATCHES = tuple(2**i for i in range(10, 18))  # 1024 ... 131072 tokens, as the original
 CPU_DIMS = (64, 96)
 CPU_BATCHES = (64, 256)
-VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module")
+VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module", "torchao")
 TIME_BUDGET_MS = {"cuda": 100.0, "cpu": 5.0}  # per component: enough repeats for stable medians
 MAX_SAMPLES = 50  # raw samples kept per total (keeps a committed run small)
 

@@ -10,7 +10,8 @@ TABLE_TOTALS = {"time_standard": "16-bit", "time_global": "global", "time_rowwis
 TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_chain_graph": "x chain", "speedup_rowwise": "x row",
                   "speedup_fp8": "x fp8", "speedup_fp8_all": "x fp8all", "speedup_fp8_cublas": "x f8mm",
                   "speedup_int8_cublas": "x i8mm",
-                  "speedup_module": "x mod", "speedup_module_compile": "x mod/c", "speedup_module_graph": "x mod/g"}
+                  "speedup_module": "x mod", "speedup_module_compile": "x mod/c", "speedup_module_graph": "x mod/g",
+                  "speedup_module_torchao_compile": "x tao/c"}
 
 
 def table(records: list[dict]):

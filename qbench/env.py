@@ -2,7 +2,8 @@
 
 Everything a reader needs to judge whether two runs are comparable: GPU name and count, SM clock
 and power limit (when nvidia-smi answers), driver, CUDA, torch, triton, python, host, CPU, the command
-line and the UTC time; and what code produced the numbers (provenance()): the qbench version, a hash
+line and the UTC time, the versions of the optional peers a bench times when they are installed (torchao);
+and what code produced the numbers (provenance()): the qbench version, a hash
 of the package's own source (traceable without .git) and, in a checkout, the git commit and dirty flag.
 Autotuner picks noted during a run (note_autotune) are added under "autotune" when the run closes.
 """
@@ -122,6 +123,22 @@ def triton_version() -> str | None:
     return triton.__version__
 
 
+OPTIONAL_PEERS = ("torchao",)  # packages a bench times as peers where installed, never dependencies
+
+
+def peer_versions() -> dict[str, str | None]:
+    """Installed version of each optional peer (None: not installed), read from its metadata, not imported."""
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {}
+    for name in OPTIONAL_PEERS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def _pick_log():
     """The kernels' log of launch configurations (kernels._common.PICKS), or None when no kernel module
     was imported (then no kernel launched, and `qbench --help` never pays for importing triton)."""
@@ -177,6 +194,7 @@ def capture_env(argv: list[str] | None = None, config: Any = None) -> dict[str, 
     }
     env.update(torch_info())
     env["triton"] = triton_version()
+    env["peers"] = peer_versions()
     env.update(nvidia_smi())
     env.update(provenance())
     env["config"] = _config_dict(config)

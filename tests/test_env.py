@@ -18,6 +18,18 @@ def test_environment_block_has_what_compare_and_readers_need():
     assert block["git_commit"] is None or len(block["git_commit"]) == 40
 
 
+def test_optional_peers_are_named_with_their_installed_version():
+    """env.json says which torchao (if any) a run's peer was: the installed version, or None."""
+    from importlib import metadata
+
+    block = env.capture_env(["qbench", "switchback"])
+    try:
+        installed = metadata.version("torchao")
+    except metadata.PackageNotFoundError:
+        installed = None
+    assert block["peers"] == {"torchao": installed}
+
+
 def test_command_line_reads_as_qbench_however_it_was_started():
     assert env.command_line(["/x/qbench/__main__.py", "moe", "--world-size", "4"]) == "qbench moe --world-size 4"
     assert env.command_line(["/usr/bin/qbench", "compare", "a b"]) == "qbench compare 'a b'"

@@ -54,9 +54,9 @@ torchao)
   python3 -c "import torchao; print('torchao', torchao.__version__)" || exit 1
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_switchback_cli.py -k torchao 2>&1 | tail -2
   for i in $(seq "${RUNS:-3}"); do
-    timeout 150 python3 -m qbench switchback --pairs 1024x4096,4096x16384,16384x4096 --batch-sizes 32768 \
+    timeout 240 python3 -m qbench switchback --pairs 1024x4096,4096x16384,16384x4096 --batch-sizes 32768 \
       --variants global,fp8,fp8_all,module,torchao --out "$OUT/runs/layers-torchao-run$i" | tail -5
-    timeout 150 python3 -m qbench switchback --model vit-h --batch-sizes 256 --exec compile \
+    timeout 240 python3 -m qbench switchback --model vit-h --batch-sizes 256 --exec compile \
       --variants 16bit,switchback,fp8,fp8_all,torchao --out "$OUT/runs/vit-h-torchao-run$i" | tail -7
     (cd "$OUT" && tar -rf torchao.tar runs && rm -rf runs && mkdir runs)  # what ran stays if the call is cut
   done ;;

@@ -82,11 +82,16 @@ def test_torchao_layer_only_where_it_can_run():
     from qbench.benches.switchback import components as comp
     from qbench.benches.switchback import modules
     from qbench.benches.switchback.sweep import Shape, SwitchbackConfig
+    from dataclasses import replace
+
     from qbench.layers.transformer import unavailable
 
     config = SwitchbackConfig(pairs=((24, 40),), batch_sizes=(16,), device="cpu")
     ops = comp.Operands.make(Shape(16, 24, 40, 4, False), config)
     assert unavailable("torchao", "cpu") is not None
+    assert modules.torchao_takes(ops) is False  # M = 16, in = 24: torch._scaled_mm takes multiples of 16 only
+    shape = Shape(32, 48, 64, 4, False)
+    assert modules.torchao_takes(comp.Operands.make(shape, replace(config, pairs=((48, 64),), batch_sizes=(32,))))
     assert set(modules._layers(ops, ("module", "torchao"))) == {"switchback", "linear"}
     metrics, _, failure = modules.measure(ops, ("eager",), ("module", "torchao"), repeat=2, budget_ms=None)
     assert failure is None and "module_switchback_ms" in metrics and "module_torchao_ms" not in metrics

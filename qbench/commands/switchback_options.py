@@ -114,7 +114,7 @@ _OPTIONS = [
                                               "--train-check]."),
     click.option("--variants", help=f"What to time besides the 16-bit baseline [default: all of "
                                      f"{','.join(KERNEL_VARIANTS)}; torchao: its Float8Linear beside the modules, "
-                                     "only when importable]; with --model/--train-check: "
+                                     "only when importable and M, in and out are multiples of 16]; with --model/--train-check: "
                                      "16bit,switchback,fp8,fp8_all,torchao (torchao only when importable)."),
     click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/<bench>.png) afterwards."),
     block_options,

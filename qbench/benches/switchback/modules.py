@@ -55,7 +55,7 @@ def supported_execs(device: str) -> tuple[str, ...]:
 def _layers(ops, variants):
     """name -> layer with the operands' W and one bias: SwitchBack (global), nn.Linear, the fp8 layers
     when asked for and the GPU runs fp8 matmuls (peers.fp8_supported), and torchao's Float8Linear when
-    asked for and it can run (qbench.layers.transformer.unavailable)."""
+    asked for and it can run (qbench.layers.transformer.unavailable) at this shape (torchao_takes)."""
     import copy
 
     import torch
@@ -75,10 +75,16 @@ def _layers(ops, variants):
         for layer in layers.values():
             layer.weight.copy_(ops.w)
             layer.bias.copy_(torch.linspace(-1, 1, N, device=ops.device, dtype=ops.dtype))
-    if "torchao" in variants and unavailable("torchao", ops.device) is None:
+    if "torchao" in variants and unavailable("torchao", ops.device) is None and torchao_takes(ops):
         # its own copy of the parameters: a layer's step (and its graph) owns its gradients
         layers["torchao"] = torchao_linear(copy.deepcopy(layers["linear"]))
     return layers
+
+
+def torchao_takes(ops) -> bool:
+    """Whether torchao's Float8Linear runs at the operands' shape: torch._scaled_mm needs every dimension
+    of its three products a multiple of 16 (M is the grad-weight's inner dimension)."""
+    return all(n % 16 == 0 for n in (*ops.x.shape, ops.w.shape[0]))
 
 
 def _step(layer, x, g, out: dict, reset: bool = True):

@@ -97,6 +97,18 @@ def test_torchao_layer_only_where_it_can_run():
     assert failure is None and "module_switchback_ms" in metrics and "module_torchao_ms" not in metrics
 
 
+def test_torchao_alone_brings_the_modules_it_is_timed_beside(tmp_path):
+    """--variants torchao runs the module steps (torchao's speed-ups are over nn.Linear's); on the CPU the
+    torchao layer itself cannot run, so the record has the other modules and no torchao metric."""
+    out = tmp_path / "run"
+    res = qbench("--dims", "64", "--batch-sizes", "64", "--repeat", "2", "--variants", "torchao", "--out", str(out),
+                 cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    _, records = store.load_run(out)
+    assert records and all("module_switchback_ms" in r["metrics"] for r in records)
+    assert not any(k.startswith(("module_torchao", "speedup_module_torchao")) for r in records for k in r["metrics"])
+
+
 def test_cpu_run_writes_seed_compatible_records(tmp_path):
     out = tmp_path / "run"
     res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--out", str(out), cwd=tmp_path)

@@ -113,8 +113,8 @@ _OPTIONS = [
     dtype_option(None, ("fp16", "bf16"), help="Data type of activations [default: fp16; bf16 with --model or "
                                               "--train-check]."),
     click.option("--variants", help=f"What to time besides the 16-bit baseline [default: all of "
-                                     f"{','.join(KERNEL_VARIANTS)}; torchao: its Float8Linear beside the modules, "
-                                     "only when importable and M, in and out are multiples of 16]; with --model/--train-check: "
+                                     f"{','.join(KERNEL_VARIANTS)}; torchao: its Float8Linear beside the modules (which it "
+                                     "brings), only when importable and M, in and out are multiples of 16]; with --model/--train-check: "
                                      "16bit,switchback,fp8,fp8_all,torchao (torchao only when importable)."),
     click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/<bench>.png) afterwards."),
     block_options,

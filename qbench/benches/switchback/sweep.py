@@ -137,7 +137,7 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
         readings = GpuReadings(config.device)  # the clock and power the components ran at
         timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget, observe=readings)
         module_metrics, module_samples, failure = ({}, {}, None)
-        if "module" in config.variants:
+        if {"module", "torchao"} & set(config.variants):  # torchao's layer is timed beside the modules
             with backward_thread(shape.backward_thread):
                 module_metrics, module_samples, failure = modules.measure(
                     ops, config.execs, config.variants, repeat=config.repeat, budget_ms=budget)

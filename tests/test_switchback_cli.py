@@ -249,6 +249,19 @@ def test_slowest_component_is_a_share_of_time_global_or_nothing():
     assert slowest({"standard_gw": 2.0, "standard_fwd": 1.0}) == "-"
 
 
+def test_table_shows_a_speedup_column_only_where_a_record_has_it():
+    """A CPU run (or a --variants run) times fewer peers: their columns are left out, not printed as dashes."""
+    from qbench.benches.switchback.table import table
+
+    params = {"batch_size": 64, "dim_in": 32, "dim_out": 128, "backward_thread": "device"}
+    records = [{"params": params, "metrics": {"time_standard": 1.0, "speedup_global": 1.2}, "status": "ok", "error": None},
+               {"params": params, "metrics": {"speedup_fp8": 1.3}, "status": "ok", "error": None},
+               {"params": params, "metrics": {}, "status": "error", "error": "relative error [1e-1] > bound"}]
+    headers = [str(c.header) for c in table(records).columns]
+    assert "x glob" in headers and "x fp8" in headers
+    assert not {"x tao/c", "x mod/g", "x f8mm"} & set(headers)
+
+
 def test_resume_runs_only_what_a_cut_run_lacks_and_keeps_what_it_has(tmp_path):
     out = tmp_path / "run"
     args = ("--pairs", "48x96", "--batch-sizes", "40,56,72", "--variants", "global", "--repeat", "2", "--out", str(out))

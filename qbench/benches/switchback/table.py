@@ -24,15 +24,17 @@ def table(records: list[dict]):
 
     t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
     threads = bool(varying_params(records, ["backward_thread"]))  # its column only when it varies
+    # a speed-up's column only where some record has it (a CPU run, or --variants, times fewer peers)
+    speedups = {k: label for k, label in TABLE_SPEEDUPS.items() if any(k in r["metrics"] for r in records)}
     for name in ("M", "in", "out", *(("bwd thread",) if threads else ()), *TABLE_TOTALS.values(),
-                 *TABLE_SPEEDUPS.values(), "host ms", "slowest", "status"):
+                 *speedups.values(), "host ms", "slowest", "status"):
         t.add_column(name, justify="right")
     for rec in records:
         p, m = rec["params"], rec["metrics"]
         cells = [str(p["batch_size"]), str(p["dim_in"]), str(p["dim_out"])]
         cells += [str(p.get("backward_thread"))] if threads else []
         cells += [format_value(m.get(k)) for k in TABLE_TOTALS]
-        for k in TABLE_SPEEDUPS:
+        for k in speedups:
             style = speedup_style(m.get(k))
             text = format_value(m.get(k), units.SPEEDUP)
             cells.append(f"[{style}]{text}[/{style}]" if style else text)

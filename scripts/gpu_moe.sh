@@ -23,6 +23,8 @@
 #   single      one GPU (world size 1): the compile / graph / sync-free GPU tests, then the seed config in
 #               every --exec mode (eager, compile, graph), dropless and with --capacity-factor 1.0:
 #               step_time against floor_ms, experts_tflops (eager phases), host_ms per mode
+#   threads     one GPU (world size 1), seed config, capacity 1.0: eager on both backward threads and graphed,
+#               RUNS runs of one command (results/moe-h200-ws1/backward-thread-8b96258), their medians at the end
 source "$(dirname "$0")/gpu_prelude.sh"
 W=${W:-4}
 STEPS=${STEPS:-100}
@@ -61,13 +63,15 @@ repeated() {
   done
 }
 
-# summarize NAME METRIC...: the medians over the runs NAME-1, NAME-2, ... of NAME.tar, into its log
+# summarize NAME METRIC...: the medians over the runs NAME-1, NAME-2, ... of NAME.tar, into its log (BY: a
+# param to put side by side, --by)
 summarize() {
   local name=$1 metric
   shift
   mkdir -p "$OUT/summary" && tar -xf "$OUT/$name.tar" -C "$OUT/summary"
   set -- $(for metric in "$@"; do echo --metric "$metric"; done)
-  python3 -m qbench summary "$OUT"/summary/runs/moe-"$name"-[0-9]* --across-runs median "$@" 2>&1 | tee -a "$OUT/$name.log"
+  python3 -m qbench summary "$OUT"/summary/runs/moe-"$name"-[0-9]* --across-runs median ${BY:+--by "$BY"} "$@" 2>&1 |
+    tee -a "$OUT/$name.log"
   rm -rf "$OUT/summary"
 }
 
@@ -128,6 +132,11 @@ for line in open(sys.argv[1]):
           f"experts_tflops={m.get('experts_tflops')} host_ms={m.get('host_ms')} {r.get('error') or ''}")
 PY
   done
+}
+
+threads_part() {
+  W=1 repeated ws1-thread 200 150 --capacity-factor 1.0 --exec eager,graph --backward-thread calling,device
+  BY=backward_thread summarize ws1-thread step_time loop_step_time host_ms experts_tflops
 }
 
 PARTS=("${@:-check}")

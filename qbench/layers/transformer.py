@@ -147,6 +147,14 @@ def unavailable(variant: str, device: str) -> str | None:
     return None
 
 
+def torchao_shape_reason(*dims: int) -> str | None:
+    """Why torchao's Float8Linear cannot run at a linear layer's dims (tokens M, in, out), or None:
+    torch._scaled_mm needs every dimension of its three products a multiple of 16 (M is the grad-weight
+    product's inner dimension)."""
+    odd = [n for n in dims if n % 16]
+    return f"torch._scaled_mm needs dims that are multiples of 16, got {odd[0]}" if odd else None
+
+
 def torchao_convert(model: nn.Module) -> nn.Module:
     """Swap the block linears of a 16-bit model for torchao's Float8Linear (recipe "rowwise")."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training

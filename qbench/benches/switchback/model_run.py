@@ -86,12 +86,13 @@ def _reference(case, config, x, target, state) -> dict:
 
 
 def _unavailable(case, config, variant: str) -> str | None:
-    from qbench.layers.transformer import unavailable
+    from qbench.layers.transformer import torchao_shape_reason, unavailable
 
     reason = unavailable(variant, config.device)
-    tokens = case.batch_size * case.preset.tokens
-    if reason is None and variant == "torchao" and config.device == "cuda" and tokens % 16:
-        reason = f"{tokens} tokens: torch._scaled_mm needs the fp8 grad-weight's inner dimension (tokens) % 16 == 0"
+    if reason is None and variant == "torchao" and config.device == "cuda":
+        tokens = case.batch_size * case.preset.tokens
+        shape = torchao_shape_reason(tokens)
+        reason = f"{tokens} tokens: {shape}" if shape else None
     return reason
 
 

@@ -82,9 +82,10 @@ def _layers(ops, variants):
 
 
 def torchao_takes(ops) -> bool:
-    """Whether torchao's Float8Linear runs at the operands' shape: torch._scaled_mm needs every dimension
-    of its three products a multiple of 16 (M is the grad-weight's inner dimension)."""
-    return all(n % 16 == 0 for n in (*ops.x.shape, ops.w.shape[0]))
+    """Whether torchao's Float8Linear runs at the operands' shape (M, K, N; transformer.torchao_shape_reason)."""
+    from qbench.layers.transformer import torchao_shape_reason
+
+    return torchao_shape_reason(*ops.x.shape, ops.w.shape[0]) is None
 
 
 def _step(layer, x, g, out: dict, reset: bool = True):

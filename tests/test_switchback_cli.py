@@ -79,11 +79,11 @@ def test_gpu_torchao_peer_is_checked_and_timed_in_every_mode(tmp_path):
 def test_torchao_layer_only_where_it_can_run():
     """The torchao peer joins the modules only where torchao's Float8Linear can run (an fp8 GPU with
     torchao importable); elsewhere the layers are the others, and a run goes on without it."""
+    from dataclasses import replace
+
     from qbench.benches.switchback import components as comp
     from qbench.benches.switchback import modules
     from qbench.benches.switchback.sweep import Shape, SwitchbackConfig
-    from dataclasses import replace
-
     from qbench.layers.transformer import unavailable
 
     config = SwitchbackConfig(pairs=((24, 40),), batch_sizes=(16,), device="cpu")
@@ -254,7 +254,8 @@ def test_table_shows_a_speedup_column_only_where_a_record_has_it():
     from qbench.benches.switchback.table import table
 
     params = {"batch_size": 64, "dim_in": 32, "dim_out": 128, "backward_thread": "device"}
-    records = [{"params": params, "metrics": {"time_standard": 1.0, "speedup_global": 1.2}, "status": "ok", "error": None},
+    records = [{"params": params, "metrics": {"time_standard": 1.0, "speedup_global": 1.2}, "status": "ok",
+                "error": None},
                {"params": params, "metrics": {"speedup_fp8": 1.3}, "status": "ok", "error": None},
                {"params": params, "metrics": {}, "status": "error", "error": "relative error [1e-1] > bound"}]
     headers = [str(c.header) for c in table(records).columns]

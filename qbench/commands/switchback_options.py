@@ -20,7 +20,8 @@ from qbench.options import (
     resume_option,
 )
 
-KERNEL_VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module", "torchao")  # = sweep.VARIANTS
+# = sweep.VARIANTS
+KERNEL_VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module", "torchao")
 BLOCK_VARIANTS = ("16bit", "switchback", "fp8", "fp8_all", "torchao")  # = benches.switchback.model.VARIANTS
 MODEL_PRESETS = ("vit-h", "vit-l", "gpt2-xl")  # shown in help; a hidden test size "tiny" exists too
 TRAIN_SIZES = ("lm-small", "lm-tiny")
@@ -113,8 +114,9 @@ _OPTIONS = [
     dtype_option(None, ("fp16", "bf16"), help="Data type of activations [default: fp16; bf16 with --model or "
                                               "--train-check]."),
     click.option("--variants", help=f"What to time besides the 16-bit baseline [default: all of "
-                                     f"{','.join(KERNEL_VARIANTS)}; torchao: its Float8Linear beside the modules (which it "
-                                     "brings), only when importable and M, in and out are multiples of 16]; with --model/--train-check: "
+                                     f"{','.join(KERNEL_VARIANTS)}; torchao: its Float8Linear beside the modules "
+                                     "(which it brings), only when importable and M, in and out are multiples of "
+                                     "16]; with --model/--train-check: "
                                      "16bit,switchback,fp8,fp8_all,torchao (torchao only when importable)."),
     click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/<bench>.png) afterwards."),
     block_options,

@@ -26,6 +26,7 @@ COMMANDS = {
     "model": "model",
     "compare": "compare",
     "summary": "summary",
+    "trace": "trace",
     "import": "import_run",
     "plot": "plot",
 }
@@ -38,6 +39,7 @@ Examples:
   qbench model lstm --config deepflow
   qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --fail-on step_time:5
   qbench summary results/switchback-h200-modes/run{1,2,3} --metric speedup_global --by batch_size --across-runs median
+  qbench trace results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv --by phase
 """
 
 

@@ -50,6 +50,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     (d / "hw_list.yaml").write_text(HW + "peak_tflops: [1, 2]\n", encoding="utf-8")
     (d / "hw.json").write_text("{not json", encoding="utf-8")
     (d / "afile").write_text("a file, not a folder\n", encoding="utf-8")
+    (d / "bad_times.csv").write_text("step,stream,start_us,dur_us,kind,name\nstep 0,7,x,1,kernel,k\n", encoding="utf-8")
     (d / "x[bold]").mkdir()
     run = write_run(d / "run", [timed_record({"m": 1}, [1.0, 1.1, 1.2])])
     for name, env_text, records in (("binrun", None, bytes(range(128, 256))), ("listenv", b"[1, 2]", None)):
@@ -170,6 +171,10 @@ USAGE = [
     (["plot", "{run}", "--out", "figure.gif"], "unknown figure format"),
     (["plot", "{binrun}"], "is not UTF-8 text"),
     (["import", "{bin_yaml}"], "unknown format"),
+    (["trace", "{bin_yaml}"], "is not UTF-8 text"),
+    (["trace", "{hw_json}"], "is not a kernel table of `qbench moe --trace`"),
+    (["trace", "{dir}/nosuch.csv"], "cannot read"),
+    (["trace", "{bad_times_csv}"], "with numeric times"),
     (["import", str(SEED_BNB), "--out", UNWRITABLE], "cannot create run directory"),
     (["nosuch"], "No such command"),
     (["model", "nosuch"], "No such command"),

@@ -1,9 +1,18 @@
 """The kernel table of a profiler trace (qbench/benches/moe/trace.py): GPU events tagged with the step whose
-CPU range launched them, times from that step's first GPU event, sorted."""
+CPU range launched them, times from that step's first GPU event, sorted; read back and summed per step by
+kernel or phase (`qbench trace`)."""
 
 import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from qbench.benches.moe.trace import write_gpu_table
+import pytest
+
+from qbench.benches.moe.trace import PHASE_KIND, GpuEvent, gpu_totals, read_gpu_table, write_gpu_table
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _event(cat, name, ts, dur, tid=7, corr=None):
@@ -29,3 +38,57 @@ def test_gpu_events_are_tagged_with_the_step_that_launched_them(tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert [(r["step"], r["name"], r["start_us"], r["stream"]) for r in rows] == [
         ("step 0", "gemm", "0.0", "7"), ("step 0", "combine", "200.0", "7"), ("step 1", "nccl", "0.0", "19")]
+
+
+def _row(step, start, dur, kind, name, stream="7"):
+    return GpuEvent(step, stream, start, dur, kind, name)
+
+
+def test_gpu_totals_sum_each_kernel_per_step_in_the_innermost_phase_it_started_in():
+    events = [_row("", 0.0, 50.0, "kernel", "barrier")]  # outside the traced steps: left out
+    for step in ("step 0", "step 1"):
+        events += [
+            _row(step, 0.0, 100.0, PHASE_KIND, "experts"),
+            _row(step, 10.0, 20.0, PHASE_KIND, "gelu"),  # nested in experts: the innermost wins
+            _row(step, 0.0, 60.0, PHASE_KIND, "nccl:all_to_all"),  # NCCL's own range is no phase
+            _row(step, 0.0, 40.0, "kernel", "gemm"),
+            _row(step, 50.0, 40.0, "kernel", "gemm"),
+            _row(step, 12.0, 6.0, "kernel", "gelu_kernel"),
+            _row(step, 150.0, 10.0, "gpu_memcpy", "copy"),  # after every phase
+        ]
+    by_kernel, steps = gpu_totals(events)
+    assert steps == 2
+    assert [(t.name, t.phase, t.calls, t.ms) for t in by_kernel] == [
+        ("gemm", "experts", 2.0, 0.08), ("copy", "-", 1.0, 0.01), ("gelu_kernel", "gelu", 1.0, 0.006)]
+    assert sum(t.share for t in by_kernel) == pytest.approx(1.0)
+    assert by_kernel[0].us_per_call == 40.0
+    by_phase, _ = gpu_totals(events, by="phase")
+    assert [(t.name, t.calls, t.ms) for t in by_phase] == [("experts", 2.0, 0.08), ("-", 1.0, 0.01),
+                                                           ("gelu", 1.0, 0.006)]
+
+
+def test_read_gpu_table_reads_back_what_write_gpu_table_wrote(tmp_path):
+    trace = {"traceEvents": [_event("user_annotation", "step 0", 0, 100, tid=1),
+                             _event("cuda_runtime", "cudaLaunchKernel", 10, 2, tid=1, corr=1),
+                             _event("kernel", "gemm<[x]>", 50, 30, corr=1)]}
+    path = tmp_path / "t.csv"
+    write_gpu_table(trace, path)
+    assert read_gpu_table(path) == [GpuEvent("step 0", "7", 0.0, 30.0, "kernel", "gemm<[x]>")]
+
+
+def test_trace_command_prints_a_committed_trace_per_step(tmp_path):
+    """The kernel table of a committed 4-rank trace: 3 traced steps, the total row, brackets as written."""
+    path = ROOT / "results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv"
+    done = subprocess.run([sys.executable, "-m", "qbench", "trace", str(path), "--top", "3", "--markdown"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "| kernel | phase | calls | ms | share | us/call |"
+    assert lines[2].startswith("| _grouped_wgrad_kernel | backward_experts | 8.000 |")
+    assert lines[5].startswith("| (")  # the rest in one row
+    assert lines[6].startswith("| total |") and "| 100% |" in lines[6]
+    assert "3 traced steps" in done.stdout
+    by_phase = subprocess.run([sys.executable, "-m", "qbench", "trace", str(path), "--by", "phase"],
+                              capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert by_phase.returncode == 0, by_phase.stderr
+    assert "backward_experts" in by_phase.stdout and "ncclDevKernel" not in by_phase.stdout

@@ -1,0 +1,82 @@
+"""`qbench trace FILE.csv [...]`: where the GPU time of traced steps goes, from the kernel tables
+`qbench moe --trace DIR` writes (one CSV per rank and configuration)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+EPILOG = """\b
+Examples:
+  qbench moe --world-size 1 --capacity-factor 1.0 --trace results/moe-traces   # writes the kernel tables
+  qbench trace results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv
+  qbench trace results/moe-h200x4-round4/trace-after-fix/*-rank0.csv --by phase
+  qbench trace FILE.csv --top 10 --markdown
+"""
+
+
+@click.command(epilog=EPILOG)
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--by", type=click.Choice(("kernel", "phase")), default="kernel", show_default=True,
+              help="Sum by kernel (and the phase it ran in) or by phase.")
+@click.option("--top", type=click.IntRange(min=1), default=25, show_default=True,
+              help="Rows shown, largest first; the rest are summed in one row.")
+@click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
+def command(files, by, top, fmt) -> None:
+    """Per traced step: the GPU time (ms, durations summed over streams), calls and share of each kernel
+    (with the innermost phase range it started in) or of each phase, largest first, and the total."""
+    from pathlib import Path
+
+    from qbench.benches.moe.trace import gpu_totals, read_gpu_table
+
+    tables = [(path, *gpu_totals(read_gpu_table(Path(path)), by)) for path in files]  # all read before printing
+    for i, (path, totals, steps) in enumerate(tables):
+        headers, rows = _rows(totals, by, top)
+        caption = (f"{path}: {steps} traced steps; per step, GPU time summed over streams (work that overlaps "
+                   "counts on each stream); phase: the innermost phase range a kernel started in")
+        if fmt == "markdown":
+            sys.stdout.write(("\n" if i else "") + _markdown(headers, rows, caption))
+        else:
+            _print(headers, rows, caption)
+
+
+def _rows(totals, by: str, top: int) -> tuple[list[str], list[list[str]]]:
+    from qbench.benches.moe.trace import short_kernel_name
+    from qbench.report import format_sig
+
+    def cells(name, phase, calls, ms, share, per_call):
+        first = [name] if by == "phase" else [name, phase]
+        return first + [format_sig(calls), format_sig(ms), f"{format_sig(100 * share, 3)}%", per_call]
+
+    rows = [cells(t.name if by == "phase" else short_kernel_name(t.name), t.phase, t.calls, t.ms, t.share,
+                  format_sig(t.us_per_call)) for t in totals[:top]]
+    rest = totals[top:]
+    if rest:
+        rows.append(cells(f"({len(rest)} more)", "", sum(t.calls for t in rest), sum(t.ms for t in rest),
+                          sum(t.share for t in rest), ""))
+    rows.append(cells("total", "", sum(t.calls for t in totals), sum(t.ms for t in totals),
+                      sum(t.share for t in totals), ""))
+    headers = (["phase"] if by == "phase" else ["kernel", "phase"]) + ["calls", "ms", "share", "us/call"]
+    return headers, rows
+
+
+def _print(headers, rows, caption: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from qbench.report import stdout_console
+
+    table = Table(header_style="bold", caption=Text(caption), caption_justify="left")
+    for j, header in enumerate(headers):
+        table.add_column(header, justify="left" if j < len(headers) - 4 else "right",
+                         overflow="fold" if j == 0 else "ellipsis")
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))  # Text: kernel names hold [...] that is not markup
+    stdout_console().print(table)
+
+
+def _markdown(headers, rows, caption: str) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines) + f"\n\n{caption}\n"

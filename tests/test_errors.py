@@ -130,6 +130,7 @@ USAGE = [
     (MOE + ["--routing", "trace:{bin_yaml}"], "the trace file is not text"),
     (MOE + ["--plot", "figure.gif"], "unknown figure format"),
     (MOE + ["--trace", UNWRITABLE], "--trace"),
+    (MOE + ["--trace", "{afile}/traces"], "is a file; choose a folder"),
     (MOE + ["--samples", "99999999999"], "--samples"),
     (MOE + ["--out", UNWRITABLE], "cannot create run directory"),
     (CFG + ["{big_yaml}"], "model_param.batch_size must be a positive integer up to 2**53"),

@@ -77,7 +77,7 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
     cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "2", "--num-local-experts", "2",
            "--model-dim", "64", "--hidden-size", "24", "--samples", "24", "--num-steps", "2", "--warmup", "1",
            "--a2a-ffn-overlap-degree", "2", "--model", "attn-moe", "--batch-size", "2", "--exec", "eager,compile",
-           "--seed-format", "--device", "cpu", "--out", str(out), "--trace", str(tmp_path / "traces")]
+           "--seed-format", "--device", "cpu", "--out", str(out), "--trace", str(out / "traces")]  # inside the run
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(triton=False), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record, skipped = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
@@ -86,10 +86,10 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
     # compile at world size 2 under DDP: skipped, with a one-line reason
     assert skipped["params"]["exec"] == "compile" and skipped["status"] == "skipped" and skipped["error"]
     for rank in (0, 1):  # --trace: every rank's profiled steps, with the layer's phases as ranges
-        trace = json.loads(gzip.open(tmp_path / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.json.gz").read())
+        trace = json.loads(gzip.open(out / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.json.gz").read())
         names = {e.get("name") for e in trace["traceEvents"]}
         assert {"step 0", "forward", "backward", "gate", "dispatch"} <= names, sorted(n for n in names if n)[:20]
-        assert (tmp_path / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.csv").exists()
+        assert (out / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.csv").exists()
     assert len(record["samples"]["step_time"]) == 2
     from qbench.importers.moe import STEP, SUMMARY
 

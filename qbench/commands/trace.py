@@ -43,14 +43,14 @@ def command(files, by, top, fmt) -> None:
 
 def _rows(totals, by: str, top: int) -> tuple[list[str], list[list[str]]]:
     from qbench.benches.moe.trace import short_kernel_name
-    from qbench.report import format_sig
 
     def cells(name, phase, calls, ms, share, per_call):
         first = [name] if by == "phase" else [name, phase]
-        return first + [format_sig(calls), format_sig(ms), f"{format_sig(100 * share, 3)}%", per_call]
+        return first + [f"{calls:.4g}", f"{ms:.4g}", f"{100 * share:.3g}%", per_call]
 
+    # 4 significant digits (a profiler's durations carry no more; nothing here is judged against a target)
     rows = [cells(t.name if by == "phase" else short_kernel_name(t.name), t.phase, t.calls, t.ms, t.share,
-                  format_sig(t.us_per_call)) for t in totals[:top]]
+                  f"{t.us_per_call:.4g}") for t in totals[:top]]
     rest = totals[top:]
     if rest:
         rows.append(cells(f"({len(rest)} more)", "", sum(t.calls for t in rest), sum(t.ms for t in rest),

@@ -176,6 +176,8 @@ USAGE = [
     (["trace", "{hw_json}"], "is not a kernel table of `qbench moe --trace`"),
     (["trace", "{dir}/nosuch.csv"], "cannot read"),
     (["trace", "{bad_times_csv}"], "with numeric times"),
+    (["trace", "results/moe-h200-ws1/trace-a1036c8/traces/a2a-L8-D1-hot0-randn-triton-rank0.json.gz"],
+     "give the kernel table beside it, a2a-L8-D1-hot0-randn-triton-rank0.csv"),
     (["import", str(SEED_BNB), "--out", UNWRITABLE], "cannot create run directory"),
     (["nosuch"], "No such command"),
     (["model", "nosuch"], "No such command"),

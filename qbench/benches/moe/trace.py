@@ -116,6 +116,9 @@ class GpuEvent:
 
 def read_gpu_table(path: Path) -> list[GpuEvent]:
     """The rows of a kernel CSV written by write_gpu_table; a file that is not one is a usage error."""
+    if path.name.endswith(".json.gz"):
+        raise QbenchUsageError(f"{path} is the Chrome trace (open it in Perfetto); give the kernel table beside it, "
+                               f"{path.name.removesuffix('.json.gz')}.csv")
     lines = read_text(path).splitlines()
     rows = list(csv.reader(lines))
     if not rows or tuple(rows[0]) != COLUMNS:

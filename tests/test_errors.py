@@ -131,6 +131,8 @@ USAGE = [
     (MOE + ["--plot", "figure.gif"], "unknown figure format"),
     (MOE + ["--trace", UNWRITABLE], "--trace"),
     (MOE + ["--trace", "{afile}/traces"], "is a file; choose a folder"),
+    (FR + ["--trace", "{afile}/traces"], "is a file; choose a folder"),
+    (FR + ["--trace", UNWRITABLE], "cannot make the directory"),
     (MOE + ["--samples", "99999999999"], "--samples"),
     (MOE + ["--out", UNWRITABLE], "cannot create run directory"),
     (CFG + ["{big_yaml}"], "model_param.batch_size must be a positive integer up to 2**53"),

@@ -286,3 +286,33 @@ def test_resume_measures_only_the_configurations_a_run_lacks(tmp_path, capsys, m
     assert measured == [json.loads(first[1])["params"]["layer"]]  # only the missing one ran
     assert (out / "results.jsonl").read_text().splitlines(keepends=True)[0] == first[0]
     assert "1 records added; 2 records in" in err
+
+
+def test_trace_profiles_each_eager_configuration_after_timing_it(tmp_path, capsys):
+    """--trace (here inside the run directory): per eager configuration a Chrome trace whose steps hold the forward
+    and the backward as ranges, and a kernel CSV beside it (no GPU work on the CPU: `qbench trace` says so)."""
+    import gzip
+
+    from qbench.traces import COLUMNS, read_gpu_table
+
+    out = tmp_path / "run"
+    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--modes", "train,inference",
+                            "--baselines", "linear", "--steps", "1", "--warmup", "0", "--out", str(out),
+                            "--trace", str(out / "traces")], capsys)
+    assert code == 0, err
+    assert len(load_run(out)[1]) == 4
+    stems = sorted(p.name.removesuffix(".csv") for p in (out / "traces").glob("*.csv"))
+    assert stems == ["fragmented-64-b2-n2-inference-fp32-device-rank0", "fragmented-64-b2-n2-train-fp32-device-rank0",
+                     "linear-64-b2-n0-inference-fp32-device-rank0", "linear-64-b2-n0-train-fp32-device-rank0"]
+    trace = json.loads(gzip.open(out / "traces" / f"{stems[1]}.json.gz").read())
+    ranges = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert sorted(set(ranges)) == ["backward", "forward", "step 0", "step 1", "step 2"]
+    assert ranges.count("backward") == 3
+    inference = json.loads(gzip.open(out / "traces" / f"{stems[0]}.json.gz").read())
+    assert "backward" not in {e.get("name") for e in inference["traceEvents"]}
+    csv_path = out / "traces" / f"{stems[1]}.csv"
+    assert csv_path.read_text().splitlines()[0] == ",".join(COLUMNS) and read_gpu_table(csv_path) == []
+    with pytest.raises(SystemExit) as exc:
+        main(["trace", str(csv_path)])
+    assert exc.value.code in (0, None)
+    assert "no GPU work in this table" in capsys.readouterr().out

@@ -21,6 +21,7 @@ Examples:
   qbench fragmented                                  # the seed's sweep on a GPU, a small one on the CPU
   qbench fragmented --sizes 8192 --batch-sizes 16 --fragments 2,128 --dtype fp32,bf16
   qbench fragmented --modes eval --baselines linear --format seed
+  qbench fragmented --sizes 8192 --fragments 8 --exec eager --trace results/frag-traces  # then: qbench trace FILE.csv
   qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --plot fragmented.png
   qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --resume   # finish it after a crash
 """
@@ -49,11 +50,14 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @backward_thread_option
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also draw the standard figure of the run into this file (.png, .svg, .pdf).")
+@click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+              help="After timing, profile 3 more forward + backward steps of each eager configuration: Chrome "
+                   "traces and kernel CSVs here (print one with `qbench trace FILE.csv`).")
 @device_option
 @out_options
 @resume_option
 def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
-            execs, backward_threads, plot_path, device, out, append, force, as_json, resume) -> None:
+            execs, backward_threads, plot_path, trace_dir, device, out, append, force, as_json, resume) -> None:
     """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
     selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
@@ -64,7 +68,7 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
     config = bench.resolve(bench.FragmentedConfig(
         sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
         steps, warmup, not no_graph, device, execs=execs,
-        backward_threads=backward_threads))
+        backward_threads=backward_threads, trace_dir=trace_dir))
     if plot_path:
         plots.check_figure_path(plot_path)  # a bad figure name is found before the sweep, not after it
     done = resumed(bench.BENCH, out, resume, force)

@@ -28,10 +28,13 @@ def command(files, by, top, fmt) -> None:
     (with the innermost phase range it started in) or of each phase, largest first, and the total."""
     from pathlib import Path
 
-    from qbench.benches.moe.trace import gpu_totals, read_gpu_table
+    from qbench.traces import gpu_totals, read_gpu_table
 
     tables = [(path, *gpu_totals(read_gpu_table(Path(path)), by)) for path in files]  # all read before printing
     for i, (path, totals, steps) in enumerate(tables):
+        if not totals:  # a CPU run's profiler sees no GPU work
+            sys.stdout.write(f"{path}: no GPU work in this table (a run on the CPU records none)\n")
+            continue
         headers, rows = _rows(totals, by, top)
         caption = (f"{path}: {steps} traced steps; per step, GPU time summed over streams (work that overlaps "
                    "counts on each stream); phase: the innermost phase range a kernel started in")
@@ -42,7 +45,7 @@ def command(files, by, top, fmt) -> None:
 
 
 def _rows(totals, by: str, top: int) -> tuple[list[str], list[list[str]]]:
-    from qbench.benches.moe.trace import short_kernel_name
+    from qbench.traces import short_kernel_name
 
     def cells(name, phase, calls, ms, share, per_call):
         first = [name] if by == "phase" else [name, phase]

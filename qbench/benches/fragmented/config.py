@@ -45,6 +45,7 @@ class FragmentedConfig:
     seed: int = 0
     execs: tuple[str, ...] | None = None  # None: all the device supports (GPU: all three; CPU: eager)
     backward_threads: tuple[str, ...] = ("device",)  # qbench.timing.backward_thread: device, calling
+    trace_dir: str | None = None  # also profile 3 steps of each eager configuration, traces here (steps.trace)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,11 @@ class Case:
 
 
 def resolve(config: FragmentedConfig) -> FragmentedConfig:
-    """Fill the defaults for the device and check that every size fits every fragment count."""
+    """Fill the defaults for the device and check that every size fits every fragment count and that the trace
+    directory can be made."""
+    from qbench.traces import check_trace_dir
+
+    check_trace_dir(config.trace_dir)
     device = usable_device(config.device)
     defaults = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
     config = replace(config, device=device, **{k: v for k, v in defaults.items() if getattr(config, k) is None})

@@ -8,6 +8,9 @@
   inference                     forward calls under torch.inference_mode(), cold L2 before each
   host time                     CPU time spent issuing one step (host_step_ms, host_fwd_bwd_ms,
                                 host_forward_ms), the device synchronized outside each sample
+  traced steps                  with --trace: 3 more eager forward + loss + backward steps (or inference
+                                forwards) under the profiler, phases "forward" and "backward" as ranges
+                                (qbench.traces.record_timeline; `qbench trace FILE.csv` prints the kernels)
   clock and power               GPU only: SM clock (MHz) and board power (W) while the timed work ran,
                                 medians of one NVML reading per timed step taken outside the timed spans
                                 (qbench.telemetry): sm_clock_mhz_<what> and power_w_<what>, <what> step
@@ -194,3 +197,28 @@ def graph_forward_ms(model, x, mode: str, steps: int, device: str) -> list[float
     except RuntimeError:
         return None
     return list(timing.samples_ms)
+
+
+def trace(model, x, target, mode: str, out_dir: str, label: str):
+    """3 steps after the timed ones under the profiler (qbench.traces.record_timeline): forward + MSE loss + backward
+    (grads set to None first), or the forward under inference_mode for 'inference'; the forward and the backward
+    are profiler ranges, so `qbench trace FILE.csv --by phase` splits the GPU work between them."""
+    from pathlib import Path
+
+    import torch
+    import torch.nn.functional as F
+
+    from qbench.traces import record_timeline
+
+    def step(_) -> None:
+        if mode == "inference":
+            with torch.inference_mode(), torch.profiler.record_function("forward"):
+                model(x)
+            return
+        clear_grads(model)
+        with torch.profiler.record_function("forward"):
+            loss = F.mse_loss(model(x), target)
+        with torch.profiler.record_function("backward"):
+            loss.backward()
+
+    return record_timeline(step, 3, Path(out_dir), label, 0)

@@ -13,6 +13,8 @@ Measured per record (ms are medians over the timed steps, samples kept):
                          <what>: step (training steps), fwd_bwd (forward + backward), forward (inference)
   peak_memory_mb, param_memory_mb, optimizer_state_mb, parameters, tflops (useful forward flops /
   forward_ms), roofline_fraction (GPU with a preset)
+With a trace directory, each eager configuration then runs 3 profiled steps (steps.trace): <trace_label>-rank0.csv
+and .json.gz there.
 Before timing, FragmentedLinear's train, eval and inference outputs are checked against the float64
 reference definition, and a compiled or graphed step against the eager one; a mismatch is an error
 record.
@@ -152,7 +154,16 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
         if graph:
             samples["forward_graph_ms"], metrics["forward_graph_ms"] = graph, _median(graph)
     _throughput(metrics, case, selected, device)
+    if config.trace_dir and case.exec == "eager":
+        with backward_thread(case.backward_thread):
+            steps.trace(model, x, target, case.mode, config.trace_dir, trace_label(case))
     return make_record(BENCH, case.params(), metrics, units=_units(metrics), samples=samples, device=device)
+
+
+def trace_label(case: Case) -> str:
+    """The file name stem of a configuration's trace: layer, size, batch, fragments, mode, dtype, backward thread."""
+    return (f"{case.layer}-{case.size}-b{case.batch}-n{case.fragments}-{case.mode}-{case.dtype}"
+            f"-{case.backward_thread}")
 
 
 def _units(metrics: dict) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from qbench.benches.moe.config import MoEBenchConfig
 from qbench.errors import QbenchUsageError
+from qbench.traces import check_trace_dir
 
 
 def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
@@ -26,7 +27,7 @@ def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
     _validate_routings(config)
     _validate_blocks(config)
     _validate_gemms(config)
-    _check_trace_dir(config.trace_dir)
+    check_trace_dir(config.trace_dir)
     if config.kernels is not None:
         _validate_kernels(config)
 
@@ -54,26 +55,6 @@ def _validate_gemms(config: MoEBenchConfig) -> None:
 
     if "triton" in config.gemms and config.device != "cuda" and not interpreting():
         raise QbenchUsageError("--gemm triton needs a CUDA GPU; on the CPU use --gemm auto, torch or reference")
-
-
-def _check_trace_dir(trace_dir: str | None) -> None:
-    """--trace DIR must be a folder that can be made: the ranks make it with the first traces they write, after
-    the run directory exists, so DIR may lie inside the run directory (which must be empty when the run starts)."""
-    import os
-    import tempfile
-    from pathlib import Path
-
-    if trace_dir is None:
-        return
-    path = Path(trace_dir).absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise QbenchUsageError(f"--trace {trace_dir}: {existing} is a file; choose a folder")
-    try:  # a folder made and removed at once: whether one can be made there (os.access says yes to root)
-        os.rmdir(tempfile.mkdtemp(prefix=".qbench-trace-check-", dir=existing))
-    except OSError as exc:
-        raise QbenchUsageError(f"--trace {trace_dir}: cannot make the directory ({exc.strerror}); "
-                               "choose another") from None
 
 
 def _validate_blocks(config: MoEBenchConfig) -> None:

@@ -1,4 +1,4 @@
-"""The kernel table of a profiler trace (qbench/benches/moe/trace.py): GPU events tagged with the step whose
+"""The kernel table of a profiler trace (qbench/traces.py): GPU events tagged with the step whose
 CPU range launched them, times from that step's first GPU event, sorted; read back and summed per step by
 kernel or phase (`qbench trace`)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qbench.benches.moe.trace import PHASE_KIND, GpuEvent, gpu_totals, read_gpu_table, write_gpu_table
+from qbench.traces import PHASE_KIND, GpuEvent, gpu_totals, read_gpu_table, write_gpu_table
 
 ROOT = Path(__file__).resolve().parent.parent
 

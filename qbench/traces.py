@@ -4,11 +4,12 @@
 ones, so the timing itself never runs profiled) and writes
     <label>-rank<r>.json.gz   Chrome trace (chrome://tracing, Perfetto): CPU ops, kernels, NCCL
     <label>-rank<r>.csv       one row per GPU kernel / copy / phase range:
-                              step, stream, start_us (from the step's first GPU event), dur_us, kind, name
+                              step, stream, start_us (from the step's first GPU event), dur_us, kind, name,
+                              phase (the innermost phase range open on the host when it was launched)
 Phases are profiler ranges (torch.profiler.record_function) opened inside a step; they land on the GPU timeline
-too. `read_gpu_table(path)` reads such a CSV back and `gpu_totals(events, by)` sums its GPU work per step, by
-kernel (with the phase it ran in) or by phase: what `qbench trace FILE.csv` prints. `qbench moe --trace` and
-`qbench fragmented --trace` write them.
+too. `read_gpu_table(path)` reads such a CSV back (or the events of its .json.gz) and `gpu_totals(events, by)`
+sums its GPU work per step, by kernel (with the phase the host launched it in) or by phase: what `qbench trace
+FILE.csv` prints. `qbench moe --trace` and `qbench fragmented --trace` write them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from qbench.errors import QbenchUsageError, read_text
 
 GPU_KINDS = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
-COLUMNS = ("step", "stream", "start_us", "dur_us", "kind", "name")  # of a kernel CSV (write_gpu_table)
+COLUMNS = ("step", "stream", "start_us", "dur_us", "kind", "name", "phase")  # of a kernel CSV (write_gpu_table)
 PHASE_KIND = "gpu_user_annotation"  # a phase's range on the GPU timeline (NCCL's own ranges are named nccl:*)
 
 
@@ -72,11 +73,31 @@ def record_timeline(step, steps: int, out_dir: Path, label: str, rank: int) -> P
     return table
 
 
-def write_gpu_table(trace: dict, path: Path) -> None:
-    """GPU events of a Chrome trace, each tagged with the step (CPU range 'step i') that launched it."""
+@dataclass(frozen=True)
+class GpuEvent:
+    """One row of a kernel table: step label ('' outside the traced steps), stream, start and duration (us, start
+    from the step's first GPU event), kind (kernel, gpu_memcpy, gpu_memset, gpu_user_annotation), name, and phase:
+    the innermost CPU range (a phase, not a step) open on any thread when the host launched it ('-' for none;
+    None in a table written before phases were recorded)."""
+
+    step: str
+    stream: str
+    start_us: float
+    dur_us: float
+    kind: str
+    name: str
+    phase: str | None = None
+
+
+def gpu_events(trace: dict) -> list[GpuEvent]:
+    """The GPU work and phase ranges of a Chrome trace, in start order, each tagged with the step (CPU range
+    'step i') that launched it and with its phase: phases are found by launch time on the host, because a
+    kernel that autograd's engine thread launches inside the calling thread's 'backward' range never enters
+    that range's span on the GPU timeline."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
-    steps = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
-                   if e.get("cat") == "user_annotation" and e["name"].startswith("step "))
+    ranges = [(e["ts"], e["ts"] + e["dur"], e["name"]) for e in events if e.get("cat") == "user_annotation"]
+    steps = sorted(r for r in ranges if r[2].startswith("step "))
+    phases = [r for r in ranges if not r[2].startswith(("step ", "nccl:"))]
     launches = {e["args"].get("correlation"): e["ts"] for e in events
                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     rows = []
@@ -85,47 +106,52 @@ def write_gpu_table(trace: dict, path: Path) -> None:
             continue
         issued = launches.get(e.get("args", {}).get("correlation"), e["ts"])
         label = next((name for lo, hi, name in steps if lo <= issued <= hi), "")
-        rows.append([label, e.get("tid"), float(e["ts"]), float(e["dur"]), e["cat"], e["name"]])
-    first = {}
+        inside = [(hi - lo, name) for lo, hi, name in phases if lo <= issued <= hi]
+        phase = "" if e["cat"] == PHASE_KIND else min(inside)[1] if inside else "-"
+        rows.append((label, str(e.get("tid")), float(e["ts"]), float(e["dur"]), e["cat"], e["name"][:120], phase))
+    first: dict[str, float] = {}
     for label, _, ts, *_ in rows:
         first[label] = min(first.get(label, ts), ts)
+    return [GpuEvent(label, stream, round(ts - first[label], 1), round(dur, 1), kind, name, phase)
+            for label, stream, ts, dur, kind, name, phase in sorted(rows, key=lambda r: r[2])]
+
+
+def write_gpu_table(trace: dict, path: Path) -> None:
+    """The kernel table (CSV) of a Chrome trace: gpu_events, one row each."""
     with path.open("w", newline="") as fh:
         out = csv.writer(fh)
-        out.writerow(["step", "stream", "start_us", "dur_us", "kind", "name"])
-        for label, stream, ts, dur, kind, name in sorted(rows, key=lambda r: r[2]):
-            out.writerow([label, stream, f"{ts - first[label]:.1f}", f"{dur:.1f}", kind, name[:120]])
-
-
-@dataclass(frozen=True)
-class GpuEvent:
-    """One row of a kernel CSV: step label ('' outside the traced steps), stream, start and duration (us,
-    start from the step's first GPU event), kind (kernel, gpu_memcpy, gpu_memset, gpu_user_annotation)
-    and name."""
-
-    step: str
-    stream: str
-    start_us: float
-    dur_us: float
-    kind: str
-    name: str
+        out.writerow(COLUMNS)
+        for e in gpu_events(trace):
+            out.writerow([e.step, e.stream, f"{e.start_us:.1f}", f"{e.dur_us:.1f}", e.kind, e.name, e.phase])
 
 
 def read_gpu_table(path: Path) -> list[GpuEvent]:
-    """The rows of a kernel CSV written by write_gpu_table; a file that is not one is a usage error."""
+    """The rows of a kernel table written by write_gpu_table (or of one written before its `phase` column), or the
+    events of the Chrome trace (.json.gz) it was made from; a file that is neither is a usage error."""
     if path.name.endswith(".json.gz"):
-        raise QbenchUsageError(f"{path} is the Chrome trace (open it in Perfetto); give the kernel table beside it, "
-                               f"{path.name.removesuffix('.json.gz')}.csv")
-    lines = read_text(path).splitlines()
-    rows = list(csv.reader(lines))
-    if not rows or tuple(rows[0]) != COLUMNS:
-        raise QbenchUsageError(f"{path} is not a kernel table of `qbench moe --trace` (its header must be "
-                               f"{','.join(COLUMNS)})")
+        return gpu_events(_chrome_trace(path))
+    rows = list(csv.reader(read_text(path).splitlines()))
+    if not rows or tuple(rows[0]) not in (COLUMNS, COLUMNS[:-1]):
+        raise QbenchUsageError(f"{path} is not a kernel table of a --trace run (its header must be "
+                               f"{','.join(COLUMNS)}), nor a Chrome trace (.json.gz)")
     try:
-        return [GpuEvent(step, stream, float(start), float(dur), kind, name)
-                for step, stream, start, dur, kind, name in rows[1:]]
-    except ValueError:
-        raise QbenchUsageError(f"{path} has a row that is not step,stream,start_us,dur_us,kind,name "
-                               "with numeric times") from None
+        return [GpuEvent(r[0], r[1], float(r[2]), float(r[3]), r[4], r[5], r[6] if len(r) > 6 else None)
+                for r in rows[1:]]
+    except (ValueError, IndexError):
+        raise QbenchUsageError(f"{path} has a row that is not {','.join(rows[0])} with numeric times") from None
+
+
+def _chrome_trace(path: Path) -> dict:
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            trace = json.load(fh)
+    except FileNotFoundError:
+        raise QbenchUsageError(f"cannot read {path} (No such file or directory)") from None
+    except (OSError, EOFError, UnicodeDecodeError, ValueError):
+        raise QbenchUsageError(f"{path} is not a gzipped Chrome trace (JSON)") from None
+    if not isinstance(trace, dict):
+        raise QbenchUsageError(f"{path} is not a Chrome trace (a JSON object with traceEvents)")
+    return trace
 
 
 @dataclass(frozen=True)
@@ -143,15 +169,16 @@ class GpuTotal:
 
 def gpu_totals(events: list[GpuEvent], by: str = "kernel") -> tuple[list[GpuTotal], int]:
     """(totals, largest first, and the number of traced steps) of the GPU work (kernels, copies, memsets)
-    launched inside the traced steps, summed by kernel name and the phase it ran in (by="kernel": the
-    innermost phase range of its step holding its start, '-' for none) or by that phase alone (by="phase").
-    Durations are summed over streams: work that overlaps on two streams counts twice."""
+    launched inside the traced steps, summed by kernel name and the phase it was launched in (by="kernel") or
+    by that phase alone (by="phase"). A table without phases (written before they were recorded) takes the
+    innermost phase range of the step holding the kernel's start on the GPU timeline. Durations are summed
+    over streams: work that overlaps on two streams counts twice."""
     steps = sorted({e.step for e in events if e.step})
-    phases = [e for e in events if e.kind == PHASE_KIND and not e.name.startswith("nccl:")]
+    ranges = [e for e in events if e.kind == PHASE_KIND and not e.name.startswith("nccl:")]
     sums: dict[tuple[str, str], list[float]] = {}
     for e in events:
         if e.step and e.kind != PHASE_KIND:
-            phase = _phase_of(e, phases)
+            phase = e.phase if e.phase is not None else _phase_on_gpu(e, ranges)
             key = (phase, "") if by == "phase" else (e.name, phase)
             sums.setdefault(key, []).append(e.dur_us)
     total_us = sum(sum(d) for d in sums.values())
@@ -161,8 +188,8 @@ def gpu_totals(events: list[GpuEvent], by: str = "kernel") -> tuple[list[GpuTota
     return sorted(totals, key=lambda t: (-t.ms, t.name)), len(steps)
 
 
-def _phase_of(event: GpuEvent, phases: list[GpuEvent]) -> str:
-    inside = [p for p in phases if p.step == event.step and p.start_us <= event.start_us <= p.start_us + p.dur_us]
+def _phase_on_gpu(event: GpuEvent, ranges: list[GpuEvent]) -> str:
+    inside = [p for p in ranges if p.step == event.step and p.start_us <= event.start_us <= p.start_us + p.dur_us]
     return min(inside, key=lambda p: p.dur_us).name if inside else "-"
 
 

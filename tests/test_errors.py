@@ -50,6 +50,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     (d / "hw_list.yaml").write_text(HW + "peak_tflops: [1, 2]\n", encoding="utf-8")
     (d / "hw.json").write_text("{not json", encoding="utf-8")
     (d / "afile").write_text("a file, not a folder\n", encoding="utf-8")
+    (d / "fake.json.gz").write_text("not gzip", encoding="utf-8")
     (d / "bad_times.csv").write_text("step,stream,start_us,dur_us,kind,name\nstep 0,7,x,1,kernel,k\n", encoding="utf-8")
     (d / "x[bold]").mkdir()
     run = write_run(d / "run", [timed_record({"m": 1}, [1.0, 1.1, 1.2])])
@@ -175,11 +176,11 @@ USAGE = [
     (["plot", "{binrun}"], "is not UTF-8 text"),
     (["import", "{bin_yaml}"], "unknown format"),
     (["trace", "{bin_yaml}"], "is not UTF-8 text"),
-    (["trace", "{hw_json}"], "is not a kernel table of `qbench moe --trace`"),
+    (["trace", "{hw_json}"], "is not a kernel table of a --trace run"),
     (["trace", "{dir}/nosuch.csv"], "cannot read"),
     (["trace", "{bad_times_csv}"], "with numeric times"),
-    (["trace", "results/moe-h200-ws1/trace-a1036c8/traces/a2a-L8-D1-hot0-randn-triton-rank0.json.gz"],
-     "give the kernel table beside it, a2a-L8-D1-hot0-randn-triton-rank0.csv"),
+    (["trace", "{fake_json_gz}"], "is not a gzipped Chrome trace"),
+    (["trace", "{dir}/nosuch.json.gz"], "cannot read"),
     (["import", str(SEED_BNB), "--out", UNWRITABLE], "cannot create run directory"),
     (["nosuch"], "No such command"),
     (["model", "nosuch"], "No such command"),

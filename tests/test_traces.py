@@ -1,8 +1,11 @@
-"""The kernel table of a profiler trace (qbench/traces.py): GPU events tagged with the step whose
-CPU range launched them, times from that step's first GPU event, sorted; read back and summed per step by
-kernel or phase (`qbench trace`)."""
+"""The kernel table of a profiler trace (qbench/traces.py): GPU events tagged with the step and the phase whose
+CPU ranges were open when the host launched them, times from that step's first GPU event, sorted; read back (the
+CSV, an older CSV without phases, or the Chrome trace itself) and summed per step by kernel or phase
+(`qbench trace`)."""
 
 import csv
+import gzip
+import json
 import os
 import subprocess
 import sys
@@ -20,24 +23,34 @@ def _event(cat, name, ts, dur, tid=7, corr=None):
     return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "tid": tid, "args": args}
 
 
-def test_gpu_events_are_tagged_with_the_step_that_launched_them(tmp_path):
+def test_gpu_events_are_tagged_with_the_step_and_phase_that_launched_them(tmp_path):
     trace = {"traceEvents": [
         _event("user_annotation", "step 0", 0, 100, tid=1),
         _event("user_annotation", "step 1", 200, 100, tid=1),
+        _event("user_annotation", "backward", 205, 90, tid=1),  # the calling thread waits in backward()...
+        _event("user_annotation", "gelu", 208, 4, tid=3),  # ...while the engine thread (3) runs a phase of its own
         _event("cuda_runtime", "cudaLaunchKernel", 10, 2, tid=1, corr=1),
         _event("cuda_runtime", "cudaLaunchKernel", 90, 2, tid=1, corr=2),  # launched in step 0, runs late
-        _event("cuda_runtime", "cudaLaunchKernel", 210, 2, tid=1, corr=3),
+        _event("cuda_runtime", "cudaLaunchKernel", 210, 2, tid=3, corr=3),
+        _event("cuda_driver", "cuLaunchKernelEx", 220, 2, tid=3, corr=4),
         _event("kernel", "gemm", 50, 30, corr=1),
         _event("kernel", "combine", 250, 5, corr=2),
-        _event("kernel", "nccl", 260, 40, tid=19, corr=3),
+        _event("kernel", "gelu_kernel", 255, 5, corr=3),
+        _event("kernel", "nccl", 260, 40, tid=19, corr=4),
+        _event(PHASE_KIND, "backward", 255, 45),
         _event("cpu_op", "aten::mm", 12, 3, tid=1),  # CPU ops are not GPU work
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 5},  # not a complete event
     ]}
     path = tmp_path / "t.csv"
     write_gpu_table(trace, path)
     rows = list(csv.DictReader(path.open()))
-    assert [(r["step"], r["name"], r["start_us"], r["stream"]) for r in rows] == [
-        ("step 0", "gemm", "0.0", "7"), ("step 0", "combine", "200.0", "7"), ("step 1", "nccl", "0.0", "19")]
+    assert [(r["step"], r["name"], r["start_us"], r["stream"], r["phase"]) for r in rows] == [
+        ("step 0", "gemm", "0.0", "7", "-"), ("step 0", "combine", "200.0", "7", "-"),
+        ("step 1", "gelu_kernel", "0.0", "7", "gelu"), ("step 1", "backward", "0.0", "7", ""),
+        ("step 1", "nccl", "5.0", "19", "backward")]
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    assert read_gpu_table(gz) == read_gpu_table(path)  # the Chrome trace reads as its table
 
 
 def _row(step, start, dur, kind, name, stream="7"):
@@ -69,11 +82,22 @@ def test_gpu_totals_sum_each_kernel_per_step_in_the_innermost_phase_it_started_i
 
 def test_read_gpu_table_reads_back_what_write_gpu_table_wrote(tmp_path):
     trace = {"traceEvents": [_event("user_annotation", "step 0", 0, 100, tid=1),
+                             _event("user_annotation", "forward", 5, 50, tid=1),
                              _event("cuda_runtime", "cudaLaunchKernel", 10, 2, tid=1, corr=1),
                              _event("kernel", "gemm<[x]>", 50, 30, corr=1)]}
     path = tmp_path / "t.csv"
     write_gpu_table(trace, path)
-    assert read_gpu_table(path) == [GpuEvent("step 0", "7", 0.0, 30.0, "kernel", "gemm<[x]>")]
+    assert read_gpu_table(path) == [GpuEvent("step 0", "7", 0.0, 30.0, "kernel", "gemm<[x]>", "forward")]
+
+
+def test_phases_recorded_at_launch_win_over_the_gpu_ranges_and_old_tables_fall_back_to_them(tmp_path):
+    events = [_row("step 0", 0.0, 10.0, PHASE_KIND, "forward"),
+              GpuEvent("step 0", "7", 2.0, 5.0, "kernel", "k", "backward")]
+    assert [(t.name, t.phase) for t in gpu_totals(events)[0]] == [("k", "backward")]
+    old = tmp_path / "old.csv"  # written before the phase column
+    old.write_text("step,stream,start_us,dur_us,kind,name\nstep 0,7,0.0,10.0,gpu_user_annotation,forward\n"
+                   "step 0,7,2.0,5.0,kernel,k\n")
+    assert [(t.name, t.phase) for t in gpu_totals(read_gpu_table(old))[0]] == [("k", "forward")]
 
 
 def test_trace_command_prints_a_committed_trace_per_step(tmp_path):

@@ -1,5 +1,6 @@
-"""`qbench trace FILE.csv [...]`: where the GPU time of traced steps goes, from the kernel tables
-`qbench moe --trace DIR` writes (one CSV per rank and configuration)."""
+"""`qbench trace FILE.csv [...]`: where the GPU time of traced steps goes, from the kernel tables that
+`qbench moe --trace DIR` and `qbench fragmented --trace DIR` write (one CSV per rank and configuration), or from
+the Chrome traces (.json.gz) beside them."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ Examples:
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 def command(files, by, top, fmt) -> None:
     """Per traced step: the GPU time (ms, durations summed over streams), calls and share of each kernel
-    (with the innermost phase range it started in) or of each phase, largest first, and the total."""
+    (with the phase the host launched it in) or of each phase, largest first, and the total. FILES are kernel
+    tables (.csv) or the Chrome traces (.json.gz) they were made from."""
     from pathlib import Path
 
     from qbench.traces import gpu_totals, read_gpu_table
@@ -37,7 +39,7 @@ def command(files, by, top, fmt) -> None:
             continue
         headers, rows = _rows(totals, by, top)
         caption = (f"{path}: {steps} traced steps; per step, GPU time summed over streams (work that overlaps "
-                   "counts on each stream); phase: the innermost phase range a kernel started in")
+                   "counts on each stream); phase: the innermost phase range open on the host when it was launched")
         if fmt == "markdown":
             sys.stdout.write(("\n" if i else "") + _markdown(headers, rows, caption))
         else:

@@ -9,7 +9,7 @@ ones, so the timing itself never runs profiled) and writes
 Phases are profiler ranges (torch.profiler.record_function) opened inside a step; they land on the GPU timeline
 too. `read_gpu_table(path)` reads such a CSV back (or the events of its .json.gz) and `gpu_totals(events, by)`
 sums its GPU work per step, by kernel (with the phase the host launched it in) or by phase: what `qbench trace
-FILE.csv` prints. `qbench moe --trace` and `qbench fragmented --trace` write them.
+FILE.csv` prints. `qbench moe`, `qbench fragmented` and `qbench switchback` write them with `--trace DIR`.
 """
 
 from __future__ import annotations

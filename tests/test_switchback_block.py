@@ -94,6 +94,7 @@ def test_diverged_run_is_an_error_record():
     (["--train-check", "--batch-sizes", "4,8"], "trains one size"),
     (["--model", "tiny", "--format", "seed"], "--format seed"),
     (["--model", "tiny", "--exec", "graph"], "needs a CUDA device"),
+    (["--train-check", "--trace", "traces"], "--trace profiles the layer bench's module steps"),
 ])
 def test_block_usage_errors_are_one_line_exit_2(tmp_path, args, message):
     res = qbench(*args, cwd=tmp_path)

@@ -174,6 +174,7 @@ def test_pairs_json_and_bf16(tmp_path):
     (["--backward-thread", "main"], "unknown main"),
     (["--backward-thread", "device,calling", "--format", "seed"], "give one --backward-thread"),
     (["--model", "vit-h", "--backward-thread", "calling"], "applies to the layer bench"),
+    (["--variants", "global", "--trace", "traces"], "--trace profiles the module steps: add module"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     res = qbench(*args, cwd=tmp_path)
@@ -383,3 +384,26 @@ def test_each_modes_steps_are_gone_before_the_next_mode_prepares(monkeypatch):
     metrics, _, failure = modules.measure(ops, ("eager", "compile"), ("global", "module"), repeat=2, budget_ms=None)
     assert failure is None and metrics["module_switchback_compile_ms"] > 0
     assert len(kept["eager"]) == 2 * len(modules._layers(ops, ("global", "module")))  # the check, then the timed
+
+
+def test_trace_profiles_each_layers_eager_step_after_its_timing(tmp_path):
+    """--trace (inside the run directory): per shape and layer a Chrome trace whose 3 steps hold the forward and
+    the backward as ranges, and its kernel table beside it."""
+    import gzip
+
+    from qbench.traces import COLUMNS
+
+    out = tmp_path / "run"
+    res = qbench("--pairs", "64x128", "--batch-sizes", "64", "--variants", "global,module", "--out", str(out),
+                 "--trace", str(out / "traces"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    _, records = store.load_run(out)
+    assert [r["status"] for r in records] == ["ok"]
+    names = sorted(p.name for p in (out / "traces").iterdir())
+    assert names == [f"{layer}-64x64x128-fp16-device-rank0.{ext}" for layer in ("linear", "switchback")
+                     for ext in ("csv", "json.gz")]
+    trace = json.loads(gzip.open(out / "traces" / names[3]).read())
+    ranges = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert sorted(set(ranges)) == ["backward", "forward", "step 0", "step 1", "step 2"]
+    assert ranges.count("forward") == ranges.count("backward") == 3
+    assert (out / "traces" / names[2]).read_text().splitlines()[0] == ",".join(COLUMNS)

@@ -15,6 +15,7 @@ Examples:
   qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out results/sb --plot
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # a GPU: module eager vs CUDA graph
   qbench switchback --pairs 1024x4096 --variants global,module --backward-thread device,calling
+  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager --trace results/sb-traces  # qbench trace FILE
   qbench switchback --format seed --out results/sb-seed    # also <run>/info.jsonl for the original plots
   qbench switchback --dims 2048 --out results/sb --resume  # finish that run after a crash: only what it lacks
   qbench switchback --model vit-h --batch-sizes 256 --exec compile   # 4-block CLIP ViT-H training step
@@ -57,7 +58,8 @@ def _layer_bench(f: dict) -> str:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
     config = bench.resolve(bench.SwitchbackConfig(
         f["dims"], f["pairs"], f["wm"], f["batch_sizes"], f["dtype"] or "fp16",
-        variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"], f["backward_threads"]))
+        variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"], f["backward_threads"],
+        f["trace_dir"]))
     done = resumed(bench.BENCH, f["out"], f["resume"], f["force"])
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:

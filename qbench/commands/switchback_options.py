@@ -77,6 +77,8 @@ def check_flags(flags: dict) -> None:
         raise click.UsageError("--resume finishes a layer bench run; drop --model/--train-check")
     if flags["train_check"] and (flags["execs"] or flags["repeat"]):
         raise click.UsageError("--train-check trains eagerly and times nothing: drop --exec/--repeat")
+    if block and flags["trace_dir"]:
+        raise click.UsageError("--trace profiles the layer bench's module steps; drop --model/--train-check")
 
 
 def variants_of(value: str | None, choices: tuple[str, ...]) -> tuple[str, ...]:
@@ -119,6 +121,9 @@ _OPTIONS = [
                                      "16]; with --model/--train-check: "
                                      "16bit,switchback,fp8,fp8_all,torchao (torchao only when importable)."),
     click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/<bench>.png) afterwards."),
+    click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
+                 help="After timing each shape's eager module steps, profile 3 more of each layer (forward and "
+                      "backward as ranges): Chrome traces and kernel CSVs here (print one with `qbench trace`)."),
     block_options,
     exec_option,
     backward_thread_option,

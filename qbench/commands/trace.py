@@ -1,6 +1,6 @@
 """`qbench trace FILE.csv [...]`: where the GPU time of traced steps goes, from the kernel tables that
-`qbench moe --trace DIR` and `qbench fragmented --trace DIR` write (one CSV per rank and configuration), or from
-the Chrome traces (.json.gz) beside them."""
+`qbench moe`, `qbench fragmented` and `qbench switchback` write with `--trace DIR` (one CSV per rank and
+configuration), or from the Chrome traces (.json.gz) beside them."""
 
 from __future__ import annotations
 

@@ -147,9 +147,10 @@ def _prepare(mode: str, layer, x, g):
     return step, [t.detach().clone() for t in (out["y"], x.grad, layer.weight.grad, layer.bias.grad)]
 
 
-def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str | None]:
+def measure(ops, execs, variants, *, repeat, budget_ms, trace=None) -> tuple[dict, dict, str | None]:
     """(metrics, samples, first failure or None) of the module steps in each execution mode. Eager
-    results are taken first: SwitchBack against nn.Linear, then every mode against eager."""
+    results are taken first: SwitchBack against nn.Linear, then every mode against eager. trace: (directory,
+    label) to profile each layer's eager step after its timing (see trace), or None."""
     import torch
 
     from qbench.benches.switchback import host_calls
@@ -190,6 +191,9 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
         for name, timing in time_loops(calls, device=ops.device, repeat=repeat, budget_ms=budget).items():
             key = f"loop_{name}_{mode}_ms"
             metrics[key], samples[key] = timing.median, list(timing.samples_ms)
+        if trace and mode == "eager":
+            for name, layer in layers.items():
+                _trace(layer, ops, trace[0], f"{name}-{trace[1]}")
         # the mode's steps go before the next mode's are made: each keeps its last output, whose autograd
         # graph holds the parameters' gradient accumulators, made on this mode's stream; a capture reusing
         # them from its own stream fails ("operation failed due to a previous error during capture")
@@ -199,6 +203,27 @@ def measure(ops, execs, variants, *, repeat, budget_ms) -> tuple[dict, dict, str
         metrics.update(call_metrics)
         samples.update(call_samples)
     return metrics, samples, None
+
+
+def _trace(layer, ops, out_dir: str, label: str):
+    """3 eager training steps of the layer under the profiler (qbench.traces.record_timeline), its forward and
+    backward as ranges: <label>-rank0.json.gz and .csv in out_dir."""
+    from pathlib import Path
+
+    import torch
+
+    from qbench.traces import record_timeline
+
+    x = ops.x.detach().requires_grad_(True)
+
+    def step(_) -> None:
+        _clear(layer, x)
+        with torch.profiler.record_function("forward"):
+            y = layer(x)
+        with torch.profiler.record_function("backward"):
+            y.backward(ops.g)
+
+    return record_timeline(step, 3, Path(out_dir), label, 0)
 
 
 CHAINS = ("standard", "global")  # the totals re-timed as chains (components.TOTALS["time_<name>"])

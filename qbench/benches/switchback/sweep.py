@@ -48,6 +48,7 @@ class SwitchbackConfig:
     device: str = "auto"
     execs: tuple[str, ...] | None = None  # module-level execution modes; None: all the device supports
     backward_threads: tuple[str, ...] = ("device",)  # qbench.timing.backward_thread for the module steps
+    trace_dir: str | None = None  # also profile 3 eager steps of each module after its timing (modules._trace)
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,19 @@ class Shape:
 
 def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
     """Fill the device and the device-dependent defaults (seed sweep on a GPU, small on the CPU)."""
+    from qbench.errors import QbenchUsageError
     from qbench.timing import usable_device
+    from qbench.traces import check_trace_dir
 
+    check_trace_dir(config.trace_dir)
+    if config.trace_dir and not {"module", "torchao"} & set(config.variants):
+        raise QbenchUsageError("--trace profiles the module steps: add module to --variants")
     device = usable_device(config.device)
     batches = config.batch_sizes or (GPU_BATCHES if device == "cuda" else CPU_BATCHES)
     dims = config.dims if config.dims or config.pairs else (None if device == "cuda" else CPU_DIMS)
     execs = config.execs or (modules.EXECS if device == "cuda" else ("eager",))
     unsupported = [e for e in execs if e not in modules.supported_execs(device)]
     if unsupported:
-        from qbench.errors import QbenchUsageError
-
         raise QbenchUsageError(f"--exec {unsupported[0]} needs a CUDA device; on the CPU use eager or compile")
     config = replace(config, device=device, batch_sizes=batches, dims=dims, execs=execs)
     _check_widths(config)
@@ -140,7 +144,8 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
         if {"module", "torchao"} & set(config.variants):  # torchao's layer is timed beside the modules
             with backward_thread(shape.backward_thread):
                 module_metrics, module_samples, failure = modules.measure(
-                    ops, config.execs, config.variants, repeat=config.repeat, budget_ms=budget)
+                    ops, config.execs, config.variants, repeat=config.repeat, budget_ms=budget,
+                    trace=(config.trace_dir, trace_label(shape, config.dtype)) if config.trace_dir else None)
         if failure:
             return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
         metrics = derive(shape, timings, relerrs, config)
@@ -159,6 +164,11 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
     metrics["repeat"] = min(len(t.samples_ms) for t in timings.values())  # the seed's key: timed calls per key
     return store.make_record(BENCH, params, metrics, units=units_of(metrics), samples=samples,
                              device=config.device)
+
+
+def trace_label(shape: Shape, dtype: str) -> str:
+    """The end of a shape's trace file names (each starts with its layer): M x in x out, dtype, backward thread."""
+    return f"{shape.batch_size}x{shape.dim_in}x{shape.dim_out}-{dtype}-{shape.backward_thread}"
 
 
 def total_samples(timings: dict, keys: tuple[str, ...]) -> list[float]:

@@ -13,6 +13,7 @@ Examples:
   qbench moe --world-size 1 --capacity-factor 1.0 --trace results/moe-traces   # writes the kernel tables
   qbench trace results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv
   qbench trace results/moe-h200x4-round4/trace-after-fix/*-rank0.csv --by phase
+  qbench trace results/fragmented-h200-trace-d2f98b5/traces/fragmented-8192-b16-n8-train-bf16-device-rank0.json.gz
   qbench trace FILE.csv --top 10 --markdown
 """
 
@@ -20,7 +21,7 @@ Examples:
 @click.command(epilog=EPILOG)
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 @click.option("--by", type=click.Choice(("kernel", "phase")), default="kernel", show_default=True,
-              help="Sum by kernel (and the phase it ran in) or by phase.")
+              help="Sum by kernel (and the phase it was launched in) or by phase.")
 @click.option("--top", type=click.IntRange(min=1), default=25, show_default=True,
               help="Rows shown, largest first; the rest are summed in one row.")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")

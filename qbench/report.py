@@ -101,6 +101,12 @@ def stderr_console() -> Console:
     return Console(stderr=True)
 
 
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table: the header, its rule, one line per row (a '|' in a cell escaped)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+
+
 def format_value(value: Any, unit: str | None = None) -> str:
     """Numbers with a sensible number of digits for their size; None/NaN as '-'."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

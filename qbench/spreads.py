@@ -64,8 +64,7 @@ def show(summary: Summary, fmt: str | None) -> None:
         return
     rows = _rows(items)
     if fmt == "markdown":
-        lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+        lines = report.markdown_table(HEADERS, rows)
         sys.stdout.write("\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in legend(summary)))
         return
     from rich.table import Table

@@ -410,8 +410,7 @@ def markdown(summary: Summary, digits: int, notes: Sequence[str] = (), title: st
     """A Markdown table to paste, the legend (and notes) below it (one line each); the title above it."""
     headers, rows = text_rows(summary, digits)
     lines = [] if title is None else [f"**{title}**", ""]
-    lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines += report.markdown_table(headers, rows)
     return "\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in [*legend(summary), *notes])
 
 

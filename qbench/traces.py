@@ -73,6 +73,24 @@ def record_timeline(step, steps: int, out_dir: Path, label: str, rank: int) -> P
     return table
 
 
+def record_training_steps(forward, backward, out_dir: str, label: str, before=None) -> Path:
+    """record_timeline of 3 training steps of one layer, on rank 0: before() (drop the gradients), out =
+    forward(), backward(out), the forward and the backward as profiler ranges ("forward", "backward"), so
+    `qbench trace FILE --by phase` splits the GPU work between them; backward None: a forward alone."""
+    import torch
+
+    def step(_) -> None:
+        if before is not None:
+            before()
+        with torch.profiler.record_function("forward"):
+            out = forward()
+        if backward is not None:
+            with torch.profiler.record_function("backward"):
+                backward(out)
+
+    return record_timeline(step, 3, Path(out_dir), label, 0)
+
+
 @dataclass(frozen=True)
 class GpuEvent:
     """One row of a kernel table: step label ('' outside the traced steps), stream, start and duration (us, start

@@ -83,6 +83,6 @@ def _print(headers, rows, caption: str) -> None:
 
 
 def _markdown(headers, rows, caption: str) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-    return "\n".join(lines) + f"\n\n{caption}\n"
+    from qbench.report import markdown_table
+
+    return "\n".join(markdown_table(headers, rows)) + f"\n\n{caption}\n"

@@ -10,7 +10,7 @@
                                 host_forward_ms), the device synchronized outside each sample
   traced steps                  with --trace: 3 more eager forward + loss + backward steps (or inference
                                 forwards) under the profiler, phases "forward" and "backward" as ranges
-                                (qbench.traces.record_timeline; `qbench trace FILE.csv` prints the kernels)
+                                (qbench.traces.record_training_steps; `qbench trace FILE.csv` prints the kernels)
   clock and power               GPU only: SM clock (MHz) and board power (W) while the timed work ran,
                                 medians of one NVML reading per timed step taken outside the timed spans
                                 (qbench.telemetry): sm_clock_mhz_<what> and power_w_<what>, <what> step
@@ -200,25 +200,18 @@ def graph_forward_ms(model, x, mode: str, steps: int, device: str) -> list[float
 
 
 def trace(model, x, target, mode: str, out_dir: str, label: str):
-    """3 steps after the timed ones under the profiler (qbench.traces.record_timeline): forward + MSE loss + backward
-    (grads set to None first), or the forward under inference_mode for 'inference'; the forward and the backward
-    are profiler ranges, so `qbench trace FILE.csv --by phase` splits the GPU work between them."""
-    from pathlib import Path
-
+    """3 steps after the timed ones under the profiler (qbench.traces.record_training_steps): forward + MSE loss +
+    backward (grads set to None first), or the forward under inference_mode for 'inference'."""
     import torch
     import torch.nn.functional as F
 
-    from qbench.traces import record_timeline
+    from qbench.traces import record_training_steps
 
-    def step(_) -> None:
-        if mode == "inference":
-            with torch.inference_mode(), torch.profiler.record_function("forward"):
+    if mode == "inference":
+        def infer():
+            with torch.inference_mode():
                 model(x)
-            return
-        clear_grads(model)
-        with torch.profiler.record_function("forward"):
-            loss = F.mse_loss(model(x), target)
-        with torch.profiler.record_function("backward"):
-            loss.backward()
 
-    return record_timeline(step, 3, Path(out_dir), label, 0)
+        return record_training_steps(infer, None, out_dir, label)
+    return record_training_steps(lambda: F.mse_loss(model(x), target), lambda loss: loss.backward(), out_dir, label,
+                                 before=lambda: clear_grads(model))

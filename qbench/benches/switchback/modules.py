@@ -206,24 +206,13 @@ def measure(ops, execs, variants, *, repeat, budget_ms, trace=None) -> tuple[dic
 
 
 def _trace(layer, ops, out_dir: str, label: str):
-    """3 eager training steps of the layer under the profiler (qbench.traces.record_timeline), its forward and
-    backward as ranges: <label>-rank0.json.gz and .csv in out_dir."""
-    from pathlib import Path
-
-    import torch
-
-    from qbench.traces import record_timeline
+    """3 eager training steps of the layer under the profiler (qbench.traces.record_training_steps):
+    <label>-rank0.json.gz and .csv in out_dir."""
+    from qbench.traces import record_training_steps
 
     x = ops.x.detach().requires_grad_(True)
-
-    def step(_) -> None:
-        _clear(layer, x)
-        with torch.profiler.record_function("forward"):
-            y = layer(x)
-        with torch.profiler.record_function("backward"):
-            y.backward(ops.g)
-
-    return record_timeline(step, 3, Path(out_dir), label, 0)
+    return record_training_steps(lambda: layer(x), lambda y: y.backward(ops.g), out_dir, label,
+                                 before=lambda: _clear(layer, x))
 
 
 CHAINS = ("standard", "global")  # the totals re-timed as chains (components.TOTALS["time_<name>"])

@@ -19,7 +19,7 @@ the whole row as an [N, F] tile (forward, and the row part of backward); dS take
 one program per fragment, summing over the rows. selector_gradient splits each row's dp into S pieces (B
 x S programs: its z pass reads N x B x out values) and works out dscore in the dS pass. Rows wider than
 MAX_TILE padded elements use the torch references (same math). Eager calls launch directly and replay
-compiled kernels per shape (kernels._common.LaunchCache); under torch.compile they are custom ops.
+compiled kernels per shape (kernels._common.launch.LaunchCache); under torch.compile they are custom ops.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, cdiv, is_compiling, next_power_of_2, register_op, use_triton
+from kernels._common import cdiv, is_compiling, next_power_of_2, register_op, use_triton
+from kernels._common.launch import LaunchCache, aligned
 
 MAX_TILE = 32768  # padded elements per row held in registers (128 KB of fp32 over 8 warps)
 

@@ -26,10 +26,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    LaunchCache,
-    aligned,
     cdiv,
-    config_dict,
     dot_accumulate,
     dot_rows,
     fp32_tile_limit,
@@ -40,6 +37,7 @@ from kernels._common import (
     upcast,
     use_triton,
 )
+from kernels._common.launch import LaunchCache, aligned, config_dict
 
 MAX_ROWS = 64  # the batches these kernels serve (rows summed per dW tile in chunks of 16)
 

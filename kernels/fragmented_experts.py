@@ -27,10 +27,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    LaunchCache,
-    aligned,
     cdiv,
-    config_dict,
     dot_accumulate,
     dot_rows,
     fp32_tile_limit,
@@ -41,6 +38,7 @@ from kernels._common import (
     upcast,
     use_triton,
 )
+from kernels._common.launch import LaunchCache, aligned, config_dict
 
 MAX_ROWS = 64  # rows held by one program: beyond, W would be read once per row block
 

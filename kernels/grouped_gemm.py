@@ -26,7 +26,7 @@ group sizes on the host (no device-to-host synchronisation).
 own grouped matmul (`torch._grouped_mm`, CUTLASS on Hopper), `backend="torch"` uses it instead;
 `backend="auto"` (the default) runs Triton, and callers that measured torch's kernel to be faster
 on their GPU pass backend="torch" explicitly (qbench moe does so and records which ran).
-Eager calls launch directly and replay compiled kernels (kernels._common.LaunchCache; the row count
+Eager calls launch directly and replay compiled kernels (kernels._common.launch.LaunchCache; the row count
 T is keyed by how Triton specializes it, so a layer whose row counts change every step still
 replays); while torch.compile traces, each public function is a custom op (torch.ops.qbench.grouped_mm,
 grouped_mm_act, grouped_mm_act_grad, grouped_wgrad, grouped_wgrad_bias) with a shape-only fake.

@@ -7,7 +7,7 @@ API and the custom ops; kernels/grouped_gemm_tma.py the Hopper kernel it prefers
     the activation, or multiplies by the activation's derivative at a stored pre-activation.
 The tile map over the segments is computed in the kernel from `offsets` (no host read of the group
 sizes); the grid is an upper bound, cdiv(T, BM) + S row tiles times the N tiles. Launches replay the
-first one's compiled kernel (kernels._common.LaunchCache; the row count keyed by its specialization).
+first one's compiled kernel (kernels._common.launch.LaunchCache; the row count keyed by its specialization).
 """
 
 from __future__ import annotations
@@ -15,19 +15,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._common import (
-    LaunchCache,
-    activation_epilogue,
-    aligned,
-    cdiv,
-    config_dict,
-    dot_accumulate,
-    ieee,
-    interpreting,
-    next_power_of_2,
-    specialization,
-    upcast,
-)
+from kernels._common import activation_epilogue, cdiv, dot_accumulate, ieee, interpreting, next_power_of_2, upcast
+from kernels._common.launch import LaunchCache, aligned, config_dict, specialization
 
 # Interpreter runs (CPU tests) use one tiny tile so that they stay fast; GPU configs are the usual
 # Hopper/Ampere tensor-core shapes (128-row tiles for the large expert batches, 64 for small groups).

@@ -26,7 +26,7 @@ traffic, is what the epilogue adds, and nothing runs beside it.
 `supported()` says when this kernel applies; kernels/grouped_gemm.py falls back to the pointer
 kernel otherwise, or when its caller passes impl="pointer" (grouped_matmul_forward's `impl`).
 The first launch of a shape autotunes; later launches replay the picked kernel with descriptors of
-its tile (kernels._common.LaunchCache; the row count T keyed by its specialization only).
+its tile (kernels._common.launch.LaunchCache; the row count T keyed by its specialization only).
 """
 
 from __future__ import annotations
@@ -35,22 +35,17 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
-    HostDescriptor,
-    LaunchCache,
-    aligned,
     capability,
     cdiv,
-    config_dict,
     descriptor_aligned,
     device_properties,
     dot_accumulate,
     ieee,
     interpreting,
     next_power_of_2,
-    specialization,
-    tensor_descriptor,
     upcast,
 )
+from kernels._common.launch import HostDescriptor, LaunchCache, aligned, config_dict, specialization, tensor_descriptor
 
 # (BM, BN, num_stages, num_warps). Shared memory = stages * (BM + BN) * BK * 2 bytes + the epilogue's
 # layout conversion: 128x256 at 3 stages compiles (sm_90) to 176 KiB, within the 227 KiB of an H100/H200

@@ -17,7 +17,7 @@ that run the dot is what makes every config right.
 
 One weight-gradient program per (group, K tile, N tile) walks its group's segments; the grid does not
 depend on the row count, so a launch never reads the group sizes on the host and every launch of one
-shape replays the first one's compiled kernel (kernels._common.LaunchCache).
+shape replays the first one's compiled kernel (kernels._common.launch.LaunchCache).
 
 A TMA-fed variant (whole row chunks through tensor descriptors) was tried and timed at 0.97x this
 kernel on an H200 at the MoE seed widths (results/grouped-h200-wgrad), so it was removed.
@@ -29,16 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
-    LaunchCache,
-    aligned,
-    cdiv,
-    config_dict,
-    dot_accumulate,
-    ieee,
-    interpreting,
-    upcast,
-)
+from kernels._common import cdiv, dot_accumulate, ieee, interpreting, upcast
+from kernels._common.launch import LaunchCache, aligned, config_dict
 
 if interpreting():  # one tiny tile keeps CPU tests fast
     _WGRAD_CONFIGS = [triton.Config({"BK": 16, "BN": 16, "BR": 16}, num_warps=1, num_stages=1)]

@@ -7,7 +7,7 @@ For T tokens, k choices, assignment a = j * T + t and rows[a] its row in src (-1
 With w = None the same forward is the backward of gathering token rows into the send buffer
 (dx[t] = sum_j d_send[rows[a]]), so the layer needs no index_add with atomics.
 Rows must be distinct (apart from -1): every assignment owns its row.
-Eager calls launch directly and replay compiled kernels per shape (kernels._common.LaunchCache);
+Eager calls launch directly and replay compiled kernels per shape (kernels._common.launch.LaunchCache);
 while torch.compile traces they are custom ops (torch.ops.qbench.moe_combine, moe_combine_backward).
 The torch references (no Triton here) have static shapes too: no boolean-mask indexing, so they
 neither synchronise with the device nor break a compiled graph.
@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, cdiv, interpreting, is_compiling, register_op, use_triton
+from kernels._common import cdiv, interpreting, is_compiling, register_op, use_triton
+from kernels._common.launch import LaunchCache, aligned
 
 BT, BD = (8, 16) if interpreting() else (32, 128)
 

@@ -17,7 +17,7 @@ Inputs (per rank: T tokens, k choices, E = W * L experts, assignments a = j * T 
       masked [W, E] counts_all with the hot experts' columns zeroed
   _hot_rows_kernel  grid (kT / BA): every assignment's send row (-1: dropped or replicated) and
       replica row (-1: not replicated), and the inverse maps source[row] = token, hot_source[row] = token
-Eager calls replay compiled kernels per shape (kernels._common.LaunchCache); while torch.compile traces,
+Eager calls replay compiled kernels per shape (kernels._common.launch.LaunchCache); while torch.compile traces,
 the plan is one custom op (torch.ops.qbench.moe_hot_plan).
 """
 
@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, cdiv, interpreting, is_compiling, next_power_of_2, register_op
+from kernels._common import cdiv, interpreting, is_compiling, next_power_of_2, register_op
+from kernels._common.launch import LaunchCache, aligned
 
 BLOCK_ASSIGNMENTS = 16 if interpreting() else 1024
 

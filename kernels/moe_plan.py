@@ -7,7 +7,7 @@
                         qbench/layers/moe/plan.py's tensor ops)
   _block_counts_kernel  grid (1), the blocks layer: block and row counts of a block plan
   _block_list_kernel    grid (L * W), the blocks layer: every block's source, rows, expert and place
-`plan_offsets` replays its compiled kernel (kernels._common.LaunchCache) and is a custom op while
+`plan_offsets` replays its compiled kernel (kernels._common.launch.LaunchCache) and is a custom op while
 torch.compile traces; the blocks kernels sit between host reads (the block count sizes the list).
 """
 
@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, interpreting, is_compiling, next_power_of_2, register_op
+from kernels._common import interpreting, is_compiling, next_power_of_2, register_op
+from kernels._common.launch import LaunchCache, aligned
 
 
 @triton.jit

@@ -17,7 +17,7 @@ every second choice: Tutel's priority when an expert is over capacity), token bl
                      by expert with one chunk; with D chunks (padded only: C rows per expert) chunk-major,
                      chunk c holding part c of every expert's C rows (qbench.layers.moe.plan.parts)
   _weights_grad_kernel  grid (T / BT): backward of the weights, d_logits [T, E] (zero off the choices)
-Eager calls launch directly and replay compiled kernels per shape (kernels._common.LaunchCache);
+Eager calls launch directly and replay compiled kernels per shape (kernels._common.launch.LaunchCache);
 while torch.compile traces, the routing and its backward are custom ops (torch.ops.qbench.moe_route,
 moe_route_weights_backward) inside the same autograd.Function.
 """
@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import LaunchCache, aligned, cdiv, interpreting, is_compiling, next_power_of_2, register_op
+from kernels._common import cdiv, interpreting, is_compiling, next_power_of_2, register_op
+from kernels._common.launch import LaunchCache, aligned
 
 BLOCK_TOKENS = 16 if interpreting() else 128
 BLOCK_FILL = 64 if interpreting() else 1024  # int64 entries one program fills per step

@@ -28,9 +28,6 @@ import triton.language as tl
 
 from kernels import switchback_matmul_tma as tma
 from kernels._common import (
-    LaunchCache,
-    aligned,
-    best_tile,
     cdiv,
     dequantize_tile,
     interpreting,
@@ -40,6 +37,7 @@ from kernels._common import (
     register_op,
     use_triton,
 )
+from kernels._common.launch import LaunchCache, aligned, best_tile
 
 QMAX_SQUARED = 127.0 * 127.0
 

@@ -17,19 +17,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._common import (
-    HostDescriptor,
-    LaunchCache,
-    aligned,
-    best_tile,
-    capability,
-    cdiv,
-    dequantize_tile,
-    device_properties,
-    quantized_dot,
-    quantized_zeros,
-    tensor_descriptor,
-)
+from kernels._common import capability, cdiv, dequantize_tile, device_properties, quantized_dot, quantized_zeros
+from kernels._common.launch import HostDescriptor, LaunchCache, aligned, best_tile, tensor_descriptor
 
 
 @triton.jit

@@ -7,7 +7,7 @@ Math (s is the absmax of the slice a scale covers):
   global, global-transpose, both layouts, columnwise-and-transpose: the weight quantizers of
                             kernels/switchback_quantize_weight.py (two passes), exposed here
   dequantize-rowwise        Xq [M, K] int8, s [M] -> Xq * s[:, None] / 127 in a 16-bit dtype
-Formats (kernels._common.QUANT_FORMATS): "int8" (QMAX 127, q = round half to even, the stored scale
+Formats (kernels._common.formats.QUANT_FORMATS): "int8" (QMAX 127, q = round half to even, the stored scale
 is the absmax itself, as in the original SwitchBack kernels), "e4m3" (float8_e4m3fn, QMAX 448; for
 activations and weights) and "e5m2" (float8_e5m2, QMAX 57344; for gradients), where q is the
 hardware's round-to-nearest-even conversion and the stored scale is the dequantization multiplier
@@ -17,7 +17,7 @@ gives multiplier 0 and output 0, never NaN. Inputs are fp16, bf16 or fp32, last 
 contiguous; scales are fp32.
 
 Every public function is one torch custom op (torch.ops.qbench.*) while torch.compile traces, and a
-direct launch otherwise; launches replay compiled kernels per shape (kernels._common.LaunchCache).
+direct launch otherwise; launches replay compiled kernels per shape (kernels._common.launch.LaunchCache).
 """
 
 from __future__ import annotations
@@ -27,26 +27,16 @@ import triton
 import triton.language as tl
 
 from kernels import switchback_quantize_weight as weight
-from kernels._common import (
+from kernels._common import cdiv, interpreting, is_compiling, next_power_of_2, register_op, use_triton
+from kernels._common.formats import encode, encode_reference, format_consts, format_dtype, multiplier, stored_scale
+from kernels._common.launch import (
     LaunchCache,
     aligned,
     barrier_flags,
-    cdiv,
-    encode,
-    encode_reference,
-    format_consts,
-    format_dtype,
     grid_barrier,
-    interpreting,
-    is_compiling,
     launch_with_grid_barrier,
-    multiplier,
-    next_power_of_2,
-    register_op,
     sm_count,
-    stored_scale,
     stream_scratch,
-    use_triton,
 )
 from kernels.switchback_quantize_weight import (  # noqa: F401  (the references of the weight quantizers)
     quantize_columnwise_transpose_reference,

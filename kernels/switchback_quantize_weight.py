@@ -30,22 +30,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import (
+from kernels._common import cdiv, interpreting, next_power_of_2
+from kernels._common.formats import encode, encode_reference, format_consts, format_dtype, multiplier, stored_scale
+from kernels._common.launch import (
     LaunchCache,
     aligned,
     barrier_flags,
-    cdiv,
-    encode,
-    encode_reference,
-    format_consts,
-    format_dtype,
     grid_barrier,
-    interpreting,
     launch_with_grid_barrier,
-    multiplier,
-    next_power_of_2,
     sm_count,
-    stored_scale,
     stream_scratch,
 )
 

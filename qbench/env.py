@@ -140,18 +140,18 @@ def peer_versions() -> dict[str, str | None]:
 
 
 def _pick_log():
-    """The kernels' log of launch configurations (kernels._common.PICKS), or None when no kernel module
+    """The kernels' log of launch configurations (kernels._common.launch.PICKS), or None when no kernel module
     was imported (then no kernel launched, and `qbench --help` never pays for importing triton)."""
-    common = sys.modules.get("kernels._common")
-    return common.PICKS if common is not None else None
+    launch = sys.modules.get("kernels._common.launch")
+    return launch.PICKS if launch is not None else None
 
 
 def note_autotune(kernel: str, key: Any, config: Mapping[str, Any]) -> None:
     """Note that `kernel` launched with `config` (e.g. {"BLOCK_M": 128, "num_warps": 8, "num_stages": 3})
-    for `key` (what it tunes on). Kernel launchers note their picks in kernels._common.PICKS
+    for `key` (what it tunes on). Kernel launchers note their picks in kernels._common.launch.PICKS
     themselves; this is the same log for code outside kernels/. The run writer stores the picks noted
     while it is open in env.json under "autotune" when it closes."""
-    from kernels._common import PICKS
+    from kernels._common.launch import PICKS
 
     PICKS.note(str(kernel), key if not isinstance(key, Mapping) else _jsonable(key), _jsonable(config))
 

@@ -36,7 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from kernels import switchback_matmul_tma as library
-from kernels._common import LaunchCache, aligned, cdiv, device_properties
+from kernels._common import cdiv, device_properties
+from kernels._common.launch import LaunchCache, aligned
 from qbench import store, units
 from qbench.env import capture_env
 from qbench.timing import percentile, time_fn

@@ -49,7 +49,7 @@ def test_env_json_names_the_source_and_version():
     assert digest == env.source_hash(env.CHECKOUT) == env.own_source_hash()
     assert block["qbench_version"] == qbench.__version__
     files = {p.relative_to(env.CHECKOUT).as_posix() for p in env.source_files()}
-    assert {"qbench/store.py", "qbench/env.py", "kernels/_common.py"} <= files
+    assert {"qbench/store.py", "qbench/env.py", "kernels/_common/__init__.py", "kernels/_common/launch.py"} <= files
     assert all(f.endswith(".py") and f.split("/")[0] in env.SOURCE_PACKAGES for f in files)
 
 

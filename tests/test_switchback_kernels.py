@@ -176,7 +176,7 @@ def test_launch_hooks_are_told_apart_from_an_empty_hook_chain():
 
     from triton.knobs import HookChain
 
-    from kernels._common import _hooked
+    from kernels._common.launch import _hooked
 
     chain = HookChain()
     assert not _hooked(SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None))
@@ -217,7 +217,7 @@ def test_host_descriptors_are_encoded_once_per_address_and_passed_beneath_triton
     once per address, shape, strides and block, pass the encodings in argument order to the launcher
     beneath the wrapper, encode again when a tensor moves, and keep at most ENCODED_PER_POSITION per
     argument."""
-    from kernels._common import ENCODED_PER_POSITION, HostDescriptor, _descriptor_launcher
+    from kernels._common.launch import ENCODED_PER_POSITION, HostDescriptor, _descriptor_launcher
 
     encodings, launches = [], []
     compiled = _compiled_with_descriptor_wrapper({0, 1}, [{"swizzle": 1}, {"swizzle": 2}], encodings, launches)
@@ -252,7 +252,7 @@ def test_host_descriptors_keep_tritons_path_for_other_launcher_layouts():
     not the leading arguments, a kernel that needs launch scratch memory, or a plain launcher."""
     from types import SimpleNamespace
 
-    from kernels._common import _descriptor_launcher
+    from kernels._common.launch import _descriptor_launcher
 
     metas = [{"swizzle": 1}, {"swizzle": 1}]
     assert _descriptor_launcher(_compiled_with_descriptor_wrapper({0, 2}, metas, [], [])) is None
@@ -267,7 +267,7 @@ def test_only_kernels_with_descriptor_arguments_take_the_descriptor_path():
     the others launch as before, with no per-launch check of their arguments."""
     from types import SimpleNamespace
 
-    from kernels._common import _takes_descriptors
+    from kernels._common.launch import _takes_descriptors
 
     def kernel(**signature):
         return SimpleNamespace(src=SimpleNamespace(signature=signature))
@@ -280,7 +280,7 @@ def test_only_kernels_with_descriptor_arguments_take_the_descriptor_path():
 def test_launch_scratch_is_one_buffer_per_stream_shape_and_dtype():
     """stream_scratch returns the same buffer for the same device, stream, shape and dtype (launches on one
     stream reuse it), and another for another shape or dtype."""
-    from kernels._common import stream_scratch
+    from kernels._common.launch import stream_scratch
 
     device = torch.empty(0, device=DEVICE).device  # a CUDA tensor's device carries its index
     first = stream_scratch(device, (3, 5), torch.float32)
@@ -319,7 +319,7 @@ def test_replays_skip_tritons_launch_path(monkeypatch):
 
 @pytest.mark.gpu
 def test_tma_matmul_replays_pass_encoded_descriptors_beneath_triton(monkeypatch):
-    """With triton 3.6's launcher (the layout kernels._common._descriptor_launcher knows), replays of the
+    """With triton 3.6's launcher (the layout kernels._common.launch._descriptor_launcher knows), replays of the
     int8 TMA matmul never take Triton's launch path, and stay right with fresh operands every call (the
     caching allocator hands back the same addresses with new contents)."""
     import triton
@@ -348,7 +348,7 @@ def test_tma_matmul_replays_pass_encoded_descriptors_beneath_triton(monkeypatch)
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["pointer", "tma"])
 def test_replayed_launches_match_the_references(impl):
-    """Later launches of a shape replay the compiled kernels (kernels._common.LaunchCache): fresh
+    """Later launches of a shape replay the compiled kernels (kernels._common.launch.LaunchCache): fresh
     inputs every call, every output checked; a misaligned view gets its own compiled kernel."""
     for call in range(3):
         a, b, aq, sa, bq, sb = _operands(777, 1024, 1536, torch.bfloat16, False)
@@ -391,7 +391,7 @@ def test_fp8_matmul_matches_the_reference_at_layer_sizes(impl, shape):
 def test_weight_quantizer_barrier_leaves_its_counters_at_zero(name):
     """The one-launch weight quantizers' barrier counters (arrived, left) are zero again after each
     launch, so the next launch on the stream starts from zero; the result still matches the reference."""
-    from kernels._common import barrier_flags
+    from kernels._common.launch import barrier_flags
 
     w = random_input((70, 50), torch.float16)
     for _ in range(2):
@@ -418,7 +418,7 @@ def test_rowwise_with_column_sums_matches_the_quantizer_and_the_sums(shape, dtyp
     """The output gradient's quantizer with the bias gradient: Xq and s exactly the rowwise quantizer's,
     the column sums X.sum(0) within rounding, the same on a second call (a fixed order), and the grid
     barrier's counters back at zero."""
-    from kernels._common import barrier_flags
+    from kernels._common.launch import barrier_flags
 
     x = random_input(shape, dtype, zero_row=True)
     q, s, sums = sq.quantize_rowwise_colsum(x, format)
@@ -461,7 +461,7 @@ def test_rowwise_with_column_sums_at_layer_sizes_and_in_a_graph():
 def test_weight_quantizer_in_graphs_and_on_two_streams(name):
     """The cooperative weight quantizers at a size with many items per program: replays of a captured
     CUDA graph on new data, and launches alternating between two streams (a barrier per stream)."""
-    from kernels._common import BARRIERS
+    from kernels._common.launch import BARRIERS
 
     quantize, reference = getattr(sq, name), getattr(sq, name + "_reference")
     w = random_input((4096, 3000), torch.float16)
@@ -491,7 +491,7 @@ def test_weight_quantizer_in_graphs_and_on_two_streams(name):
 def test_cooperative_launch_shrinks_a_refused_grid():
     """The driver refuses a cooperative grid larger than what the process's SMs hold (MPS): the launch
     is retried with fewer programs; any other error, or a refusal of one program, is raised."""
-    from kernels._common import cooperative_launch
+    from kernels._common.launch import cooperative_launch
 
     tried = []
 

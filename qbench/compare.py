@@ -1,10 +1,11 @@
-"""Compare runs: join records, ratios, significance, geometric mean, regression gate.
+"""Compare runs: join records, ratios, significance, geometric mean (the regression gate on the result:
+qbench.compare_gate; repeated runs merged and --across splits: qbench.run_groups).
 
 The first run is the reference. Records are joined on (bench, params): on the parameters the runs
 have in common (so an imported seed, which knows fewer parameters, still joins with a qbench run),
 normalized by qbench.join (a missing `exec` is eager, `float16` is fp16). `--across PARAM` compares
 within runs instead: the records with one value of PARAM are the reference, each other value a
-candidate, joined on the remaining parameters (across_param). For every metric in
+candidate, joined on the remaining parameters (qbench.run_groups.across_param). For every metric in
 both records: ratio = candidate / reference, signed % change, and whether that is better or worse
 by the unit's declared direction (qbench.units). With >= 2 samples on both sides a two-sided
 Mann-Whitney U test decides whether a change beyond the noise threshold is significant.
@@ -16,14 +17,13 @@ overlap), '=' within the threshold, 'x' not comparable, '!' newly failing, '*' f
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench import join, metric_names, store, units
+from qbench import join, store, units
 from qbench.env import COMPARABILITY_KEYS
 from qbench.errors import QbenchUsageError
 
@@ -310,96 +310,9 @@ def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
     return comparison
 
 
-def across_param(runs: Sequence[Run], spec: str, cross_env: bool = False) -> list[Run]:
-    """`--across PARAM[=REF]`: the records of these runs as one Run per value of PARAM, the reference
-    first: REF, else the value runs made before PARAM existed had (exec: eager), else the first value
-    seen. compare_runs then joins them on the remaining parameters. Where several runs hold records of
-    one value (repeats of one command), they merge as --group merges repeated runs (merge_runs: each
-    metric the median of the runs' values, samples pooled, a change counted only where the two sides'
-    runs do not overlap); a value that one run alone holds keeps that run's records."""
-    param, _, ref = (part.strip() for part in spec.partition("="))
-    gpus = {run.env.get("gpu_name") or None for run in runs}
-    if len(gpus) > 1 and not cross_env:  # pooled records would hide which GPU measured which value
-        raise QbenchUsageError(f"--across pools runs from different GPUs ({gpus}); pass --cross-env to pool them")
-    groups = join.split_by([rec for run in runs for rec in run.records], param)
-    if not groups:
-        raise QbenchUsageError(f"--across {param}: no record of these runs has a parameter {param!r}")
-    if ref:
-        ref = join.param_key(param, ref)
-    else:
-        default = join.PARAM_DEFAULTS.get(param)
-        ref = default if default in groups else next(iter(groups))
-    if ref not in groups:
-        raise QbenchUsageError(f"--across {spec}: no record has {param}={ref} (values: {', '.join(groups)})")
-    if len(groups) < 2:
-        raise QbenchUsageError(f"--across {param}: every record has {param}={ref}; nothing to put beside it")
-    tied = join.tied_params(groups)  # they label the groups instead of splitting the join
-    per_run = [join.split_by(run.records, param) for run in runs]
-    runs_out = []
-    for value in [ref, *(v for v in groups if v != ref)]:
-        holders = [Run(run.label, run.env, [join.without(rec, tied) for rec in split[value]])
-                   for run, split in zip(runs, per_run) if split.get(value)]
-        merged = holders[0] if len(holders) == 1 else merge_runs(holders, option="--across")
-        label = ", ".join(f"{k}={join.join_params(groups[value][0]['params']).get(k)}" for k in tied)
-        runs_out.append(Run(f"{param}={value}" + (f" ({label})" if label else ""), runs[0].env, merged.records))
-    return runs_out
 
 
-def group_runs(runs: Sequence[Run], size: int) -> list[Run]:
-    """`--group N`: RUNS in groups of `size` consecutive runs (the repeated runs of one side of an A/B), each
-    group merged into one Run (merge_runs); the first group is the reference."""
-    if size < 1 or len(runs) % size or len(runs) // size < 2:
-        raise QbenchUsageError(f"--group {size}: {len(runs)} runs do not split into two or more groups of {size} "
-                               "consecutive runs (give the reference's runs first, then each candidate's)")
-    return [merge_runs(runs[i:i + size]) for i in range(0, len(runs), size)]
 
-
-def merge_runs(runs: Sequence[Run], option: str = "--group") -> Run:
-    """Repeated runs of one command as one Run: per configuration (joined as compare joins) each metric is
-    the median over the runs of their values, as `summary --across-runs median` prints it (the runs' own
-    values kept as `run_values`), and the samples of every run are pooled for the U test; a change counts
-    (+ or -) only where the two sides' runs do not overlap (_runs_overlap). A configuration some run of the
-    group lacks is left out (it then shows as missing on this side)."""
-    gpus = {run.env.get("gpu_name") or None for run in runs}
-    if len(gpus) > 1:
-        names = ", ".join(run.label for run in runs)
-        raise QbenchUsageError(f"{option}: the runs {names} come from different GPUs ({gpus})")
-    records = []
-    for bench in sorted({rec["bench"] for run in runs for rec in run.records}):
-        keys = join.join_keys([run.records for run in runs], bench)
-        indexes = [join.index(run.records, bench, keys) for run in runs]
-        for key in indexes[0]:
-            group = [index.get(key) for index in indexes]
-            if all(rec is not None for rec in group):
-                records.append(_merged_record(group))
-    return Run(_group_label([run.label for run in runs]), runs[0].env, records)
-
-
-def _group_label(labels: Sequence[str]) -> str:
-    """dir/new1, dir/new2, dir/new3 -> dir/new{1,2,3}: the runs of a group as the shell would expand them."""
-    if len(labels) == 1:
-        return labels[0]
-    prefix = os.path.commonprefix(list(labels))
-    return f"{prefix}{{{','.join(label[len(prefix):] for label in labels)}}}"
-
-
-def _merged_record(group: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One configuration's records of several runs as one: a failed one as it is, else the first with each
-    metric that every run has a number for replaced by the runs' median, and their samples pooled."""
-    from qbench.timing import percentile
-
-    failed = next((rec for rec in group if rec.get("status", "ok") != "ok"), None)
-    if failed is not None:
-        return failed
-    metrics, samples, run_values = {}, {}, {}
-    for name in group[0].get("metrics", {}):
-        values = [rec.get("metrics", {}).get(name) for rec in group]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            metrics[name], run_values[name] = percentile(values, 50), values
-            pooled = [x for rec in group for x in rec.get("samples", {}).get(name, [])]
-            if pooled:
-                samples[name] = pooled
-    return {**group[0], "metrics": metrics, "samples": samples, "run_values": run_values}
 
 
 def _mark_cross_env(rows: list[Row], allowed: bool) -> None:
@@ -410,80 +323,3 @@ def _mark_cross_env(rows: list[Row], allowed: bool) -> None:
             row.note = (row.note + "; " if row.note else "") + "different hardware (--cross-env)"
         else:
             row.marker, row.note = "x", "different hardware (pass --cross-env to compare anyway)"
-
-
-def parse_threshold(text: str, given_as: str | None = None) -> float:
-    """'5%' or '5' -> 5.0 (percent). given_as: how the user wrote it, for the message (default --threshold)."""
-    where = given_as or f"--threshold {text!r}"
-    try:
-        value = float(str(text).strip().rstrip("%"))
-    except ValueError:
-        raise QbenchUsageError(f"{where}: {text!r} is not a percentage; write e.g. 5 or 5%") from None
-    if not 0 <= value < float("inf"):  # NaN fails both comparisons
-        raise QbenchUsageError(f"{where}: the percentage must be a finite number >= 0")
-    return value
-
-
-def parse_fail_on(items: Sequence[str]) -> list[tuple[str, float]]:
-    """['time_global:5'] -> [('time_global', 5.0)]."""
-    gates = []
-    for item in items:
-        name, sep, pct = str(item).rpartition(":")
-        if not sep or not name:
-            raise QbenchUsageError(f"--fail-on {item!r} must be METRIC:PCT, e.g. --fail-on time_global:5")
-        gates.append((name, parse_threshold(pct, f"--fail-on {item!r}")))
-    return gates
-
-
-def require_metrics(runs: Sequence[Run], metrics: Sequence[str], gates: Sequence[tuple[str, float]]) -> None:
-    """--metric and --fail-on name metrics some record has: a misspelt name would select nothing and
-    a gate on it would always pass."""
-    known = metric_names.of(rec for run in runs for rec in run.records)
-    asked = [("--metric", name) for name in metrics] + [("--fail-on", name) for name, _ in gates]
-    for flag, name in asked:
-        if name not in known:
-            raise QbenchUsageError(f"{flag} {name}: no record of these runs has this metric "
-                                   f"(they have: {metric_names.listed(known)})")
-
-
-def require_gates_evaluable(comparison: Comparison, gates: Sequence[tuple[str, float]]) -> None:
-    """Each --fail-on metric is compared (=, +, -, ~) on at least one case: a gate that can judge
-    nothing (the metric is on one side only, or every row is 'x') is a usage error, not a pass."""
-    for name, _ in gates:
-        rows = [r for r in comparison.unfiltered if r.metric == name]
-        if not any(r.marker in ("=", "+", "-", "~") for r in rows):
-            why = rows[0].note if rows else "no case has it in both the reference and a candidate"
-            raise QbenchUsageError(f"--fail-on {name}: no case can be compared on it: {why}")
-
-
-def missing_cases(comparison: Comparison) -> list[Row]:
-    """Cases the reference has and a candidate lacks (they fail a gate unless --allow-missing)."""
-    return [r for r in comparison.rows if r.marker == "n/a" and r.note == MISSING_IN_CANDIDATE]
-
-
-def regressions(comparison: Comparison, gates: Sequence[tuple[str, float]]) -> list[Row]:
-    """Rows that break a --fail-on gate: the metric got worse by more than PCT (and the change is not
-    marked '~', i.e. not shown to be noise), or its configuration newly fails."""
-    hits: list[Row] = []
-    if not gates:
-        return hits
-    for row in comparison.rows:
-        if row.marker == "!":
-            hits.append(row)
-            continue
-        for name, pct in gates:
-            if row.metric == name and row.marker == "+" and abs(row.change_pct or 0.0) > pct:
-                hits.append(row)
-    return hits
-
-
-def gate_failures(comparison: Comparison, gates: Sequence[tuple[str, float]], allow_missing: bool) -> list[str]:
-    """One line per reason the --fail-on gate fails; empty when it passes (or no gate is set)."""
-    lines = []
-    if hits := regressions(comparison, gates):
-        lines.append("regression beyond --fail-on: " + ", ".join(sorted({f"{h.metric} ({h.case})" for h in hits})[:5]))
-    missing = missing_cases(comparison) if gates and not allow_missing else []
-    if missing:
-        names = ", ".join(sorted({r.case for r in missing})[:5])
-        lines.append(f"{len(missing)} reference cases missing in a candidate ({names}); --allow-missing accepts that")
-    return lines

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qbench import compare, join, report
+from qbench import compare, compare_gate, join, report, run_groups
 from qbench.errors import QbenchUsageError
 from tests.helpers import timed_record, write_run
 
@@ -116,10 +116,10 @@ def test_different_gpu_warns_and_is_not_comparable_without_cross_env(tmp_path):
 
 
 def test_fail_on_gate():
-    assert compare.parse_fail_on(["time_global:5%", "step_time:10"]) == [("time_global", 5.0), ("step_time", 10.0)]
+    assert compare_gate.parse_fail_on(["time_global:5%", "step_time:10"]) == [("time_global", 5.0), ("step_time", 10.0)]
     for bad in ("time_global", ":5", "t:abc"):
         with pytest.raises(QbenchUsageError):
-            compare.parse_fail_on([bad])
+            compare_gate.parse_fail_on([bad])
 
 
 def _cli(*args):
@@ -236,9 +236,9 @@ def test_a_bench_the_candidate_lacks_entirely_is_missing(tmp_path):
     ref = [timed_record({"m": 1}, FAST), timed_record({"m": 1}, FAST, bench="other")]
     runs = _runs(tmp_path, ref, [timed_record({"m": 1}, FAST)])
     result = compare.compare_runs(runs, compare.CompareOptions())
-    assert [(r.bench, r.note) for r in compare.missing_cases(result)] == [("other", "missing in candidate")]
-    assert compare.gate_failures(result, [("time", 5.0)], allow_missing=False)
-    assert not compare.gate_failures(result, [("time", 5.0)], allow_missing=True)
+    assert [(r.bench, r.note) for r in compare_gate.missing_cases(result)] == [("other", "missing in candidate")]
+    assert compare_gate.gate_failures(result, [("time", 5.0)], allow_missing=False)
+    assert not compare_gate.gate_failures(result, [("time", 5.0)], allow_missing=True)
 
 
 def test_an_empty_run_is_named_empty(tmp_path, slower_runs):
@@ -277,24 +277,24 @@ def _exec_records(times: dict[str, list[float]], **params) -> list[dict]:
 def test_across_exec_puts_each_mode_beside_eager(tmp_path):
     graph = [5.0, 5.1, 4.9, 5.05, 5.02]
     run = compare.load_any(write_run(tmp_path / "r", _exec_records({"graph": graph, "eager": FAST, "compile": SLOW})))
-    split = compare.across_param([run], "exec")
+    split = run_groups.across_param([run], "exec")
     assert [r.label for r in split] == ["exec=eager", "exec=graph", "exec=compile"]  # reference first
     result = compare.compare_runs(split, compare.CompareOptions())
     assert {r.case for r in result.rows} == {"m=1"}  # joined on the remaining params
     assert _row(result, "time").candidate in ("exec=graph", "exec=compile")
     ratios = {r.candidate: r.ratio for r in result.rows}
     assert ratios == pytest.approx({"exec=graph": 5.02 / 10.05, "exec=compile": 12.05 / 10.05})
-    other_ref = compare.across_param([run], "exec=compile")
+    other_ref = run_groups.across_param([run], "exec=compile")
     assert other_ref[0].label == "exec=compile"
 
 
 def test_across_pools_runs_and_reads_old_runs_as_eager(tmp_path):
     old = compare.load_any(write_run(tmp_path / "old", [timed_record({"m": 1, "dtype": "float16"}, FAST)]))
     new = compare.load_any(write_run(tmp_path / "new", _exec_records({"compile": SLOW}, dtype="fp16")))
-    result = compare.compare_runs(compare.across_param([old, new], "exec"), compare.CompareOptions())
+    result = compare.compare_runs(run_groups.across_param([old, new], "exec"), compare.CompareOptions())
     assert [(r.candidate, r.marker) for r in result.rows] == [("exec=compile", "+")]
     with pytest.raises(QbenchUsageError, match="every record has dtype=fp16"):  # float16 is fp16
-        compare.across_param([old, new], "dtype=float16")
+        run_groups.across_param([old, new], "dtype=float16")
 
 
 def test_across_usage_errors(tmp_path):
@@ -308,8 +308,8 @@ def test_across_usage_errors(tmp_path):
         ([one, a100], "exec", "different GPUs"),
     ]:
         with pytest.raises(QbenchUsageError, match=fragment):
-            compare.across_param(runs, spec)
-    assert len(compare.across_param([one, a100], "exec", cross_env=True)) == 2
+            run_groups.across_param(runs, spec)
+    assert len(run_groups.across_param([one, a100], "exec", cross_env=True)) == 2
 
 
 def test_cli_across_names_the_reference(tmp_path):
@@ -327,14 +327,14 @@ def test_across_a_parameter_others_go_with(tmp_path):
     recs = [timed_record({"experts": e, "system": s, "transport": t, "block_size": b}, times)
             for e in (8, 16) for s, t, b, times in (("a2a", "a2a", None, SLOW), ("blocks", "symm", 64, FAST))]
     run = compare.load_any(write_run(tmp_path / "r", recs))
-    split = compare.across_param([run], "system=a2a")
+    split = run_groups.across_param([run], "system=a2a")
     assert [r.label for r in split] == ["system=a2a (block_size=None, transport=a2a)",
                                         "system=blocks (block_size=64, transport=symm)"]
     result = compare.compare_runs(split, compare.CompareOptions())
     assert sorted(r.case for r in result.rows) == ["experts=16", "experts=8"]
     assert {r.marker for r in result.rows} == {"-"}
     single = [timed_record({"m": m, "exec": e}, FAST) for m, e in ((1, "eager"), (2, "graph"))]
-    one_each = compare.across_param([compare.load_any(write_run(tmp_path / "s", single))], "exec")
+    one_each = run_groups.across_param([compare.load_any(write_run(tmp_path / "s", single))], "exec")
     with pytest.raises(QbenchUsageError, match="no case in common"):  # m=1 is never joined with m=2
         compare.compare_runs(one_each, compare.CompareOptions())
 
@@ -349,7 +349,7 @@ def test_group_compares_repeated_runs_by_their_median_with_pooled_samples(tmp_pa
     # new2 lacks case m=2: that case is left out of the new side and shows as missing there
     paths += [write_run(tmp_path / f"new{i}", [timed_record({"m": 1}, s)] + ([timed_record({"m": 2}, s)] if i != 2
                                                                           else [])) for i, s in enumerate(new, 1)]
-    runs = compare.group_runs([compare.load_any(p) for p in paths], 3)
+    runs = run_groups.group_runs([compare.load_any(p) for p in paths], 3)
     assert [r.label for r in runs] == [f"{tmp_path}/old{{1,2,3}}", f"{tmp_path}/new{{1,2,3}}"]
     result = compare.compare_runs(runs, compare.CompareOptions())
     row = _row(result, "time", "m=1")
@@ -369,7 +369,7 @@ def test_group_marks_a_change_only_where_the_sides_runs_do_not_overlap(tmp_path)
     def verdict(new, name):
         paths = [write_run(tmp_path / f"{name}-old{i}", [timed_record({"m": 1}, s)]) for i, s in enumerate(old, 1)]
         paths += [write_run(tmp_path / f"{name}-new{i}", [timed_record({"m": 1}, s)]) for i, s in enumerate(new, 1)]
-        runs = compare.group_runs([compare.load_any(p) for p in paths], 3)
+        runs = run_groups.group_runs([compare.load_any(p) for p in paths], 3)
         return _row(compare.compare_runs(runs, compare.CompareOptions()), "time")
 
     row = verdict([[9.0, 9.01, 8.99] * 4, [9.1, 9.11, 9.09] * 4, [10.3, 10.31, 10.29] * 4], "overlap")
@@ -418,10 +418,10 @@ def test_across_merges_the_repeats_of_several_runs_as_group_does(tmp_path):
 
     shifted = [v + 1.5 for v in FAST]  # 11.55: between FAST and SLOW
     apart = [run("a", SLOW, FAST), run("b", SLOW, FAST), run("c", SLOW, FAST)]
-    result = compare.compare_runs(compare.across_param(apart, "exec"), compare.CompareOptions())
+    result = compare.compare_runs(run_groups.across_param(apart, "exec"), compare.CompareOptions())
     assert (_row(result, "time").marker, _row(result, "time").ratio) == ("-", pytest.approx(10.05 / 12.05))
     overlapping = [run("d", SLOW, FAST), run("e", FAST, shifted), run("f", SLOW, FAST)]
-    row = _row(compare.compare_runs(compare.across_param(overlapping, "exec"), compare.CompareOptions()), "time")
+    row = _row(compare.compare_runs(run_groups.across_param(overlapping, "exec"), compare.CompareOptions()), "time")
     assert row.marker == "~" and row.reference_value == pytest.approx(12.05)  # eager: median of 12.05, 10.05, 12.05
     assert row.candidate_value == pytest.approx(10.05)  # graph: median of 10.05, 11.55, 10.05
 

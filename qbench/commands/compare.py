@@ -51,28 +51,28 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     candidate lacks also fails (unless --allow-missing). RUNS are run directories or seed files
     (imported on the fly). Joins read a missing `exec` parameter as eager, a missing
     `backward_thread` as device and `float16` as fp16, so runs from older versions still join."""
-    from qbench import compare, metric_names, report
+    from qbench import compare, compare_gate, metric_names, report, run_groups
     from qbench.errors import QbenchUsageError
 
-    threshold = compare.parse_threshold(threshold)
-    gates = compare.parse_fail_on(fail_on)
+    threshold = compare_gate.parse_threshold(threshold)
+    gates = compare_gate.parse_fail_on(fail_on)
     loaded = [compare.load_any(r) for r in runs]
     if group is not None and across:
         raise QbenchUsageError("--group and --across are two ways of choosing what to compare; give one")
     if group is not None:
-        loaded = compare.group_runs(loaded, group)
+        loaded = run_groups.group_runs(loaded, group)
     if across:
-        loaded = compare.across_param(loaded, across, cross_env)
+        loaded = run_groups.across_param(loaded, across, cross_env)
     options = compare.CompareOptions(
         metric_names.expand(metrics, metric_names.of(rec for run in loaded for rec in run.records)), threshold,
         pattern, cross_env, only_changed, sort
     )
-    compare.require_metrics(loaded, options.metrics, gates)
+    compare_gate.require_metrics(loaded, options.metrics, gates)
     result = compare.compare_runs(loaded, options)
     result.reference = loaded[0].label if across else result.reference
-    compare.require_gates_evaluable(result, gates)
+    compare_gate.require_gates_evaluable(result, gates)
     report.print_comparison(result, fmt)
-    failures = compare.gate_failures(result, gates, allow_missing)
+    failures = compare_gate.gate_failures(result, gates, allow_missing)
     for line in failures:
         report.notice(line, style="bold red")
     if failures:

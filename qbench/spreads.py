@@ -12,7 +12,8 @@ from typing import Any
 
 from qbench import report
 from qbench.errors import QbenchUsageError
-from qbench.summary import Summary, case_cells, param_text, spread_text
+from qbench.summary import Summary
+from qbench.summary_output import case_cells, param_text, spread_text
 from qbench.timing import percentile
 
 

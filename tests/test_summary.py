@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from qbench import report, store, summary, units
+from qbench import report, store, summary, summary_output, units
 from qbench.errors import QbenchUsageError
 from qbench.timing import percentile
 from tests.helpers import write_run
@@ -66,9 +66,9 @@ def test_cells_from_samples_or_stored_alone():
     total = summary.record_cell(_record({"m": 1}, time=1.25, samples=SAMPLES), "time")  # a sum of medians, say
     assert total.value == 1.25 and total.off_samples
     assert summary.record_cell(rec, "nosuch") is None
-    assert summary.cell_text(cell, 4) == "1.300 [1.120, 1.480]"
-    assert summary.cell_text(stored, 4) == "1.398" + summary.STORED_ONLY
-    assert summary.cell_text(total, 4).startswith("1.250" + summary.OFF_SAMPLES)
+    assert summary_output.cell_text(cell, 4) == "1.300 [1.120, 1.480]"
+    assert summary_output.cell_text(stored, 4) == "1.398" + summary_output.STORED_ONLY
+    assert summary_output.cell_text(total, 4).startswith("1.250" + summary_output.OFF_SAMPLES)
 
 
 def _sweep(factor=1.0):
@@ -87,10 +87,10 @@ def test_pivot_rows_by_shape_columns_by_batch(tmp_path):
     assert result.row_params == ["dim_in", "dim_out"] and result.fixed == {"dtype": "fp16"}
     assert result.columns == [8192, 32768]
     assert _cells(result, "speedup", "32768")[(4096, 1024)].value == pytest.approx(16.0)
-    headers, rows = summary.text_rows(result, 4)
+    headers, rows = summary_output.text_rows(result, 4)
     assert headers == ["dim_in", "dim_out", "batch_size=8192", "batch_size=32768"]
-    assert rows[0] == ["1024", "4096", "0.2500" + summary.STORED_ONLY, "1.000" + summary.STORED_ONLY]
-    text = summary.markdown(result, 4)
+    assert rows[0] == ["1024", "4096", "0.2500" + summary_output.STORED_ONLY, "1.000" + summary_output.STORED_ONLY]
+    text = summary_output.markdown(result, 4)
     assert text.splitlines()[0] == "| dim_in | dim_out | batch_size=8192 | batch_size=32768 |"
     assert "fixed: dtype=fp16" in text and "ratios of medians" in text and "stored median alone" in text
 
@@ -112,7 +112,7 @@ def test_repeats_combined_median_of_run_medians(tmp_path):
     assert cell.spread_pct == pytest.approx(100 * (0.275 - 0.2375) / 0.25)
     partial = _cells(result, "speedup")[(32768, 4096, 1024)]
     assert partial.runs[2] is None and partial.value == pytest.approx((16.0 + 17.6) / 2)
-    text = summary.markdown(result, 4)
+    text = summary_output.markdown(result, 4)
     assert "(runs: 0.2500, 0.2750, 0.2375; spread 15%)" in text and "median over 3 runs" in text
 
 
@@ -131,7 +131,7 @@ def test_parameters_tied_to_the_pivot_label_its_columns(tmp_path):
             for e in (8, 16) for s, t, b in (("a2a", "a2a", None), ("blocks", "symm", 64))]
     result = _summary(tmp_path, recs, by="system")
     assert result.row_params == ["experts"] and len(result.rows) == 2
-    headers, _ = summary.text_rows(result, 4)
+    headers, _ = summary_output.text_rows(result, 4)
     assert headers[1:] == ["system=a2a (transport=a2a, block_size=-)", "system=blocks (transport=symm, block_size=64)"]
 
 
@@ -150,7 +150,7 @@ def test_failed_records_are_left_out_and_named(tmp_path):
             _record({"m": 2}, time=None, status="error", error="mismatch 0.3")]
     result = _summary(tmp_path, recs)
     assert [v for v, _ in result.rows] == [()] and result.left_out == ["toy/m=2: error mismatch 0.3"]
-    assert any("left out, not ok: 1 records" in line for line in summary.legend(result))
+    assert any("left out, not ok: 1 records" in line for line in summary_output.legend(result))
 
 
 def _layers(scale):
@@ -174,7 +174,7 @@ def test_ratio_to_divides_each_record_by_its_reference_in_the_same_run(tmp_path)
     assert set(cells) == {(ex, b) for b in (1, 16) for ex in ("eager", "graph")}
     assert cells[("eager", 16)].runs == pytest.approx((1.5, 1.5, 1.5))
     assert cells[("graph", 1)].runs == pytest.approx((1.5, 3.0, 1.5)) and cells[("graph", 1)].value == 1.5
-    assert any("over that of its layer=linear counterpart" in line for line in summary.legend(result))
+    assert any("over that of its layer=linear counterpart" in line for line in summary_output.legend(result))
 
 
 def test_ratio_to_usage_errors(tmp_path):
@@ -194,7 +194,7 @@ def test_targets_are_judged_on_the_printed_values(tmp_path):
 
     recs = [_record({"m": m}, time=t, samples=[t] * 3) for m, t in ((1, 1.2), (2, 1.3), (3, 1.30004), (4, 2.0))]
     result = _summary(tmp_path, recs, metrics=("time",))
-    cells = summary.metric_cells(result)
+    cells = summary_output.metric_cells(result)
     (got,) = targets.check([targets.parse("time:..1.3")], cells, 4)
     assert (got["cells"], got["met"]) == (4, 2) and got["missed"] == [("m=3", "1.30004"), ("m=4", "2.000")]
     assert targets.lines([got])[0].startswith("target time <= 1.3: 2 of 4 cells met; missed: m=3: 1.30004")
@@ -222,7 +222,7 @@ def test_usage_errors(tmp_path):
     with pytest.raises(QbenchUsageError, match="keep no samples or times"):
         _summary(tmp_path / "nosamples", [_record({"m": 1}, speedup=1.2)])
     times = _summary(tmp_path / "times", [_record({"m": 1}, time=1.5, speedup=1.2)])  # samples lost, say
-    assert times.metrics == ["time"] and summary.cell_text(_cells(times, "time")[()], 4) == "1.500\u2020"
+    assert times.metrics == ["time"] and summary_output.cell_text(_cells(times, "time")[()], 4) == "1.500\u2020"
 
 
 def _cli(*args):

@@ -57,7 +57,7 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
     different benches get a table each unless --metric, --target or --json is given. Runs are
     matched on their parameters, a missing `exec` read as eager and `float16` as fp16. RUNS are
     run directories or seed files (imported on the fly)."""
-    from qbench import summary
+    from qbench import summary, summary_output
 
     if spreads and targets:
         raise click.UsageError("--spreads and --target print different tables; give one of them")
@@ -70,6 +70,6 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
     loaded = [summary.load_any(path) for path in runs]
     groups = summary.bench_groups(loaded)
     if len(groups) > 1 and not (metrics or targets or across_runs) and fmt != "json":
-        summary.show_each_bench(groups, options, fmt, digits)  # each bench's own columns and metrics
+        summary_output.show_each_bench(groups, options, fmt, digits)  # each bench's own columns and metrics
         return
-    summary.show(summary.summarize_runs(loaded, options), fmt, digits, targets)
+    summary_output.show(summary.summarize_runs(loaded, options), fmt, digits, targets)

@@ -151,11 +151,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms, trace=None) -> tuple[dic
     """(metrics, samples, first failure or None) of the module steps in each execution mode. Eager
     results are taken first: SwitchBack against nn.Linear, then every mode against eager. trace: (directory,
     label) to profile each layer's eager step after its timing (see trace), or None."""
-    import torch
-
     from qbench.benches.switchback import host_calls
-    from qbench.telemetry import GpuReadings
-    from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved, time_loops
 
     layers = _layers(ops, variants)
     eager = {name: _prepare("eager", layer, ops.x, ops.g)[1] for name, layer in layers.items()}
@@ -167,42 +163,56 @@ def measure(ops, execs, variants, *, repeat, budget_ms, trace=None) -> tuple[dic
     metrics, samples = {}, {}
     chains = _chains(ops)
     for mode in execs:
-        if mode == "compile":
-            torch._dynamo.reset()  # fresh caches once per mode: every layer's compiled step stays valid
-        steps = {}
-        for name, layer in layers.items():
-            steps[name], got = _prepare(mode, layer, ops.x, ops.g)
-            failure = _mismatch(got, eager[name], SAME_KERNELS_REL_ERROR)
-            if failure:
-                return metrics, samples, f"{mode} {name} differs from eager: {failure}"
-        # the layers' steps and the kernel chains interleaved, so their ratios do not move with the
-        # machine's drift and every one runs in the same (sustained) regime
-        readings = GpuReadings(ops.device)  # the clock and power of the mode's rounds
-        calls, budget = {**steps, **chains}, (budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains))
-        timings = time_interleaved(calls, device=ops.device, repeat=repeat, budget_ms=budget, observe=readings)
-        metrics.update(readings.metrics(mode))
-        for name, timing in timings.items():
-            key = f"{name}_{mode}_ms" if name in chains else (
-                f"module_{name}_ms" if mode == "eager" else f"module_{name}_{mode}_ms")
-            metrics[key], samples[key] = timing.median, list(timing.samples_ms)
-            if name in steps:  # its samples kept: host time varies from run to run (README, reruns)
-                host, key = host_time(steps[name], device=ops.device), f"host_{name}_{mode}_ms"
-                metrics[key], samples[key] = host.median, list(host.samples_ms)
-        for name, timing in time_loops(calls, device=ops.device, repeat=repeat, budget_ms=budget).items():
-            key = f"loop_{name}_{mode}_ms"
-            metrics[key], samples[key] = timing.median, list(timing.samples_ms)
-        if trace and mode == "eager":
-            for name, layer in layers.items():
-                _trace(layer, ops, trace[0], f"{name}-{trace[1]}")
-        # the mode's steps go before the next mode's are made: each keeps its last output, whose autograd
-        # graph holds the parameters' gradient accumulators, made on this mode's stream; a capture reusing
-        # them from its own stream fails ("operation failed due to a previous error during capture")
-        del steps, calls
+        failure = _measure_mode(mode, layers, eager, chains, ops, metrics, samples, repeat=repeat,
+                                budget_ms=budget_ms, trace=trace)
+        if failure:
+            return metrics, samples, failure
     if "eager" in execs:  # where the eager steps' host time goes: each of their calls alone
         call_metrics, call_samples = host_calls.measure(ops)
         metrics.update(call_metrics)
         samples.update(call_samples)
     return metrics, samples, None
+
+
+def _measure_mode(mode, layers, eager, chains, ops, metrics, samples, *, repeat, budget_ms, trace) -> str | None:
+    """One execution mode's module steps, checked against eager and timed beside the kernel chains, into
+    metrics and samples; the first mismatch, or None. The mode's steps are local to this call, so they are
+    gone before the next mode's are made: each keeps its last output, whose autograd graph holds the
+    parameters' gradient accumulators, made on this mode's stream; a capture reusing them from its own
+    stream fails ("operation failed due to a previous error during capture")."""
+    import torch
+
+    from qbench.telemetry import GpuReadings
+    from qbench.timing import DEFAULT_BUDGET_MS, host_time, time_interleaved, time_loops
+
+    if mode == "compile":
+        torch._dynamo.reset()  # fresh caches once per mode: every layer's compiled step stays valid
+    steps = {}
+    for name, layer in layers.items():
+        steps[name], got = _prepare(mode, layer, ops.x, ops.g)
+        failure = _mismatch(got, eager[name], SAME_KERNELS_REL_ERROR)
+        if failure:
+            return f"{mode} {name} differs from eager: {failure}"
+    # the layers' steps and the kernel chains interleaved, so their ratios do not move with the
+    # machine's drift and every one runs in the same (sustained) regime
+    readings = GpuReadings(ops.device)  # the clock and power of the mode's rounds
+    calls, budget = {**steps, **chains}, (budget_ms or DEFAULT_BUDGET_MS) * (len(steps) + len(chains))
+    timings = time_interleaved(calls, device=ops.device, repeat=repeat, budget_ms=budget, observe=readings)
+    metrics.update(readings.metrics(mode))
+    for name, timing in timings.items():
+        key = f"{name}_{mode}_ms" if name in chains else (
+            f"module_{name}_ms" if mode == "eager" else f"module_{name}_{mode}_ms")
+        metrics[key], samples[key] = timing.median, list(timing.samples_ms)
+        if name in steps:  # its samples kept: host time varies from run to run (README, reruns)
+            host, key = host_time(steps[name], device=ops.device), f"host_{name}_{mode}_ms"
+            metrics[key], samples[key] = host.median, list(host.samples_ms)
+    for name, timing in time_loops(calls, device=ops.device, repeat=repeat, budget_ms=budget).items():
+        key = f"loop_{name}_{mode}_ms"
+        metrics[key], samples[key] = timing.median, list(timing.samples_ms)
+    if trace and mode == "eager":
+        for name, layer in layers.items():
+            _trace(layer, ops, trace[0], f"{name}-{trace[1]}")
+    return None
 
 
 def _trace(layer, ops, out_dir: str, label: str):

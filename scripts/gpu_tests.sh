@@ -8,7 +8,8 @@
 # and run side by side on the one GPU; the timing tests run afterwards on their own, so that no other
 # process's kernels share the GPU while they time. A process cut at LIMIT_S names what it did not run in
 # $OUT/tests/left.txt: run those with `IDS=left.txt scripts/gpu_tests.sh` (the file inside the tree: the device
-# copies the working tree, not $OUT).
+# copies the working tree, not $OUT). Listed ids that name no test any more (a README table test's id carries
+# the table's line) are left out and named in $OUT/tests/gone.txt.
 source "$(dirname "$0")/gpu_prelude.sh"
 CHUNKS=${CHUNKS:-10}
 LIMIT_S=${LIMIT_S:-500}
@@ -18,10 +19,28 @@ mkdir -p "$dir"
 gpu_header > "$dir/header.txt"
 python3 -c "from qbench.env import own_source_hash; print('source_hash', own_source_hash()[:12])" >> "$dir/header.txt"
 
+python3 -m pytest --collect-only -q -p no:cacheprovider 2>/dev/null | grep "::" > "$dir/collected.txt"
 if [ -n "${IDS:-}" ]; then
-  grep "::" "$IDS" > "$dir/all.txt"
+  # only the listed ids that still name a test (a test function's id names all its parametrizations): one
+  # stale id, e.g. a README table test named by an old line number, would make pytest run none of its chunk
+  python3 - "$IDS" "$dir" <<'EOF'
+import sys
+from pathlib import Path
+
+listed, d = Path(sys.argv[1]), Path(sys.argv[2])
+collected = (d / "collected.txt").read_text().splitlines()
+functions = {node.split("[", 1)[0] for node in collected}
+asked = [line.strip() for line in listed.read_text().splitlines() if "::" in line]
+known = set(collected) | functions
+kept = [node for node in asked if node in known]
+gone = [node for node in asked if node not in known]
+(d / "all.txt").write_text("".join(node + "\n" for node in kept))
+(d / "gone.txt").write_text("".join(node + "\n" for node in gone))
+if gone:
+    print(f"{len(gone)} of the {len(asked)} ids in {listed} name no test now (not run; {d}/gone.txt)")
+EOF
 else
-  python3 -m pytest --collect-only -q -p no:cacheprovider 2>/dev/null | grep "::" > "$dir/all.txt"
+  cp "$dir/collected.txt" "$dir/all.txt"
 fi
 grep -E "^tests/test_timing(_dist)?\.py::" "$dir/all.txt" > "$dir/timing.txt"
 grep -vE "^tests/test_timing(_dist)?\.py::" "$dir/all.txt" |

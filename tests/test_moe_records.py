@@ -57,6 +57,24 @@ def test_clock_and_power_samples_get_their_units_and_medians():
     assert (u["sm_clock_mhz_step"], u["power_w_step"], u["step_time"]) == ("MHz", "W", "ms")
 
 
+def test_loop_readings_are_named_for_the_loop_and_left_out_without_readings():
+    """The loop's clock and power (the sustained regime of loop_step_time) are samples of their own, next to the
+    plain pass's; a pass NVML could not read adds no key."""
+    from qbench.benches.moe.steps import _telemetry
+    from qbench.telemetry import GpuReadings
+
+    read = GpuReadings("cpu")
+    read.clock_mhz, read.power_w = [1770.0, 1650.0], [634.0, 640.0]
+    assert _telemetry(read, "loop") == {"sm_clock_mhz_loop": [1770.0, 1650.0], "power_w_loop": [634.0, 640.0]}
+    assert _telemetry(GpuReadings("cpu"), "loop") == {}
+    params = {"exec": "eager", "world_size": 1}
+    samples = {"step_time": _steps(2.0, 2.0), **_telemetry(read, "loop")}
+    record = record_of(CONFIG, CASE, params, 1, samples, dict(STATS), {"peak_memory_mb": None, "host_ms": 0.5},
+                       DETAIL, "cuda")
+    assert (record["units"]["sm_clock_mhz_loop"], record["units"]["power_w_loop"]) == ("MHz", "W")
+    assert record["metrics"]["sm_clock_mhz_loop"] == 1710.0
+
+
 def test_a_diverged_run_records_an_error():
     record = _record(_steps(2.0, 2.0), finite=False)
     assert record["status"] == "error" and "not finite" in record["error"] and not record["metrics"]

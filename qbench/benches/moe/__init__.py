@@ -28,7 +28,8 @@ Metrics (times in ms: median over steps of the max over ranks):
   spent issuing one step),
   experts_tflops (the expert FFN's forward + backward FLOPs over experts_time + backward_experts_time),
   sm_clock_mhz_step (the lowest SM clock of any rank) and power_w_step (the highest board power) over the
-  timed steps, where NVML reads them (qbench.telemetry),
+  timed steps, and sm_clock_mhz_loop / power_w_loop over the loop's blocks, where NVML reads them
+  (qbench.telemetry),
   tflops = samples * d * h * 4 * k * 3 / step (the seeds' formula,
   per GPU; 4 = two matmuls x 2 flop, 3 = forward + 2 x backward; eval mode uses 1 instead of 3),
   tflops_full (rows actually computed, padding included, plus the gate), peak_memory_mb, per-expert

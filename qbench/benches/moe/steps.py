@@ -13,6 +13,8 @@
   host_ms     CPU time spent issuing one step (qbench.timing.host_time), the most of any rank
   sm_clock_mhz_step, power_w_step   the GPUs' SM clock (lowest rank) and power (highest rank) over the
               plain pass's steps (qbench.telemetry; GPU only)
+  sm_clock_mhz_loop, power_w_loop   the same over the loop's blocks: the sustained regime that
+              loop_step_time ran in (a GPU at its power cap lowers its clock there)
 Samples are per step, in ms, the maximum over ranks.
 """
 
@@ -92,19 +94,29 @@ def time_plain(ctx, config, model, moe, x, dy, out: dict, step=None) -> dict[str
     samples = {"step_time": list(timing.samples_ms)}
     for name, values in timer.results_ms().items():  # forward, backward
         samples[f"{name}_time"] = max_over_ranks(values)
-    if min_over_ranks([1.0 if readings.clock_mhz else 0.0]) == [1.0]:  # every rank read its GPU
-        samples["sm_clock_mhz_step"] = min_over_ranks(readings.clock_mhz)
-        samples["power_w_step"] = max_over_ranks(readings.power_w)
-    samples["loop_step_time"] = time_loop(ctx, config, model, x, dy, out, step)
+    samples.update(_telemetry(readings, "step"))
+    loop_readings = GpuReadings(_device_kind(ctx))
+    samples["loop_step_time"] = time_loop(ctx, config, model, x, dy, out, step, observe=loop_readings)
+    samples.update(_telemetry(loop_readings, "loop"))
     return samples
 
 
-def time_loop(ctx, config, model, x, dy, out: dict, step=None) -> list[float]:
+def _telemetry(readings: GpuReadings, what: str) -> dict[str, list[float]]:
+    """sm_clock_mhz_<what> (the lowest of any rank) and power_w_<what> (the highest) samples, where every rank
+    read its GPU; nothing otherwise."""
+    if min_over_ranks([1.0 if readings.clock_mhz else 0.0]) != [1.0]:
+        return {}
+    return {f"sm_clock_mhz_{what}": min_over_ranks(readings.clock_mhz),
+            f"power_w_{what}": max_over_ranks(readings.power_w)}
+
+
+def time_loop(ctx, config, model, x, dy, out: dict, step=None, observe=None) -> list[float]:
     """loop_step_time samples (ms per step, the most of any rank): one per block of LOOP_BLOCK steps issued
-    back to back, config.num_steps // LOOP_BLOCK blocks (at least 3) after the plain pass's warm-up."""
+    back to back, config.num_steps // LOOP_BLOCK blocks (at least 3) after the plain pass's warm-up;
+    observe: see qbench.timing.time_ranks (called once per block, while the block runs)."""
     run = step or make_step(config, model, x, dy, lambda name: contextlib.nullcontext(), out)
     blocks = max(3, config.num_steps // LOOP_BLOCK)
-    timing = time_ranks(run, steps=blocks, warmup=0, device=_device_kind(ctx), block=LOOP_BLOCK)
+    timing = time_ranks(run, steps=blocks, warmup=0, device=_device_kind(ctx), block=LOOP_BLOCK, observe=observe)
     return list(timing.samples_ms)
 
 

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from kernels._common import _INTERPRETING
+from kernels._common import interpreting
 
 # ------------------------------------------------------------------------------ quantization formats
 
@@ -25,7 +25,7 @@ def format_consts(format: str) -> tuple[int, float, bool]:
     """(FORMAT code, QMAX, INTERPRET): the constexprs every quantizing kernel takes."""
     if format not in QUANT_FORMATS:
         raise ValueError(f"unknown quantization format {format!r}; choose from {', '.join(QUANT_FORMATS)}")
-    return _FORMAT_CODE[format], QUANT_FORMATS[format][1], _INTERPRETING
+    return _FORMAT_CODE[format], QUANT_FORMATS[format][1], interpreting()
 
 
 _FORMAT_DTYPES: dict = {}

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import triton
 import triton.language as tl
 
-from kernels._common import _INTERPRETING, cdiv, device_properties
+from kernels._common import cdiv, device_properties, interpreting
 
 # ------------------------------------------------------------------------------ repeated launches
 
@@ -52,7 +52,7 @@ class LaunchCache:
 
     def store(self, key: tuple, compiled, grid: tuple, constexprs: tuple, config: dict, extra=None) -> None:
         """Remember a first launch's compiled kernel (never under the interpreter, which has none)."""
-        if compiled is not None and not _INTERPRETING:
+        if compiled is not None and not interpreting():
             grid = tuple(grid) + (1,) * (3 - len(grid))  # the launcher takes three grid sizes
             self._entries[key] = (_replay(compiled, grid, tuple(constexprs)), grid, tuple(constexprs), extra)
             record_pick(self.name, key, config)
@@ -327,7 +327,7 @@ def launch_with_grid_barrier(kernel, args: tuple, consts: tuple, num_warps: int,
     """(compiled kernel, grid) of the first launch of a kernel with a grid barrier: every program resident at
     once, as many as the SMs hold (at most cap per SM; cooperative_launch shrinks a refused grid). Under the
     interpreter, whose programs run one after another, one program does every item."""
-    if _INTERPRETING:
+    if interpreting():
         return kernel[(1,)](*args, *consts, num_warps=num_warps), (1,)
     compiled = kernel.warmup(*args, *consts, grid=(1,), num_warps=num_warps, launch_cooperative_grid=True)
     programs = sm_count(device) * resident_programs(compiled, device, cap)

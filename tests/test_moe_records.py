@@ -75,6 +75,23 @@ def test_loop_readings_are_named_for_the_loop_and_left_out_without_readings():
     assert record["metrics"]["sm_clock_mhz_loop"] == 1710.0
 
 
+def test_the_table_shows_the_loop_clock_only_where_a_record_has_it():
+    from rich.console import Console
+
+    from qbench.benches.moe.output import table
+
+    def rendered(samples):
+        record = record_of(CONFIG, CASE, {"exec": "eager", "world_size": 1}, 1, samples, dict(STATS),
+                           {"peak_memory_mb": None, "host_ms": 0.5}, DETAIL, "cuda")
+        console = Console(record=True, width=400)
+        console.print(table([record]))
+        return console.export_text()
+
+    assert "loop clock" not in rendered({"step_time": _steps(2.0, 2.0)})
+    with_clock = rendered({"step_time": _steps(2.0, 2.0), "sm_clock_mhz_loop": [1635.0, 1620.0, 1672.0]})
+    assert "loop clock" in with_clock and "1,635" in with_clock  # the median of the loop's readings
+
+
 def test_a_diverged_run_records_an_error():
     record = _record(_steps(2.0, 2.0), finite=False)
     assert record["status"] == "error" and "not finite" in record["error"] and not record["metrics"]

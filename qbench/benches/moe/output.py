@@ -27,11 +27,13 @@ def table(records: list[dict[str, Any]]):
     elif any(r["params"].get("locality") is not None for r in records):
         params.append("locality")
     params += varying_params(records, ["backward_thread"])  # its column only when it varies
+    if any("sm_clock_mhz_loop" in r["metrics"] for r in records):  # where NVML read it: a GPU at its power cap
+        metrics.insert(metrics.index("loop_step_time") + 1, "sm_clock_mhz_loop")  # lowers the loop's clock
     return records_table(records, params, metrics, title="qbench moe (ms: median over steps of the max over ranks)",
                          headers={"a2a_ffn_overlap_degree": "overlap", "num_local_experts": "experts/rank",
                                   "expert_load_max_over_mean": "load max/mean", "replicate_hot": "hot",
                                   "experts_tflops": "FFN tflops", "backward_thread": "bwd thread",
-                                  "loop_step_time": "loop step"})
+                                  "loop_step_time": "loop step", "sm_clock_mhz_loop": "loop clock"})
 
 
 def seed_lines(record: dict) -> list[str]:

@@ -10,6 +10,7 @@ Failures never hang: a rank that raises sends its error and exits; the launcher 
 others and raises RankFailure naming the rank that failed first (a rank that died without a word, say
 killed by a signal, before the peers that lost it) and its error. Collectives carry a timeout
 (`timeout_s`, `qbench moe --timeout`), so a rank stuck on a frozen or dead peer also ends.
+Per-step lists are reduced over ranks (max_over_ranks, min_over_ranks) with one all-reduce each.
 torch is imported only inside functions.
 """
 
@@ -239,3 +240,25 @@ def _stop(procs) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+def max_over_ranks(values_ms: list[float], group=None) -> list[float]:
+    """Elementwise maximum over all ranks of a per-step list (one all-reduce)."""
+    return _over_ranks(values_ms, "MAX", group)
+
+
+def min_over_ranks(values: list[float], group=None) -> list[float]:
+    """Elementwise minimum over all ranks of a per-step list (one all-reduce)."""
+    return _over_ranks(values, "MIN", group)
+
+
+def _over_ranks(values: list[float], op: str, group) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or not values:
+        return list(values)
+    on_gpu = dist.get_backend(group) == "nccl"
+    tensor = torch.tensor(values, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=group)
+    return tensor.cpu().tolist()

@@ -6,6 +6,7 @@ line and the UTC time, the versions of the optional peers a bench times when the
 and what code produced the numbers (provenance()): the qbench version, a hash
 of the package's own source (traceable without .git) and, in a checkout, the git commit and dirty flag.
 Autotuner picks noted during a run (note_autotune) are added under "autotune" when the run closes.
+The device a command runs on is resolved here too (resolve_device, usable_device).
 """
 
 from __future__ import annotations
@@ -221,3 +222,31 @@ def current_gpu_preset(device: str = "cuda"):
     from qbench.model.hardware import preset_for_gpu
 
     return preset_for_gpu(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+
+
+def resolve_device(device: str | None = None) -> str:
+    """'cuda' when a CUDA device is present (or asked for), else 'cpu'."""
+    if device not in (None, "auto"):
+        return "cuda" if str(device).startswith("cuda") else "cpu"
+    try:
+        import torch
+    except ImportError:
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+NO_CUDA = "--device cuda was asked for but no CUDA device is visible; use --device cpu"
+
+
+def usable_device(device: str | None) -> str:
+    """resolve_device of a command's --device, or a one-line usage error when CUDA was asked for and none is
+    visible."""
+    resolved = resolve_device(device)
+    if resolved == "cuda" and device not in (None, "auto"):
+        import torch
+
+        if not torch.cuda.is_available():
+            from qbench.errors import QbenchUsageError
+
+            raise QbenchUsageError(NO_CUDA)
+    return resolved

@@ -91,7 +91,7 @@ def _group_label(labels: Sequence[str]) -> str:
 def _merged_record(group: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One configuration's records of several runs as one: a failed one as it is, else the first with each
     metric that every run has a number for replaced by the runs' median, and their samples pooled."""
-    from qbench.timing import percentile
+    from qbench.samples import percentile
 
     failed = next((rec for rec in group if rec.get("status", "ok") != "ok"), None)
     if failed is not None:

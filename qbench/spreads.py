@@ -12,9 +12,9 @@ from typing import Any
 
 from qbench import report
 from qbench.errors import QbenchUsageError
+from qbench.samples import percentile
 from qbench.summary import Summary
 from qbench.summary_output import case_cells, param_text, spread_text
-from qbench.timing import percentile
 
 
 @dataclass(frozen=True)

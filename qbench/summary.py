@@ -25,7 +25,7 @@ from typing import Any
 from qbench import join, metric_names, units
 from qbench.compare import Run, load_any
 from qbench.errors import QbenchUsageError
-from qbench.timing import percentile
+from qbench.samples import percentile
 
 ACROSS_RUNS = ("median",)
 TIMES = (units.MS, units.S)  # the default metrics of records that keep no samples

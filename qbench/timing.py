@@ -3,9 +3,10 @@
 GPU: CUDA events around the timed region; warm-up calls (which also absorb Triton autotuning and
 compilation) are excluded; the L2 cache is optionally flushed between repeats by overwriting a
 buffer larger than L2; optional CUDA-graph replay for launch-bound work.
-CPU: time.perf_counter around the region, same interface and same statistics.
+CPU: time.perf_counter around the region, same interface and same statistics (qbench.samples.Timing).
 Multi-rank: a barrier before each step, all streams synchronized, and the maximum over ranks of
-each step (one all-reduce after the loop, so the collective never sits inside a timed region).
+each step (one all-reduce after the loop, qbench.dist.max_over_ranks, so the collective never sits inside a
+timed region).
 
 All times are milliseconds. Samples are kept so that `qbench compare` can test significance.
 torch is imported lazily: importing this module costs nothing.
@@ -15,111 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+from qbench.dist import max_over_ranks
+from qbench.env import resolve_device
+from qbench.samples import Timing
 
 DEFAULT_BUDGET_MS = 250.0  # time budget per measured configuration when no repeat count is given
 MIN_REPEAT = 5  # fewer samples make the percentiles meaningless
 MAX_REPEAT = 2000  # caps tiny kernels so a sweep stays bounded
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of every current GPU (H100: 50 MB, H200: 60 MB)
-
-
-def percentile(values: list[float] | tuple[float, ...], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Samples of one timed region (ms) and their summary statistics."""
-
-    samples_ms: tuple[float, ...]
-    device: str = "cpu"
-
-    @property
-    def median(self) -> float:
-        return percentile(self.samples_ms, 50)
-
-    @property
-    def p20(self) -> float:
-        return percentile(self.samples_ms, 20)
-
-    @property
-    def p80(self) -> float:
-        return percentile(self.samples_ms, 80)
-
-    @property
-    def mean(self) -> float:
-        return sum(self.samples_ms) / len(self.samples_ms) if self.samples_ms else math.nan
-
-    @property
-    def min(self) -> float:
-        return min(self.samples_ms) if self.samples_ms else math.nan
-
-    def summary(self) -> dict[str, float]:
-        return {"median": self.median, "p20": self.p20, "p80": self.p80, "mean": self.mean, "min": self.min}
-
-
-# Drift: a step that slows down while it is timed (thermal throttling, a diverging layer, a leak)
-# measured something other than the configuration; the median would hide it.
-DRIFT_LIMIT = 0.20  # the last tenth of the timed steps more than 20% slower than the first tenth
-DRIFT_MIN_SAMPLES = 20  # fewer samples make a tenth one sample: noise, not drift, would decide
-
-
-def drift(samples_ms: list[float] | tuple[float, ...]) -> float | None:
-    """Relative slow-down of the last tenth of the samples over the first tenth (their medians):
-    0.25 means 25% slower at the end. None with fewer than DRIFT_MIN_SAMPLES samples."""
-    n = len(samples_ms)
-    if n < DRIFT_MIN_SAMPLES:
-        return None
-    tenth = n // 10
-    first, last = percentile(samples_ms[:tenth], 50), percentile(samples_ms[-tenth:], 50)
-    return last / first - 1.0 if first > 0 else None
-
-
-def drift_error(samples_ms: list[float] | tuple[float, ...], limit: float = DRIFT_LIMIT) -> str | None:
-    """The error text of a run whose step time drifted beyond `limit` (None: no drift, or too few samples)."""
-    value = drift(samples_ms)
-    if value is None or value <= limit:
-        return None
-    return (f"step time drifted: the last tenth of the {len(samples_ms)} timed steps is {value:.0%} slower than "
-            f"the first tenth (limit {limit:.0%})")
-
-
-def resolve_device(device: str | None = None) -> str:
-    """'cuda' when a CUDA device is present (or asked for), else 'cpu'."""
-    if device not in (None, "auto"):
-        return "cuda" if str(device).startswith("cuda") else "cpu"
-    try:
-        import torch
-    except ImportError:
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-NO_CUDA = "--device cuda was asked for but no CUDA device is visible; use --device cpu"
-
-
-def usable_device(device: str | None) -> str:
-    """resolve_device of a command's --device, or a one-line usage error when CUDA was asked for and none is
-    visible."""
-    resolved = resolve_device(device)
-    if resolved == "cuda" and device not in (None, "auto"):
-        import torch
-
-        if not torch.cuda.is_available():
-            from qbench.errors import QbenchUsageError
-
-            raise QbenchUsageError(NO_CUDA)
-    return resolved
 
 
 def _synchronize(device: str) -> None:
@@ -447,28 +355,6 @@ class PhaseTimer:
         _synchronize(self.device)
         (step,) = [s for s in self._steps if s]
         return {name: sum(c.elapsed_ms() for c in clocks) for name, clocks in sorted(step.items())}
-
-
-def max_over_ranks(values_ms: list[float], group=None) -> list[float]:
-    """Elementwise maximum over all ranks of a per-step list (one all-reduce)."""
-    return _over_ranks(values_ms, "MAX", group)
-
-
-def min_over_ranks(values: list[float], group=None) -> list[float]:
-    """Elementwise minimum over all ranks of a per-step list (one all-reduce)."""
-    return _over_ranks(values, "MIN", group)
-
-
-def _over_ranks(values: list[float], op: str, group) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or not values:
-        return list(values)
-    on_gpu = dist.get_backend(group) == "nccl"
-    tensor = torch.tensor(values, dtype=torch.float64, device="cuda" if on_gpu else "cpu")
-    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op), group=group)
-    return tensor.cpu().tolist()
 
 
 def time_ranks(

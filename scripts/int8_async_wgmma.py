@@ -40,7 +40,8 @@ from kernels._common import cdiv, device_properties
 from kernels._common.launch import LaunchCache, aligned
 from qbench import store, units
 from qbench.env import capture_env
-from qbench.timing import percentile, time_fn
+from qbench.samples import percentile
+from qbench.timing import time_fn
 
 INV_QMAX_SQUARED = gl.constexpr(1.0 / (127.0 * 127.0))
 

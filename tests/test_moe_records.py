@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from qbench import timing
+from qbench import samples
 from qbench.benches.moe import MoEBenchConfig, modes, plan
 from qbench.benches.moe.rank import record_of
 from qbench.layers.moe import MoELayer, MoEOptions
@@ -31,11 +31,11 @@ def _record(samples: list[float], finite: bool = True) -> dict:
 
 
 def test_drift_compares_the_last_tenth_with_the_first():
-    assert timing.drift(_steps(1.0, 1.0)) == pytest.approx(0.0, abs=0.02)
-    assert timing.drift(_steps(1.0, 1.5)) == pytest.approx(0.45, abs=0.03)  # tenths' medians: ~1.03 and ~1.49
-    assert timing.drift(_steps(1.0, 1.5, n=timing.DRIFT_MIN_SAMPLES - 1)) is None  # too few to tell from noise
-    assert timing.drift_error(_steps(1.0, 1.1)) is None  # 9% slower: within the 20% limit
-    assert "drifted" in timing.drift_error(_steps(1.0, 1.5))
+    assert samples.drift(_steps(1.0, 1.0)) == pytest.approx(0.0, abs=0.02)
+    assert samples.drift(_steps(1.0, 1.5)) == pytest.approx(0.45, abs=0.03)  # tenths' medians: ~1.03 and ~1.49
+    assert samples.drift(_steps(1.0, 1.5, n=samples.DRIFT_MIN_SAMPLES - 1)) is None  # too few to tell from noise
+    assert samples.drift_error(_steps(1.0, 1.1)) is None  # 9% slower: within the 20% limit
+    assert "drifted" in samples.drift_error(_steps(1.0, 1.5))
 
 
 def test_a_drifting_run_records_an_error_never_ok():

@@ -10,7 +10,7 @@ import pytest
 
 from qbench import report, store, summary, summary_output, units
 from qbench.errors import QbenchUsageError
-from qbench.timing import percentile
+from qbench.samples import percentile
 from tests.helpers import write_run
 
 SAMPLES = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]  # median 1.3, p20 1.12, p80 1.48 (linear interpolation)

@@ -3,13 +3,13 @@ import time
 import numpy as np
 import pytest
 
-from qbench import timing
+from qbench import samples, timing
 
 
 @pytest.mark.parametrize("q", [0, 20, 50, 80, 100])
 def test_percentile_matches_numpy(q):
     values = list(np.random.default_rng(q).random(17))
-    assert timing.percentile(values, q) == pytest.approx(np.percentile(values, q))
+    assert samples.percentile(values, q) == pytest.approx(np.percentile(values, q))
 
 
 def test_time_fn_cpu_counts_warmup_and_repeats_and_measures_the_region():

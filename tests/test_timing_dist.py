@@ -20,6 +20,7 @@ def _worker(rank, world, port, out):
     import torch.distributed as dist
 
     from qbench import timing
+    from qbench.dist import max_over_ranks, min_over_ranks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -31,8 +32,8 @@ def _worker(rank, world, port, out):
             pass
 
     result = timing.time_ranks(step, steps=5, warmup=1, device="cpu")
-    local = timing.max_over_ranks([float(rank)])
-    lowest = timing.min_over_ranks([float(rank), 5.0 - rank])
+    local = max_over_ranks([float(rank)])
+    lowest = min_over_ranks([float(rank), 5.0 - rank])
     out[rank] = (list(result.samples_ms), local, lowest)
     dist.destroy_process_group()
 

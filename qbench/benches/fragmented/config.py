@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from qbench.env import usable_device
 from qbench.errors import QbenchUsageError
-from qbench.timing import usable_device
 
 BENCH = "fragmented"
 LAYERS = ("linear", "fragmented", "blockdiag", "lowrank")

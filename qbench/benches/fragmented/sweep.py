@@ -51,7 +51,7 @@ def build(case: Case, bias: bool, device: str):
 
 
 def _median(values) -> float | None:
-    from qbench.timing import percentile
+    from qbench.samples import percentile
 
     return percentile(values, 50) if values else None
 
@@ -114,26 +114,15 @@ def _infer(model, runner, x, case: Case, config: FragmentedConfig, baseline: int
 
 def measure(case: Case, config: FragmentedConfig) -> dict:
     """One record: build, gate (FragmentedLinear), check the mode against eager, time, count."""
-    import torch
 
     device = config.device
     steps.sync_and_reset(device)
     baseline = steps.allocated(device)  # anything still held from earlier configurations (normally 0)
     x, target = _inputs(case, device, config.seed)
     model = build(case, config.bias, device)
-    metrics: dict = {"parameters": sum(p.numel() for p in model.parameters()),
-                     "param_memory_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}
-    selected = None
-    if case.layer == "fragmented":
-        errors, failure = gate(model, x, case.dtype)
-        metrics.update(errors)
-        if failure:
-            return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure,
-                               device=device)
-        if case.mode != "train":
-            with torch.no_grad():
-                selected = int(model.scores(x).argmax(dim=1).unique().numel())
-            metrics["selected_fragments"] = selected
+    metrics, selected, failure = _checked(model, x, case)
+    if failure:
+        return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure, device=device)
     model.train(case.mode == "train")
     runner = steps.compiled(model, case.exec)
     fwd_bwd = None
@@ -158,6 +147,25 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
         with backward_thread(case.backward_thread):
             steps.trace(model, x, target, case.mode, config.trace_dir, trace_label(case))
     return make_record(BENCH, case.params(), metrics, units=_units(metrics), samples=samples, device=device)
+
+
+def _checked(model, x, case: Case) -> tuple[dict, int | None, str | None]:
+    """(metrics known before timing, fragments the hard selection picks or None, the gate's failure or None):
+    parameter counts and, for FragmentedLinear, its errors against the reference."""
+    import torch
+
+    metrics: dict = {"parameters": sum(p.numel() for p in model.parameters()),
+                     "param_memory_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}
+    if case.layer != "fragmented":
+        return metrics, None, None
+    errors, failure = gate(model, x, case.dtype)
+    metrics.update(errors)
+    if failure or case.mode == "train":
+        return metrics, None, failure
+    with torch.no_grad():
+        selected = int(model.scores(x).argmax(dim=1).unique().numel())
+    metrics["selected_fragments"] = selected
+    return metrics, selected, None
 
 
 def trace_label(case: Case) -> str:

@@ -36,7 +36,7 @@ class CalibrateConfig:
 
 def setup(device: str | None) -> tuple[CalibrateConfig, hardware.Hardware, str]:
     """(measurement plan, datasheet device it calibrates, default file) for --device auto|cuda|cpu."""
-    from qbench.timing import usable_device
+    from qbench.env import usable_device
 
     device = usable_device(device)
     gpu_name = None

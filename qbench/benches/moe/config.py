@@ -69,8 +69,8 @@ def resolve(config: MoEBenchConfig) -> MoEBenchConfig:
     """Device, backend, world size and the sizes left None, for this machine (QbenchUsageError when
     the device asked for is missing or torchrun's world size contradicts --world-size)."""
     from qbench import dist
+    from qbench.env import NO_CUDA
     from qbench.errors import QbenchUsageError
-    from qbench.timing import NO_CUDA
 
     gpus = dist.visible_gpus() if config.device != "cpu" else 0
     device = config.device if config.device != "auto" else ("cuda" if gpus else "cpu")

@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 
 from qbench.benches.moe.steps import make_step
+from qbench.dist import max_over_ranks
 from qbench.layers.moe.reference import TOLERANCE, rel_error
-from qbench.timing import PhaseTimer, graph_replay, max_over_ranks
+from qbench.timing import PhaseTimer, graph_replay
 
 WARMUP = 3  # eager steps before a capture (autotuning, first launches, allocator), compilation steps
 

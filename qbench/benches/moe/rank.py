@@ -7,7 +7,7 @@ execution mode (modes.py: eager, compile, graph; `skipped` with a reason where t
 times steps with qbench.timing.time_ranks (barrier, synchronize, max over ranks per step) and a
 PhaseTimer for forward / backward and, eager, the layer's phases (gate, plan, dispatch, experts,
 combine, backward), plus the host time of one step. A mode whose weights or outputs stop being finite,
-or whose step time drifts (qbench.timing.drift_error), is an error record, never `ok`.
+or whose step time drifts (qbench.samples.drift_error), is an error record, never `ok`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from qbench.benches.moe.config import BENCH, MoEBenchConfig
 from qbench.benches.moe.metrics import summarize
 from qbench.benches.moe.steps import host_ms, make_step, time_plain, time_steps
 from qbench.benches.moe.trace import trace_steps
+from qbench.dist import max_over_ranks
 from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
 from qbench.layers.moe.reference import check_layer
 from qbench.layers.moe.routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
+from qbench.samples import drift_error
 from qbench.store import make_record
-from qbench.timing import backward_thread, drift_error, max_over_ranks
+from qbench.timing import backward_thread
 from qbench.units import torch_dtype
 
 HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
@@ -126,7 +128,7 @@ def measure_mode(ctx, config, case, params, built, stats, detail: str, want: lis
 def record_of(config, case, params, world_size: int, samples, stats, extra: dict, detail: str, device: str,
               finite: bool = True) -> dict:
     """The record of a timed mode: `error` (never `ok`) when its weights or outputs stopped being finite
-    or its step time drifted (qbench.timing.drift_error), else `ok`; metrics and samples are kept either way
+    or its step time drifted (qbench.samples.drift_error), else `ok`; metrics and samples are kept either way
     but for a diverged layer (its times measured something else)."""
     if not finite:
         return make_record(BENCH, params, status="error", device=device,

@@ -25,8 +25,9 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from qbench.dist import max_over_ranks, min_over_ranks
 from qbench.telemetry import GpuReadings
-from qbench.timing import LOOP_BLOCK, PhaseTimer, host_time, max_over_ranks, min_over_ranks, time_ranks
+from qbench.timing import LOOP_BLOCK, PhaseTimer, host_time, time_ranks
 
 PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
 HOST_REPEAT = 20  # steps whose host time is sampled (at most the timed steps)

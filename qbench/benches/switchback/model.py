@@ -89,8 +89,8 @@ class Case:
 
 def resolve(config: ModelConfig) -> ModelConfig:
     """Device and its defaults; 16bit always runs first (every speed-up is over it)."""
+    from qbench.env import usable_device
     from qbench.errors import QbenchUsageError
-    from qbench.timing import usable_device
 
     device = usable_device(config.device)
     execs = config.execs or (EXECS if device == "cuda" else ("eager",))

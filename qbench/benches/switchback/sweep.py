@@ -67,8 +67,8 @@ class Shape:
 
 def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
     """Fill the device and the device-dependent defaults (seed sweep on a GPU, small on the CPU)."""
+    from qbench.env import usable_device
     from qbench.errors import QbenchUsageError
-    from qbench.timing import usable_device
     from qbench.traces import check_trace_dir
 
     check_trace_dir(config.trace_dir)

@@ -67,8 +67,8 @@ class TrainConfig:
 
 def resolve(config: TrainConfig) -> tuple[TrainConfig, TrainPreset]:
     """Device, preset and its overrides (16bit first: every gap is over it)."""
+    from qbench.env import usable_device
     from qbench.errors import QbenchUsageError
-    from qbench.timing import usable_device
 
     device = usable_device(config.device)
     name = config.model or ("lm-small" if device == "cuda" else "lm-tiny")

@@ -30,16 +30,9 @@ def command(seed_format, plot, out, append, force, as_json, resume, **fields) ->
     from qbench import dist, report, store
     from qbench.benches import moe as bench
     from qbench.commands.common import resumed, run_and_store
-    from qbench.errors import QbenchUsageError
 
     config = bench.resolve(bench.MoEBenchConfig(**fields))
-    if plot and dist.is_primary():
-        from qbench.plots import check_figure_path
-
-        check_figure_path(plot)  # a bad figure name is found before the sweep, not after it
-    if resume and (dist.torchrun_env() is not None or config.kernels is not None):
-        raise QbenchUsageError("--resume finishes a layer run that qbench started itself: not under torchrun, "
-                               "not with --kernels")
+    _check_flags(config, plot, resume)
     done = resumed(bench.BENCH, out, resume, force, key=lambda record: bench.resume_id(record["params"]))
     records = bench.run(config, done)  # validates now: usage errors before any notice or record
     if not dist.is_primary():  # ranks > 0 of a torchrun job measure but never write results
@@ -59,3 +52,17 @@ def command(seed_format, plot, out, append, force, as_json, resume, **fields) ->
 
         plot_run([out], plot)
 
+
+def _check_flags(config, plot, resume) -> None:
+    """Usage errors found before the sweep starts: a bad figure name (not after the sweep), and --resume
+    where qbench did not start the run itself."""
+    from qbench import dist
+    from qbench.errors import QbenchUsageError
+
+    if plot and dist.is_primary():
+        from qbench.plots import check_figure_path
+
+        check_figure_path(plot)
+    if resume and (dist.torchrun_env() is not None or config.kernels is not None):
+        raise QbenchUsageError("--resume finishes a layer run that qbench started itself: not under torchrun, "
+                               "not with --kernels")

@@ -208,6 +208,11 @@ def progress(total: int | None, description: str) -> Iterator[Any]:
         yield advance
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 record', '3 records': a count with its noun in the number it takes (regular plurals)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def notice(message: str, style: str = "yellow") -> None:
     """One message on stderr, printed literally: paths and errors may hold '[...]', which rich would
     otherwise read as markup (and drop, or fail on)."""

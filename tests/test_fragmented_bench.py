@@ -285,7 +285,7 @@ def test_resume_measures_only_the_configurations_a_run_lacks(tmp_path, capsys, m
     assert code == 0, err
     assert measured == [json.loads(first[1])["params"]["layer"]]  # only the missing one ran
     assert (out / "results.jsonl").read_text().splitlines(keepends=True)[0] == first[0]
-    assert "1 records added; 2 records in" in err
+    assert "1 record added; 2 records in" in err
 
 
 def test_trace_profiles_each_eager_configuration_after_timing_it(tmp_path, capsys):

@@ -201,7 +201,7 @@ def test_resume_runs_the_configurations_a_cut_run_lacks(tmp_path, capsys):
     lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
     assert lines[0] == first[0] and len(lines) == 2  # the kept record as it was, the missing one measured
     assert [json.loads(line)["params"]["num_local_experts"] for line in lines] == [2, 4]
-    assert "1 records added; 2 records in" in err
+    assert "1 record added; 2 records in" in err
 
 
 @pytest.mark.gpu

@@ -72,10 +72,10 @@ def run_and_store(
         report.print_json(kept)  # the records this command measured
     else:
         report.stdout_console().print(table(shown))
-    added = f"{len(kept)} records added; " if append else ""
-    report.notice(f"{added}{len(shown)} records in {path}", style="dim")
+    added = f"{report.counted(len(kept), 'record')} added; " if append else ""
+    report.notice(f"{added}{report.counted(len(shown), 'record')} in {path}", style="dim")
     failed = [r for r in kept if r["status"] == "error"]
     if failed:
-        report.notice(f"{len(failed)} configurations failed; see the status column", style="red")
+        report.notice(f"{report.counted(len(failed), 'configuration')} failed; see the status column", style="red")
         sys.exit(1)
     return kept

@@ -54,4 +54,4 @@ def command(file: str, fmt: str, out: str | None, append: bool, force: bool, as_
         report.print_json(records)
     else:
         report.stdout_console().print(_table(records, file))
-    report.notice(f"{len(records)} records in {path}", style="dim")
+    report.notice(f"{report.counted(len(records), 'record')} in {path}", style="dim")

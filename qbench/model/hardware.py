@@ -60,7 +60,8 @@ _AMPERE_PEAKS = {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "tf32": 156.0, "fp
 
 PRESETS: dict[str, Hardware] = {
     "h100": Hardware("H100 SXM 80GB", dict(_HOPPER_PEAKS), 80.0, 3.35, 50.0, 132, 450.0),
-    "h200": Hardware("H200 SXM 141GB", dict(_HOPPER_PEAKS), 141.0, 4.8, 50.0, 132, 450.0),
+    # the H200's L2 as its driver reports it (torch's L2_cache_size on an H200 SXM: 62914560 bytes, 60 MiB)
+    "h200": Hardware("H200 SXM 141GB", dict(_HOPPER_PEAKS), 141.0, 4.8, 60.0, 132, 450.0),
     "a100-40gb": Hardware("A100 SXM 40GB", dict(_AMPERE_PEAKS), 40.0, 1.555, 40.0, 108, 300.0),
     "a100-80gb": Hardware("A100 SXM 80GB", dict(_AMPERE_PEAKS), 80.0, 2.039, 40.0, 108, 300.0),
 }

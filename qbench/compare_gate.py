@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from qbench import metric_names
 from qbench.compare import MISSING_IN_CANDIDATE, Comparison, Row, Run
 from qbench.errors import QbenchUsageError
+from qbench.report import counted
 
 
 def parse_threshold(text: str, given_as: str | None = None) -> float:
@@ -86,5 +87,6 @@ def gate_failures(comparison: Comparison, gates: Sequence[tuple[str, float]], al
     missing = missing_cases(comparison) if gates and not allow_missing else []
     if missing:
         names = ", ".join(sorted({r.case for r in missing})[:5])
-        lines.append(f"{len(missing)} reference cases missing in a candidate ({names}); --allow-missing accepts that")
+        missing_text = counted(len(missing), "reference case")
+        lines.append(f"{missing_text} missing in a candidate ({names}); --allow-missing accepts that")
     return lines

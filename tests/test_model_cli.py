@@ -145,6 +145,21 @@ def test_calibrate_on_cpu(capsys, tmp_path):
     assert dev.source == "calibrated" and dev.peak("fp32") > 0 and dev.hbm_tbps > 0
 
 
+def test_calibrate_takes_the_l2_and_sm_count_the_driver_reports():
+    from types import SimpleNamespace
+
+    from qbench.benches.model.calibrate import device_hardware, reported_figures
+    from qbench.model import hardware
+
+    props = SimpleNamespace(L2_cache_size=62914560, multi_processor_count=114)  # a board unlike its preset
+    dev = device_hardware("cuda", "NVIDIA H100 80GB HBM3", reported_figures(props))
+    preset = hardware.preset("h100")
+    assert (dev.l2_mb, dev.sm_count) == (60.0, 114) and (preset.l2_mb, preset.sm_count) == (50.0, 132)
+    assert dev.peak_tflops == preset.peak_tflops and dev.nvlink_gbps == preset.nvlink_gbps
+    with pytest.raises(ValueError, match="no preset describes"):
+        device_hardware("cuda", "NVIDIA Made Up", reported_figures(props))
+
+
 def test_group_help_and_examples(capsys):
     code, out, _ = run_cli(capsys, "model")
     assert code == 0 and "Examples:" in out and "--against" in out

@@ -5,15 +5,16 @@ Measures, with the qbench timer (CUDA events, warm-up excluded, L2 flushed betwe
 matmul rate per dtype (cuBLAS: torch.matmul for 16/32-bit, torch._int_mm for int8, torch._scaled_mm
 for fp8) at a few square sizes, keeping the best median; device-to-device copy bandwidth (read +
 write bytes); and the time of the smallest kernel (the launch overhead). Inputs are random, never
-zeros. A kernel that beats cuBLAS (a Hopper Triton int8 matmul does) reads above 100% of a
-calibrated int8 ceiling: that is a finding, not a bug.
+zeros. The L2 size and SM count are the driver's (torch's device properties); the NVLink bandwidth and
+the peaks of dtypes not measured stay the preset's. A kernel that beats cuBLAS (a Hopper Triton int8
+matmul does) reads above 100% of a calibrated int8 ceiling: that is a finding, not a bug.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qbench import store, units
@@ -39,13 +40,21 @@ def setup(device: str | None) -> tuple[CalibrateConfig, hardware.Hardware, str]:
     from qbench.env import usable_device
 
     device = usable_device(device)
-    gpu_name = None
+    gpu_name, reported = None, {}
     if device == "cuda":
         import torch
 
         gpu_name = torch.cuda.get_device_name()
+        reported = reported_figures(torch.cuda.get_device_properties(torch.cuda.current_device()))
     slug = (gpu_name or "cpu").lower().replace("nvidia", "").strip().replace(" ", "-")
-    return default_config(device), device_hardware(device, gpu_name), f"results/model-calibration-{slug}.yaml"
+    return (default_config(device), device_hardware(device, gpu_name, reported),
+            f"results/model-calibration-{slug}.yaml")
+
+
+def reported_figures(props) -> dict:
+    """The figures the driver reports for this device (torch's device properties), which replace the
+    preset's: L2 in MB as the presets count it (MiB, as NVIDIA's datasheets do) and the SM count."""
+    return {"l2_mb": props.L2_cache_size / 2**20, "sm_count": int(props.multi_processor_count)}
 
 
 def default_config(device: str) -> CalibrateConfig:
@@ -111,14 +120,15 @@ def measure(cfg: CalibrateConfig) -> Iterator[dict]:
                             samples={"time_ms": t.samples_ms}, device=cfg.device)
 
 
-def device_hardware(device: str, gpu_name: str | None) -> hardware.Hardware:
-    """The datasheet description to calibrate: the preset of this GPU, or a plain CPU stand-in."""
+def device_hardware(device: str, gpu_name: str | None, reported: dict | None = None) -> hardware.Hardware:
+    """The description to calibrate: the preset of this GPU with the figures its driver reports
+    (reported_figures), or a plain CPU stand-in."""
     if device == "cuda":
         base = hardware.preset_for_gpu(gpu_name or "")
         if base is None:
-            raise ValueError(f"no preset describes {gpu_name!r}; calibrate needs one for the L2, SM and "
-                             "NVLink figures it does not measure")
-        return base
+            raise ValueError(f"no preset describes {gpu_name!r}; calibrate needs one for the NVLink bandwidth and "
+                             "the peaks of the dtypes it does not measure")
+        return replace(base, **(reported or {}))
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     return hardware.Hardware("CPU", {"fp32": 1.0}, mem_gb, 0.01, 1.0, os.cpu_count() or 1, 1.0,
                              source="cpu stand-in")

@@ -318,14 +318,12 @@ def counts_line(counts: Mapping[str, int]) -> str:
 
 
 def comparison_markdown(comparison) -> str:
-    lines = ["| " + " | ".join(n or "marker" for n in COMPARE_COLUMNS) + " |", "|" + "---|" * len(COMPARE_COLUMNS)]
     labels, shared = case_labels(comparison.rows)
-    for row in comparison.rows:
-        cells = [c.replace("|", "\\|") for c in _compare_cells(row, labels[(row.bench, row.case)])]
-        lines.append("| " + " | ".join(cells) + " |")
+    rows = [_compare_cells(row, labels[(row.bench, row.case)]) for row in comparison.rows]
     for (cand, metric), value in comparison.geomeans.items():
         ratio, change = format_sig(value), format_change(100 * (value - 1))
-        lines.append(f"| geometric mean ({cand}) | {metric} |  |  |  | {ratio} | {change} |  |  |  |")
+        rows.append([f"geometric mean ({cand})", metric, "", "", "", ratio, change, "", "", ""])
+    lines = markdown_table([n or "marker" for n in COMPARE_COLUMNS], rows)
     if shared:
         lines.append(f"\nevery case: {shared}")
     for warning in comparison.env_warnings:

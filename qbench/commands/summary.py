@@ -16,7 +16,7 @@ Examples:
       --across-runs median                                          # fragmented over dense, median of 3
   qbench summary results/switchback-h200-modes/run{1,2,3} --metric module_kernel_ratio_graph \
       --across-runs median --target module_kernel_ratio_graph:0.95..1.05   # how many cells meet it
-  qbench summary results/switchback-h200-modes-loops/run{1,2,3} --metric loop_kernel_ratio_eager \
+  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric loop_kernel_ratio_eager \
       --across-runs median -k "batch_size=(32768|131072)/"          # the module in a loop of steps
   qbench summary results/switchback-h200-reruns/run{1,2,3} --across-runs median --spreads
                                                         # how far reruns disagree, every metric

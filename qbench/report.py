@@ -219,7 +219,7 @@ def notice(message: str, style: str = "yellow") -> None:
     stderr_console().print(f"[{style}]{escape(message)}[/{style}]")
 
 
-# ---- comparisons (qbench.compare) -------------------------------------------------------------
+# ---- comparisons (qbench.analysis.compare) -------------------------------------------------------------
 
 MARKER_STYLE = {"+": "red", "-": "green", "~": "yellow", "!": "bold red", "*": "green", "x": "dim", "n/a": "dim"}
 MARKER_MEANING = {

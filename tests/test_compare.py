@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from qbench import compare, compare_gate, join, report, run_groups
+from qbench import report
+from qbench.analysis import compare, compare_gate, join, run_groups
 from qbench.errors import QbenchUsageError
 from tests.helpers import timed_record, write_run
 

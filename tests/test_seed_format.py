@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from qbench import store
+from qbench.analysis.join import join_params
 from qbench.importers.bnb import SEED_KEYS, format_bnb_jsonl, read_bnb_jsonl, seed_line
-from qbench.join import join_params
 from tests.test_switchback_cli import qbench
 
 SEED_TYPES = {"repeat": int, "batch_size": int, "dim_out": int, "dim_in": int, "switch": bool}

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from qbench import report, store, summary, summary_output, units
+from qbench import report, store, units
+from qbench.analysis import summary, summary_output
 from qbench.errors import QbenchUsageError
 from qbench.samples import percentile
 from tests.helpers import write_run
@@ -190,7 +191,7 @@ def test_ratio_to_usage_errors(tmp_path):
 def test_targets_are_judged_on_the_printed_values(tmp_path):
     """--target counts the cells that meet it, judged on each cell as printed: 1.30004 prints as 1.30004
     (never rounded onto 1.300) and misses '<= 1.3'; 1.3 meets it."""
-    from qbench import targets
+    from qbench.analysis import targets
 
     recs = [_record({"m": m}, time=t, samples=[t] * 3) for m, t in ((1, 1.2), (2, 1.3), (3, 1.30004), (4, 2.0))]
     result = _summary(tmp_path, recs, metrics=("time",))
@@ -276,7 +277,7 @@ def test_runs_of_several_benches_get_a_table_each(tmp_path):
 def test_spreads_per_metric_largest_first(tmp_path):
     """--spreads: per metric (every metric by default, the stored-only speed-up too) the cells with a spread,
     the largest spread and its case, the median spread; largest first."""
-    from qbench import spreads
+    from qbench.analysis import spreads
 
     runs = [_sweep(1.0), _sweep(1.0), _sweep(1.0)]
     runs[1][3] = _record({"batch_size": 32768, "dim_in": 4096, "dim_out": 1024, "dtype": "fp16"}, time=40.0,

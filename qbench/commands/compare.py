@@ -51,7 +51,8 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     candidate lacks also fails (unless --allow-missing). RUNS are run directories or seed files
     (imported on the fly). Joins read a missing `exec` parameter as eager, a missing
     `backward_thread` as device and `float16` as fp16, so runs from older versions still join."""
-    from qbench import compare, compare_gate, metric_names, report, run_groups
+    from qbench import metric_names, report
+    from qbench.analysis import compare, compare_gate, run_groups
     from qbench.errors import QbenchUsageError
 
     threshold = compare_gate.parse_threshold(threshold)

@@ -57,13 +57,13 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
     different benches get a table each unless --metric, --target or --json is given. Runs are
     matched on their parameters, a missing `exec` read as eager and `float16` as fp16. RUNS are
     run directories or seed files (imported on the fly)."""
-    from qbench import summary, summary_output
+    from qbench.analysis import summary, summary_output
 
     if spreads and targets:
         raise click.UsageError("--spreads and --target print different tables; give one of them")
     options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs, ratio_to, every_metric=spreads)
     if spreads:
-        from qbench import spreads as spread_table
+        from qbench.analysis import spreads as spread_table
 
         spread_table.show(summary.summarize(runs, options), fmt)
         return

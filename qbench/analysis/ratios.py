@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from qbench import join, units
-from qbench.compare import Run
+from qbench import units
+from qbench.analysis import join
+from qbench.analysis.compare import Run
 from qbench.errors import QbenchUsageError
 
 

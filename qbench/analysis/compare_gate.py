@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qbench import metric_names
-from qbench.compare import MISSING_IN_CANDIDATE, Comparison, Row, Run
+from qbench.analysis.compare import MISSING_IN_CANDIDATE, Comparison, Row, Run
 from qbench.errors import QbenchUsageError
 from qbench.report import counted
 

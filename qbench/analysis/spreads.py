@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from qbench import report
+from qbench.analysis.summary import Summary
+from qbench.analysis.summary_output import case_cells, param_text, spread_text
 from qbench.errors import QbenchUsageError
 from qbench.samples import percentile
-from qbench.summary import Summary
-from qbench.summary_output import case_cells, param_text, spread_text
 
 
 @dataclass(frozen=True)

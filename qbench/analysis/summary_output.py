@@ -1,4 +1,4 @@
-"""Printing `qbench summary`'s tables (qbench.summary builds them): a rich table, a Markdown table to
+"""Printing `qbench summary`'s tables (qbench.analysis.summary builds them): a rich table, a Markdown table to
 paste, or JSON; the cell text every form shares (median [p20, p80], or the median over runs with each
 run's value and their spread) and the legend of its marks.
 """
@@ -10,10 +10,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from qbench import join, report, units
-from qbench.compare import Run
+from qbench import report, units
+from qbench.analysis import join
+from qbench.analysis.compare import Run
+from qbench.analysis.summary import Cell, Summary, SummaryOptions, summarize_runs
 from qbench.errors import QbenchUsageError
-from qbench.summary import Cell, Summary, SummaryOptions, summarize_runs
 
 # ---- printing: a rich table, a Markdown table to paste, or JSON --------------------------------------
 
@@ -105,6 +106,12 @@ def legend(summary: Summary) -> list[str]:
     if any(c.off_samples for c in cells):
         lines.append(f"{OFF_SAMPLES} not the median of the stored samples (a total stored as the sum of its "
                      "components' medians, say); p20-p80 are those of the samples")
+    return lines + _record_notes(summary)
+
+
+def _record_notes(summary: Summary) -> list[str]:
+    """The legend's lines about the records rather than the cells: stored ratios, left out, replaced."""
+    lines = []
     ratios = [m for m in summary.metrics if summary.units.get(m) == units.SPEEDUP]
     if ratios:
         lines.append(f"{', '.join(ratios)}: ratios of medians as each record stores them (baseline / candidate), "
@@ -182,8 +189,8 @@ def as_json(summary: Summary, targets: Sequence[dict] = ()) -> str:
 
 def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] = (), title: str | None = None) -> None:
     """Print the summary on stdout: a rich table (default), --markdown or --json; with each --target's
-    verdict on the printed values (qbench.targets)."""
-    from qbench import targets as target_checks
+    verdict on the printed values (qbench.analysis.targets)."""
+    from qbench.analysis import targets as target_checks
 
     results = target_checks.check([target_checks.parse(t) for t in targets], metric_cells(summary), digits)
     notes = target_checks.lines(results)

@@ -10,8 +10,8 @@ definition, while their samples are per-repeat sums) the cell says so rather tha
 `--by PARAM` pivots one parameter into columns. Several runs are shown side by side with a `run`
 column (pivot it with `--by run`), or, with `--across-runs median`, combined: each cell is the median
 over the runs of each run's value, with the per-run values beside it. Records are matched across runs
-on their parameters as qbench.join normalizes them (a missing `exec` is eager, `float16` is fp16).
-Printing (rich, Markdown, JSON) is qbench.summary_output.
+on their parameters as qbench.analysis.join normalizes them (a missing `exec` is eager, `float16` is fp16).
+Printing (rich, Markdown, JSON) is qbench.analysis.summary_output.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qbench import join, metric_names, units
-from qbench.compare import Run, load_any
+from qbench import metric_names, units
+from qbench.analysis import join
+from qbench.analysis.compare import Run, load_any
 from qbench.errors import QbenchUsageError
 from qbench.samples import percentile
 
@@ -38,7 +39,7 @@ class SummaryOptions:
     pattern: str | None = None
     by: str | None = None
     across_runs: str | None = None
-    ratio_to: str | None = None  # PARAM=REF: each record over its PARAM=REF counterpart (qbench.ratios)
+    ratio_to: str | None = None  # PARAM=REF: each record over its PARAM=REF counterpart (qbench.analysis.ratios)
     every_metric: bool = False  # with no --metric: every metric of the records, not only the sampled ones
 
 
@@ -74,7 +75,7 @@ class Summary:
     left_out: list[str] = field(default_factory=list)  # records not ok, as 'bench/case: status error'
     replaced: int = 0  # records replaced by a later record of the same configuration in the same run
     column_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)  # pivot key -> parameters tied to it
-    ratio_to: str | None = None  # PARAM=REF when the cells are ratios to those records (qbench.ratios)
+    ratio_to: str | None = None  # PARAM=REF when the cells are ratios to those records (qbench.analysis.ratios)
 
 
 def record_cell(record: dict[str, Any], metric: str) -> Cell | None:
@@ -257,7 +258,7 @@ def summarize_runs(runs: Sequence[Run], options: SummaryOptions) -> Summary:
                                f"({', '.join(groups)}): summarize each bench's runs on their own")
     if not options.ratio_to:
         return build(runs, options)
-    from qbench.ratios import ratio_runs
+    from qbench.analysis.ratios import ratio_runs
 
     result = build(ratio_runs(runs, options.ratio_to), options)
     result.ratio_to = options.ratio_to

@@ -1,7 +1,7 @@
 """Runs as compare takes them when one command ran several times: `--group N` merges each group of N
 repeated runs into one (each metric the median of the runs' values, samples pooled), `--across PARAM`
 turns the records of runs into one Run per value of PARAM (the reference first). compare_runs then joins
-the Runs these return as it joins any others (qbench.compare).
+the Runs these return as it joins any others (qbench.analysis.compare).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from qbench import join
-from qbench.compare import Run
+from qbench.analysis import join
+from qbench.analysis.compare import Run
 from qbench.errors import QbenchUsageError
 
 

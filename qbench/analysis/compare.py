@@ -1,11 +1,11 @@
 """Compare runs: join records, ratios, significance, geometric mean (the regression gate on the result:
-qbench.compare_gate; repeated runs merged and --across splits: qbench.run_groups).
+qbench.analysis.compare_gate; repeated runs merged and --across splits: qbench.analysis.run_groups).
 
 The first run is the reference. Records are joined on (bench, params): on the parameters the runs
 have in common (so an imported seed, which knows fewer parameters, still joins with a qbench run),
-normalized by qbench.join (a missing `exec` is eager, `float16` is fp16). `--across PARAM` compares
+normalized by qbench.analysis.join (a missing `exec` is eager, `float16` is fp16). `--across PARAM` compares
 within runs instead: the records with one value of PARAM are the reference, each other value a
-candidate, joined on the remaining parameters (qbench.run_groups.across_param). For every metric in
+candidate, joined on the remaining parameters (qbench.analysis.run_groups.across_param). For every metric in
 both records: ratio = candidate / reference, signed % change, and whether that is better or worse
 by the unit's declared direction (qbench.units). With >= 2 samples on both sides a two-sided
 Mann-Whitney U test decides whether a change beyond the noise threshold is significant.
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qbench import join, store, units
+from qbench import store, units
+from qbench.analysis import join
 from qbench.env import COMPARABILITY_KEYS
 from qbench.errors import QbenchUsageError
 

@@ -113,7 +113,7 @@ def out_options(fn):
         "--out",
         type=click.Path(file_okay=False),
         default=None,
-        help="Run directory (default: results/<bench>-<UTC time>).",
+        help="Run directory (default: runs/<bench>-<UTC time>).",
     )(fn)
     return fn
 

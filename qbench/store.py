@@ -97,8 +97,13 @@ def utc_stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def default_run_dir(bench: str, root: str | Path = "results") -> Path:
-    """results/<bench>-<UTC time to the microsecond>-<4 random hex digits>: two runs started at the same
+# Where a command writes when no --out is given: runs/ under the working directory, which the repository
+# ignores, so a user's runs never mix with the committed reference runs under results/ nor dirty a checkout.
+RUNS_ROOT = "runs"
+
+
+def default_run_dir(bench: str, root: str | Path = RUNS_ROOT) -> Path:
+    """runs/<bench>-<UTC time to the microsecond>-<4 random hex digits>: two runs started at the same
     moment (on two hosts sharing a disk, say) still get different names, and names sort by start time."""
     return Path(root) / f"{bench}-{utc_stamp()}-{secrets.token_hex(2)}"
 

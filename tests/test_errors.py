@@ -189,7 +189,7 @@ USAGE = [
 
 @pytest.mark.parametrize("args, fragment", USAGE)
 def test_usage_error_is_one_line_exit_2_and_leaves_no_run(args, fragment, files, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # default run directories would land under ./results
+    monkeypatch.chdir(tmp_path)  # default run directories would land under ./runs
     out = tmp_path / "out"
     args = [a.format(out=out, **files) for a in args]
     if args[0] in ("switchback", "fragmented", "moe") and "--out" not in args:
@@ -197,7 +197,7 @@ def test_usage_error_is_one_line_exit_2_and_leaves_no_run(args, fragment, files,
     code, _, err = run_cli(capsys, args)
     assert code == 2, err
     assert_one_line(err, fragment)
-    assert not out.exists() and not (tmp_path / "results").exists(), "a refused run left a directory behind"
+    assert not out.exists() and not (tmp_path / "runs").exists(), "a refused run left a directory behind"
 
 
 def test_moe_triton_gemm_without_a_gpu_or_the_interpreter_is_a_usage_error(capsys, tmp_path, monkeypatch):

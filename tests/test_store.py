@@ -273,3 +273,11 @@ def test_a_run_that_stopped_before_its_first_record_is_named_empty(tmp_path):
     (tmp_path / "run" / store.ENV_FILE).write_text("{}")
     with pytest.raises(QbenchUsageError, match="empty run"):
         store.load_run(tmp_path / "run")
+
+
+def test_a_run_without_out_lands_under_the_ignored_runs_folder():
+    """A user's runs go to runs/, which .gitignore names, so they never reach results/ (the committed
+    reference runs the README indexes) nor dirty a checkout."""
+    root = Path(__file__).resolve().parent.parent
+    assert store.default_run_dir("switchback").parts[0] == store.RUNS_ROOT == "runs"
+    assert f"/{store.RUNS_ROOT}/" in (root / ".gitignore").read_text().splitlines()

@@ -46,7 +46,7 @@ def run_and_store(
     force: bool,
     as_json: bool,
     table: Callable[[Sequence[dict]], Any],
-    root: str | Path = "results",
+    root: str | Path | None = None,
     notice: str | None = None,
 ) -> list[dict]:
     """Write each record the moment it is measured (a crash keeps what was measured), then print
@@ -54,7 +54,7 @@ def run_and_store(
     when any configuration this command ran failed its correctness check or errored.
     `notice` (e.g. the CPU notice) is printed once the run directory is claimed, so a refused --out
     is the only line a usage error prints."""
-    path = Path(out) if out else store.default_run_dir(bench, root)
+    path = Path(out) if out else store.default_run_dir(bench, root or store.RUNS_ROOT)
     kept: list[dict] = []
     env = capture_env(config=config)
     with store.RunWriter(path, env, append=append, force=force, bench=bench) as writer:

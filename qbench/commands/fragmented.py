@@ -21,9 +21,9 @@ Examples:
   qbench fragmented                                  # the seed's sweep on a GPU, a small one on the CPU
   qbench fragmented --sizes 8192 --batch-sizes 16 --fragments 2,128 --dtype fp32,bf16
   qbench fragmented --modes eval --baselines linear --format seed
-  qbench fragmented --sizes 8192 --fragments 8 --exec eager --trace results/frag-traces  # then: qbench trace FILE.csv
-  qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --plot fragmented.png
-  qbench fragmented --sizes 4096 --steps 100 --out results/fragmented-h200 --resume   # finish it after a crash
+  qbench fragmented --sizes 8192 --fragments 8 --exec eager --trace runs/frag-traces  # then: qbench trace FILE.csv
+  qbench fragmented --sizes 4096 --steps 100 --out runs/fragmented-h200 --plot fragmented.png
+  qbench fragmented --sizes 4096 --steps 100 --out runs/fragmented-h200 --resume   # finish it after a crash
 """
 LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 

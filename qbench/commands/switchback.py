@@ -12,12 +12,12 @@ Examples:
   qbench switchback                                # the original's 18 pairs, M = 1024 ... 131072
   qbench switchback --dims 1024,4096               # dim -> 4*dim and back, for dim 1024 and 4096
   qbench switchback --pairs 1408x6144,6144x1408 --batch-sizes 8192,32768 --dtype bf16
-  qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out results/sb --plot
+  qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out runs/sb --plot
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # a GPU: module eager vs CUDA graph
   qbench switchback --pairs 1024x4096 --variants global,module --backward-thread device,calling
-  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager --trace results/sb-traces  # qbench trace FILE
-  qbench switchback --format seed --out results/sb-seed    # also <run>/info.jsonl for the original plots
-  qbench switchback --dims 2048 --out results/sb --resume  # finish that run after a crash: only what it lacks
+  qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager --trace runs/sb-traces  # qbench trace FILE
+  qbench switchback --format seed --out runs/sb-seed    # also <run>/info.jsonl for the original plots
+  qbench switchback --dims 2048 --out runs/sb --resume  # finish that run after a crash: only what it lacks
   qbench switchback --model vit-h --batch-sizes 256 --exec compile   # 4-block CLIP ViT-H training step
   qbench switchback --model vit-l,gpt2-xl --variants 16bit,switchback,fp8 --layers 2
   qbench switchback --train-check --plot                  # loss curves per variant on a Markov chain

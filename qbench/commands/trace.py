@@ -10,7 +10,7 @@ import click
 
 EPILOG = """\b
 Examples:
-  qbench moe --world-size 1 --capacity-factor 1.0 --trace results/moe-traces   # writes the kernel tables
+  qbench moe --world-size 1 --capacity-factor 1.0 --trace runs/moe-traces   # writes the kernel tables
   qbench trace results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv
   qbench trace results/moe-h200x4-round4/trace-after-fix/*-rank0.csv --by phase
   qbench trace results/fragmented-h200-trace-d2f98b5/traces/fragmented-8192-b16-n8-train-bf16-device-rank0.json.gz

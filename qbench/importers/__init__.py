@@ -88,7 +88,7 @@ def import_to_run(
     path: str | Path, fmt: str = "auto", out: str | Path | None = None, *, append: bool = False, force: bool = False
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Read a file in a seed format and write it as a qbench run directory (default:
-    results/<bench>-import-<UTC time>). env.json describes the source, not this machine, plus the
+    runs/<bench>-import-<UTC time>). env.json describes the source, not this machine, plus the
     provenance of the qbench code that converted it (its records' names and derived metrics)."""
     import shlex
     import sys

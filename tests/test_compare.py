@@ -402,13 +402,26 @@ def test_compare_cells_never_round_onto_the_threshold():
 def test_k_narrows_the_geometric_means_and_counts_to_its_rows(slower_runs):
     runs = [compare.load_any(p) for p in slower_runs]
     everything = compare.compare_runs(runs, compare.CompareOptions())
-    one_case = compare.compare_runs(runs, compare.CompareOptions(pattern="m=2 "))
+    one_case = compare.compare_runs(runs, compare.CompareOptions(patterns=("m=2 ",)))
     candidate = runs[1].label
     assert everything.counts[candidate] == {"+": 1, "=": 1}
     assert one_case.counts[candidate] == {"=": 1}  # the slower case m=1 is not among -k's rows
     assert one_case.geomeans[(candidate, "time")] == pytest.approx(1.0)
     assert everything.geomeans[(candidate, "time")] > 1.05
     assert len(one_case.unfiltered) == len(everything.unfiltered)  # gates still see every row
+
+
+def test_every_k_must_match(tmp_path):
+    """-k given twice keeps the rows both match, in the counts too; before, the last -k alone was applied."""
+    a = write_run(tmp_path / "a", [timed_record({"m": m}, FAST, tflops=1.0) for m in (1, 2)])
+    b = write_run(tmp_path / "b", [timed_record({"m": m}, SLOW, tflops=1.0) for m in (1, 2)])
+    rows = json.loads(_cli(a, b, "--json", "-k", "m=2", "-k", " time$").stdout)["rows"]
+    assert [(r["case"], r["metric"]) for r in rows] == [("m=2", "time")]
+    assert {(r["case"], r["metric"]) for r in json.loads(_cli(a, b, "--json", "-k", "m=2").stdout)["rows"]} == {
+        ("m=2", "time"), ("m=2", "tflops")}
+    assert "every -k matches" in " ".join(_cli("--help").stdout.split())
+    bad = _cli(a, b, "-k", "m=2", "-k", "(")
+    assert bad.returncode == 2 and "-k '(' is not a valid regular expression" in bad.stderr
 
 
 def test_across_merges_the_repeats_of_several_runs_as_group_does(tmp_path):

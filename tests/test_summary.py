@@ -97,10 +97,24 @@ def test_pivot_rows_by_shape_columns_by_batch(tmp_path):
 
 
 def test_default_metrics_are_the_sampled_ones_and_k_filters(tmp_path):
-    result = _summary(tmp_path, _sweep(), pattern="dim_in=4096/")
+    result = _summary(tmp_path, _sweep(), patterns=("dim_in=4096/",))
     assert result.metrics == ["time"] and result.row_params == ["batch_size"]
     assert result.fixed == {"dim_in": 4096, "dim_out": 1024, "dtype": "fp16"}
     assert [values for values, _ in result.rows] == [(8192,), (32768,)]
+
+
+def test_every_k_must_match(tmp_path):
+    """-k given twice keeps the cases both match (the second does not replace the first), on the command line
+    too; -k order does not matter, and two that no case matches together are the usage error."""
+    run = write_run(tmp_path / "run", _sweep())
+    both = _summary(tmp_path / "a", _sweep(), patterns=("dim_in=4096/", "batch_size=8192/"))
+    assert both.rows == _summary(tmp_path / "b", _sweep(), patterns=("batch_size=8192/", "dim_in=4096/")).rows
+    assert len(both.rows) == 1 and both.fixed["dim_in"] == 4096 and both.fixed["batch_size"] == 8192
+    out = _cli(run, "--json", "-k", "dim_in=4096/", "-k", "batch_size=8192/").stdout
+    assert [row["params"] for row in json.loads(out)["rows"]] == [{}]  # one case: every parameter fixed
+    assert "every -k matches" in " ".join(_cli(run, "--help").stdout.split())
+    with pytest.raises(QbenchUsageError, match="no ok record of these runs matches -k 'dim_in=4096/' -k 'zzz'"):
+        _summary(tmp_path / "c", _sweep(), patterns=("dim_in=4096/", "zzz"))
 
 
 def test_repeats_combined_median_of_run_medians(tmp_path):
@@ -215,7 +229,7 @@ def test_usage_errors(tmp_path):
     run = [_sweep()]
     for options, fragment in [
         ({"metrics": ("nosuch",)}, "--metric nosuch"), ({"by": "nosuch"}, "--by nosuch"),
-        ({"pattern": "("}, "not a valid regular expression"), ({"pattern": "zzz"}, "no ok record"),
+        ({"patterns": ("(",)}, "not a valid regular expression"), ({"patterns": ("zzz",)}, "no ok record"),
         ({"across_runs": "median"}, "at least two runs"), ({"across_runs": "mean"}, "--across-runs mean"),
     ]:
         with pytest.raises(QbenchUsageError, match=fragment):

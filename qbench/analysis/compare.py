@@ -17,7 +17,6 @@ overlap), '=' within the threshold, 'x' not comparable, '!' newly failing, '*' f
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from qbench import store, units
 from qbench.analysis import join
+from qbench.analysis import patterns as match
 from qbench.env import COMPARABILITY_KEYS
 from qbench.errors import QbenchUsageError
 
@@ -64,7 +64,7 @@ class Row:
 class CompareOptions:
     metrics: tuple[str, ...] = ()
     threshold_pct: float = 5.0
-    pattern: str | None = None
+    patterns: tuple[str, ...] = ()  # -k: a row is kept where every regex matches its 'bench/case metric'
     cross_env: bool = False
     only_changed: bool = False
     sort: str = "name"
@@ -263,15 +263,10 @@ def _counts(rows: list[Row]) -> dict[str, dict[str, int]]:
     return counts
 
 
-def _selected(rows: list[Row], pattern: str | None) -> list[Row]:
-    """The rows whose 'bench/case metric' matches -k (all without it)."""
-    if not pattern:
-        return rows
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise QbenchUsageError(f"-k {pattern!r} is not a valid regular expression ({exc})") from None
-    return [r for r in rows if regex.search(f"{r.bench}/{r.case} {r.metric}")]
+def _selected(rows: list[Row], patterns: Sequence[str]) -> list[Row]:
+    """The rows whose 'bench/case metric' every -k matches (all without one)."""
+    keep = match.matcher(patterns)
+    return [r for r in rows if keep(f"{r.bench}/{r.case} {r.metric}")]
 
 
 def _filter_and_sort(rows: list[Row], options: CompareOptions) -> list[Row]:
@@ -305,7 +300,7 @@ def compare_runs(runs: Sequence[Run], options: CompareOptions) -> Comparison:
         if _hardware_differs(reference, candidate):
             _mark_cross_env(pair, options.cross_env)
         rows.extend(pair)
-    selected = _selected(rows, options.pattern)  # -k narrows the geometric means and counts too
+    selected = _selected(rows, options.patterns)  # -k narrows the geometric means and counts too
     comparison = Comparison(rows, warnings, _geomeans(selected), _counts(selected), unfiltered=rows)
     comparison.rows = _filter_and_sort(selected, options)
     return comparison

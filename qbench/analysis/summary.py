@@ -17,13 +17,12 @@ Printing (rich, Markdown, JSON) is qbench.analysis.summary_output.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from qbench import metric_names, units
-from qbench.analysis import join
+from qbench.analysis import join, patterns
 from qbench.analysis.compare import Run, load_any
 from qbench.errors import QbenchUsageError
 from qbench.samples import percentile
@@ -36,7 +35,7 @@ RUN_PARAM, BENCH_PARAM = "run", "bench"  # pseudo-parameters when the records co
 @dataclass(frozen=True)
 class SummaryOptions:
     metrics: tuple[str, ...] = ()
-    pattern: str | None = None
+    patterns: tuple[str, ...] = ()  # -k: a record is kept where every regex matches its 'bench/case'
     by: str | None = None
     across_runs: str | None = None
     ratio_to: str | None = None  # PARAM=REF: each record over its PARAM=REF counterpart (qbench.analysis.ratios)
@@ -99,22 +98,19 @@ def across_cell(cells: Sequence[Cell | None]) -> Cell:
 
 
 def _select(runs: Sequence[Run], options: SummaryOptions) -> tuple[list[tuple[int, dict]], list[str]]:
-    """(run index, record) of the ok records that -k keeps, and the not-ok ones as text."""
-    try:
-        regex = re.compile(options.pattern) if options.pattern else None
-    except re.error as exc:
-        raise QbenchUsageError(f"-k {options.pattern!r} is not a valid regular expression ({exc})") from None
+    """(run index, record) of the ok records that every -k keeps, and the not-ok ones as text."""
+    keep = patterns.matcher(options.patterns)
     kept, left_out = [], []
     for index, run in enumerate(runs):
         for rec in run.records:
-            if regex and not regex.search(f"{rec['bench']}/{rec['case']}"):
+            if not keep(f"{rec['bench']}/{rec['case']}"):
                 continue
             if rec.get("status", "ok") != "ok":
                 left_out.append(f"{rec['bench']}/{rec['case']}: {rec.get('status')} {rec.get('error') or ''}".strip())
                 continue
             kept.append((index, rec))
     if not kept:
-        raise QbenchUsageError("no ok record of these runs matches" + (f" -k {options.pattern!r}" if regex else ""))
+        raise QbenchUsageError("no ok record of these runs matches" + patterns.described(options.patterns))
     return kept, left_out
 
 

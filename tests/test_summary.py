@@ -202,6 +202,39 @@ def test_ratio_to_usage_errors(tmp_path):
         _summary(tmp_path / "dense", dense_only, metrics=("time",), ratio_to="layer=linear")
 
 
+def test_ratio_to_says_how_many_records_it_left_out_and_why(tmp_path):
+    """A record without a counterpart in its run, or not ok, gives no ratio: the summary says how many and why
+    (one line on stderr), and says nothing where every record gave one."""
+    whole = _summary(tmp_path / "whole", _layers(1.0), metrics=("time",), ratio_to="layer=linear")
+    assert whole.ratio_left_out == "" and len(whole.rows) == 4
+    records = _layers(1.0)
+    del records[3]  # linear, batch 16, graph: its fragmented twin has nothing to divide by
+    records[4]["status"], records[4]["error"] = "error", "mismatch"  # fragmented, batch 1, graph (after the del)
+    result = _summary(tmp_path / "cut", records, metrics=("time",), ratio_to="layer=linear")
+    assert [values for values, _ in result.rows] == [(1,), (16,)] and result.fixed["exec"] == "eager"
+    assert result.ratio_left_out == ("--ratio-to layer=linear: 1 record has a status other than ok; 1 record has "
+                                     "no layer=linear counterpart in their run (left out)")
+    done = _cli(write_run(tmp_path / "cli", records), "--metric", "time", "--ratio-to", "layer=linear")
+    assert done.returncode == 0 and " ".join(done.stderr.split()) == result.ratio_left_out  # (wrapped at 80)
+    whole_run = write_run(tmp_path / "cli2", _layers(1.0))
+    assert _cli(whole_run, "--metric", "time", "--ratio-to", "layer=linear").stderr == ""
+
+
+def test_ratio_to_with_no_counterpart_at_all_names_the_values_that_keep_the_layers_apart(tmp_path):
+    """fragments varies within the fragmented layer, so it is not tied to `layer` and no record matches a
+    linear one: a usage error with the layers the run has and the parameter whose values no side shares."""
+    records = [_record({"layer": layer, "fragments": f, "batch": b}, time=1.0, samples=[1.0] * 3)
+               for layer, frags in (("linear", (0,)), ("fragmented", (2, 8, 32))) for f in frags for b in (1, 16)]
+    message = ("--ratio-to layer=linear: no record gives a ratio (6 records have no layer=linear counterpart in "
+               "their run); the runs have layer=linear, fragmented; they differ in fragments (layer=linear: 0; the "
+               "others: 2, 8, 32)")
+    with pytest.raises(QbenchUsageError) as error:
+        _summary(tmp_path, records, metrics=("time",), ratio_to="layer=linear")
+    assert str(error.value) == message
+    done = _cli(tmp_path / "run0", "--ratio-to", "layer=linear")
+    assert done.returncode == 2 and done.stderr.strip().endswith(message)
+
+
 def test_targets_are_judged_on_the_printed_values(tmp_path):
     """--target counts the cells that meet it, judged on each cell as printed: 1.30004 prints as 1.30004
     (never rounded onto 1.300) and misses '<= 1.3'; 1.3 meets it."""

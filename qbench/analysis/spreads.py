@@ -12,7 +12,7 @@ from typing import Any
 
 from qbench import report
 from qbench.analysis.summary import Summary
-from qbench.analysis.summary_output import case_cells, param_text, spread_text
+from qbench.analysis.summary_output import case_cells, param_text, ratio_notice, spread_text
 from qbench.errors import QbenchUsageError
 from qbench.samples import percentile
 
@@ -58,6 +58,7 @@ def legend(summary: Summary) -> list[str]:
 def show(summary: Summary, fmt: str | None) -> None:
     """Print the spreads: a rich table (default), --markdown or --json (numbers as computed)."""
     items = spreads(summary)
+    ratio_notice(summary)
     if fmt == "json":
         payload: dict[str, Any] = {"runs": summary.labels, "fixed": summary.fixed,
                                    "spreads": [asdict(m) for m in items]}

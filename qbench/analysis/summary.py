@@ -75,6 +75,7 @@ class Summary:
     replaced: int = 0  # records replaced by a later record of the same configuration in the same run
     column_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)  # pivot key -> parameters tied to it
     ratio_to: str | None = None  # PARAM=REF when the cells are ratios to those records (qbench.analysis.ratios)
+    ratio_left_out: str = ""  # how many records gave no ratio and why, one line (ratios.left_out_line)
 
 
 def record_cell(record: dict[str, Any], metric: str) -> Cell | None:
@@ -254,8 +255,10 @@ def summarize_runs(runs: Sequence[Run], options: SummaryOptions) -> Summary:
                                f"({', '.join(groups)}): summarize each bench's runs on their own")
     if not options.ratio_to:
         return build(runs, options)
-    from qbench.analysis.ratios import ratio_runs
+    from qbench.analysis import ratios
 
-    result = build(ratio_runs(runs, options.ratio_to), options)
+    divided = ratios.ratio_runs(runs, options.ratio_to)
+    result = build(divided.runs, options)
     result.ratio_to = options.ratio_to
+    result.ratio_left_out = ratios.left_out_line(options.ratio_to, divided.left_out)
     return result

@@ -194,6 +194,7 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
 
     results = target_checks.check([target_checks.parse(t) for t in targets], metric_cells(summary), digits)
     notes = target_checks.lines(results)
+    ratio_notice(summary)
     if fmt == "markdown":
         sys.stdout.write(markdown(summary, digits, notes, title))
     elif fmt == "json":
@@ -202,6 +203,12 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
         console = report.stdout_console()
         for part in tables(summary, digits, notes, title, console.width):
             console.print(part)
+
+
+def ratio_notice(summary: Summary) -> None:
+    """On stderr: how many records --ratio-to left out for want of a counterpart, and why (none: nothing)."""
+    if summary.ratio_left_out:
+        report.notice(summary.ratio_left_out)
 
 
 def show_each_bench(groups: dict[str, list[Run]], options: SummaryOptions, fmt: str | None, digits: int) -> None:

@@ -25,7 +25,7 @@ Examples:
 @click.option("--threshold", default="5%", show_default=True, help="Changes within this are noise ('=').")
 @click.option("--only-changed", is_flag=True, help="Hide rows within the threshold.")
 @click.option("--sort", type=click.Choice(("name", "ratio")), default="name", show_default=True)
-@click.option("-k", "patterns", multiple=True, metavar="REGEX",
+@click.option("-k", "pattern", multiple=True, metavar="REGEX",
               help="Keep rows whose 'bench/case metric' matches this regex (repeatable: a row is kept only where "
                    "every -k matches).")
 @click.option("--cross-env", is_flag=True, help="Compare runs from different GPUs anyway (and say so).")
@@ -43,7 +43,7 @@ Examples:
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a markdown table.")
 @click.option("--csv", "fmt", flag_value="csv", help="Print CSV.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
-def command(runs, metrics, threshold, only_changed, sort, patterns, cross_env, fail_on, allow_missing, across,
+def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, allow_missing, across,
             group, fmt) -> None:
     """Compare runs against the first (the reference): per case and metric the values, the ratio,
     the change, a Mann-Whitney U test on the samples, and a marker: + worse, - better, ~ beyond
@@ -68,7 +68,7 @@ def command(runs, metrics, threshold, only_changed, sort, patterns, cross_env, f
         loaded = run_groups.across_param(loaded, across, cross_env)
     options = compare.CompareOptions(
         metric_names.expand(metrics, metric_names.of(rec for run in loaded for rec in run.records)), threshold,
-        tuple(patterns), cross_env, only_changed, sort
+        tuple(pattern), cross_env, only_changed, sort
     )
     compare_gate.require_metrics(loaded, options.metrics, gates)
     result = compare.compare_runs(loaded, options)

@@ -8,7 +8,6 @@ EPILOG = """\b
 Examples:
   qbench summary results/switchback-h200-20261121T1004Z --metric speedup_global --by batch_size
   qbench summary results/switchback-h200-20261121T1004Z --metric time_global -k "dim_in=4096/" --markdown
-  qbench summary results/fragmented-h200-modes/run1 -k exec=eager -k layer=linear   # both must match
   qbench summary results/moe-h200x4-round3/moe-blocks-sweep100 --metric step_time --by system
   qbench summary run-a run-b --metric step_time --by run                 # runs side by side
   qbench summary run-a run-b run-c --metric step_time --across-runs median   # median of 3 runs
@@ -31,7 +30,7 @@ Examples:
 @click.option("--metric", "metrics", multiple=True,
               help="A metric to show (repeatable; a shell-style pattern shows every metric it matches: "
                    "'host_call_*'). [default: every metric with stored samples]")
-@click.option("-k", "patterns", multiple=True, metavar="REGEX",
+@click.option("-k", "pattern", multiple=True, metavar="REGEX",
               help="Keep cases whose 'bench/case' matches this regex (repeatable: a case is kept only where every "
                    "-k matches).")
 @click.option("--by", "--columns", "by", default=None, metavar="PARAM",
@@ -52,7 +51,7 @@ Examples:
               help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
-def command(runs, metrics, patterns, by, across_runs, ratio_to, targets, spreads, digits, fmt) -> None:
+def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads, digits, fmt) -> None:
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)
     where the record keeps no samples. Speed-ups are the ratios of medians the records store.
@@ -64,7 +63,7 @@ def command(runs, metrics, patterns, by, across_runs, ratio_to, targets, spreads
 
     if spreads and targets:
         raise click.UsageError("--spreads and --target print different tables; give one of them")
-    options = summary.SummaryOptions(tuple(metrics), tuple(patterns), by, across_runs, ratio_to, every_metric=spreads)
+    options = summary.SummaryOptions(tuple(metrics), tuple(pattern), by, across_runs, ratio_to, every_metric=spreads)
     if spreads:
         from qbench.analysis import spreads as spread_table
 

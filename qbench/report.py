@@ -11,13 +11,15 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from qbench import units
 
@@ -42,59 +44,6 @@ def stdout_console() -> Console:
     if not console.is_terminal and "COLUMNS" not in os.environ:
         console = Console(soft_wrap=False, width=PIPE_WIDTH)
     return console
-
-
-CELL_WRAP = 24  # characters: a cell longer than this may wrap onto more lines of its column; shorter ones stay whole
-
-
-def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    """Characters each table column needs so that none of its words is cut: its longest word, and its longest
-    text up to CELL_WRAP (a text wraps at its spaces)."""
-    out = []
-    for i, header in enumerate(headers):
-        texts = [header, *(row[i] for row in rows)]
-        word = max(len(w) for t in texts for w in t.split() or [""])
-        out.append(max(1, word, min(max(map(len, texts)), CELL_WRAP)))
-    return out
-
-
-def natural_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    """Characters each table column takes with every text on one line."""
-    return [max(1, len(header), *(len(row[i]) for row in rows)) for i, header in enumerate(headers)]
-
-
-def fit_widths(natural: Sequence[int], least: Sequence[int], width: int) -> list[int] | None:
-    """Content widths of the columns of a table `width` characters wide (each column adds 3 for its border and
-    padding, the table 1): every column at its natural width where they all fit, else the widest ones cut down
-    to a common cap, none below its least width; None where the least widths alone do not fit. Fixed widths,
-    because rich's own squeezing ignores a column's min_width and cuts words to '…'."""
-    def total(cap: int) -> tuple[list[int], int]:
-        widths = [max(low, min(nat, cap)) for nat, low in zip(natural, least)]
-        return widths, sum(w + 3 for w in widths) + 1
-
-    for cap in range(max(natural, default=1), 0, -1):
-        widths, used = total(cap)
-        if used <= width:
-            return widths
-    return None
-
-
-def column_groups(widths: Sequence[int], keys: int, width: int) -> list[list[int]]:
-    """The value columns (indices after the first `keys` key columns) in consecutive groups, each of which fits
-    a table `width` characters wide beside the key columns, every column at its width (column_widths): a table
-    with too many columns for the console prints as several, each repeating the key columns, instead of
-    squeezing every cell to '4.3…'. A column too wide to share a table gets one of its own."""
-    need = [w + 3 for w in widths]  # each column's left border and padding
-    fixed = 1 + sum(need[:keys])  # the table's right border and its key columns
-    groups: list[list[int]] = [[]]
-    used = fixed
-    for i in range(keys, len(widths)):
-        if groups[-1] and used + need[i] > width:
-            groups.append([])
-            used = fixed
-        groups[-1].append(i)
-        used += need[i]
-    return groups
 
 
 def stderr_console() -> Console:
@@ -143,28 +92,25 @@ def records_table(
     *,
     title: str = "",
     headers: Mapping[str, str] | None = None,
-) -> Table:
-    """One row per record: the chosen params, then the chosen metrics (with their units)."""
+    notes: Sequence[str] = (),
+) -> FittedTable:
+    """One row per record: the params that vary over the records (the ones they share listed once below), the
+    metrics any record has (with their units), and the status, its reasons numbered below the table."""
+    from qbench.store import varying_params
+
     headers = headers or {}
-    table = Table(title=title, header_style="bold", show_lines=False)
-    for name in params:
-        table.add_column(headers.get(name, name), justify="right", style="cyan")
     unit_of = _units(records)
-    for name in metrics:
-        unit = unit_of.get(name)
-        label = headers.get(name, name)
-        table.add_column(f"{label}\n[dim]{unit}[/dim]" if unit else label, justify="right")
-    table.add_column("status")
-    for rec in records:
-        cells = [escape(format_value(rec["params"].get(p))) for p in params]
-        for name in metrics:
-            value = rec["metrics"].get(name)
-            text = format_value(value, unit_of.get(name))
-            style = speedup_style(value) if unit_of.get(name) == units.SPEEDUP else ""
-            cells.append(f"[{style}]{text}[/{style}]" if style else text)
-        cells.append(_status_cell(rec))
-        table.add_row(*cells)
-    return table
+    varying = varying_params(records, params)
+    shown = [m for m in metrics if any(rec["metrics"].get(m) is not None for rec in records)]
+    reasons = Notes()
+    columns = [Column(headers.get(p, p), key=True) for p in varying]
+    columns += [Column(headers.get(m, m), unit_of.get(m)) for m in shown] + [STATUS]
+    rows = [[format_value(rec["params"].get(p)) for p in varying]
+            + [value_cell(rec["metrics"].get(m), unit_of.get(m)) for m in shown] + [status_cell(rec, reasons)]
+            for rec in records]
+    fixed = {headers.get(p, p): value for p in params
+             if p not in varying and records and (value := records[0]["params"].get(p)) is not None}
+    return FittedTable(columns, rows, title=title, notes=[*fixed_line(fixed), *notes, *reasons.lines()])
 
 
 def _units(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -172,15 +118,6 @@ def _units(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     for rec in records:
         merged.update(rec.get("units", {}))
     return merged
-
-
-def _status_cell(rec: Mapping[str, Any]) -> str:
-    status = rec.get("status", "ok")
-    if status == "ok":
-        return "[green]ok[/green]"
-    reason = escape((rec.get("error") or "")[:60])  # error text is data, not markup
-    colour = "red" if status == "error" else "yellow"
-    return f"[{colour}]{status}[/{colour}] {reason}"
 
 
 def print_json(records: Sequence[Mapping[str, Any]]) -> None:
@@ -219,21 +156,147 @@ def notice(message: str, style: str = "yellow") -> None:
     stderr_console().print(f"[{style}]{escape(message)}[/{style}]")
 
 
-# ---- comparisons (qbench.analysis.compare) -------------------------------------------------------------
+# ---- tables that fit the console: one mechanism for every table qbench prints ------------------------------
 
-MARKER_STYLE = {"+": "red", "-": "green", "~": "yellow", "!": "bold red", "*": "green", "x": "dim", "n/a": "dim"}
-MARKER_MEANING = {
-    "-": "better",
-    "+": "worse",
-    "=": "same",
-    "~": "not significant",
-    "x": "not comparable",
-    "!": "newly failing",
-    "*": "fixed",
-    "n/a": "missing",
-}
-COMPARE_COLUMNS = ("case", "metric", "unit", "reference", "candidate", "ratio", "change", "p", "", "note")
-COMPARE_TEXT, COMPARE_TEXT_LEAST = ("case", "note"), 8  # the columns that wrap, and how narrow they may get
+CELL_WRAP = 24  # characters: a cell longer than this may wrap onto more lines of its column; shorter ones stay whole
+WRAP_LEAST = 8  # characters a free-text column (a case label, a note) may narrow to, folding its words
+
+
+def _longest_line(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    """Characters each table column needs so that none of its words is cut: its longest word, and its longest
+    text up to CELL_WRAP (a text wraps at its spaces)."""
+    out = []
+    for i, header in enumerate(headers):
+        texts = [header, *(row[i] for row in rows)]
+        word = max(len(w) for t in texts for w in t.split() or [""])
+        out.append(max(1, word, min(max(map(_longest_line, texts)), CELL_WRAP)))
+    return out
+
+
+def natural_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    """Characters each table column takes with every text (each line of a header with its unit) on one line."""
+    return [max(1, _longest_line(header), *(_longest_line(row[i]) for row in rows)) for i, header in enumerate(headers)]
+
+
+def fit_widths(natural: Sequence[int], least: Sequence[int], width: int) -> list[int] | None:
+    """Content widths of the columns of a table `width` characters wide (each column adds 3 for its border and
+    padding, the table 1): every column at its natural width where they all fit, else the widest ones cut down
+    to a common cap, none below its least width; None where the least widths alone do not fit. Fixed widths,
+    because rich's own squeezing ignores a column's min_width and cuts words to '…'."""
+    def total(cap: int) -> tuple[list[int], int]:
+        widths = [max(low, min(nat, cap)) for nat, low in zip(natural, least)]
+        return widths, sum(w + 3 for w in widths) + 1
+
+    for cap in range(max(natural, default=1), 0, -1):
+        widths, used = total(cap)
+        if used <= width:
+            return widths
+    return None
+
+
+def column_groups(widths: Sequence[int], keys: Collection[int], width: int) -> list[list[int]]:
+    """The value columns (every index not in `keys`) in consecutive groups, each of which fits a table `width`
+    characters wide beside the key columns, every column at its width (column_widths): a table with too many
+    columns for the console prints as several, each repeating the key columns, instead of squeezing every cell
+    to '4.3…'. A column too wide to share a table gets one of its own."""
+    need = [w + 3 for w in widths]  # each column's left border and padding
+    fixed = 1 + sum(need[i] for i in keys)  # the table's right border and its key columns
+    groups: list[list[int]] = [[]]
+    used = fixed
+    for i in (i for i in range(len(widths)) if i not in keys):
+        if groups[-1] and used + need[i] > width:
+            groups.append([])
+            used = fixed
+        groups[-1].append(i)
+        used += need[i]
+    return groups
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of a FittedTable: its header (and unit, a dim second line), how its cells align, whether it is
+    a key column (what a row is: repeated in every table of a split, cyan) and whether its cells are free text
+    that may wrap onto more lines down to WRAP_LEAST characters (a case label, a note)."""
+
+    header: str
+    unit: str | None = None
+    justify: str = "right"
+    key: bool = False
+    wrap: bool = False
+
+    @property
+    def text(self) -> str:
+        return f"{self.header}\n{self.unit}" if self.unit else self.header
+
+    def heading(self) -> Text:
+        return Text(self.header) + Text(f"\n{self.unit}", style="dim") if self.unit else Text(self.header)
+
+
+class Notes:
+    """Long texts (a status's reason, a comparison's note) printed once below a table as '[n] text', the cell
+    holding only '[n]': a one-line reason inside a narrow cell would wrap onto a dozen rows. Equal texts share
+    one number."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+
+    def mark(self, text: str) -> str:
+        return f"[{self._numbers.setdefault(text, len(self._numbers) + 1)}]"
+
+    def lines(self) -> list[str]:
+        return [f"[{n}] {text}" for text, n in self._numbers.items()]
+
+
+class FittedTable:
+    """Rows of cells (a str prints literally, never as rich markup; a Text keeps its style) printed to fit the
+    console's width: one rich table where its columns fit (each at its natural width, or the widest cut down to
+    where their texts wrap at spaces), else several, each repeating the key columns and taking the next columns
+    that fit (column_groups); the title above the first, the notes (legend, numbered reasons) below the last."""
+
+    def __init__(self, columns: Sequence[Column], rows: Sequence[Sequence[str | Text]], *, title: str | None = None,
+                 notes: Sequence[str] = (), row_styles: Sequence[str | None] | None = None, show_lines: bool = False):
+        self.columns = list(columns)
+        self.rows = [[cell if isinstance(cell, Text) else Text(cell) for cell in row] for row in rows]
+        self.title, self.notes, self.show_lines = title, list(notes), show_lines
+        self.row_styles = list(row_styles) if row_styles is not None else [None] * len(self.rows)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Any]:
+        yield from self.tables(options.max_width)
+        if self.notes:
+            yield Text("\n".join(self.notes))
+
+    def tables(self, width: int | None) -> list[Table]:
+        """The rich tables for a console `width` characters wide (None: one table, sized by rich)."""
+        headers, texts = [c.text for c in self.columns], [[cell.plain for cell in row] for row in self.rows]
+        least = [min(w, WRAP_LEAST) if c.wrap else w for c, w in zip(self.columns, column_widths(headers, texts))]
+        natural = natural_widths(headers, texts)
+        keys = [i for i, c in enumerate(self.columns) if c.key]
+        groups = [[i for i in range(len(headers)) if i not in keys]] if width is None else \
+            column_groups(least, keys, width)
+        out = []
+        for n, group in enumerate(groups):
+            shown = sorted([*keys, *group])
+            # fixed widths where the group fits; one that cannot fit is left to rich to squeeze
+            fitted = None if width is None else fit_widths([natural[i] for i in shown], [least[i] for i in shown],
+                                                           width)
+            out.append(self._table(shown, fitted, first=n == 0))
+        return out
+
+    def _table(self, shown: Sequence[int], widths: Sequence[int] | None, first: bool) -> Table:
+        table = Table(title=Text(self.title) if first and self.title else None, title_justify="left",
+                      header_style="bold", show_lines=self.show_lines)
+        for j, i in enumerate(shown):
+            column = self.columns[i]
+            table.add_column(column.heading(), justify=column.justify, style="cyan" if column.key else None,
+                             width=None if widths is None else widths[j],
+                             overflow="fold" if column.key or column.wrap else "ellipsis")
+        for row, style in zip(self.rows, self.row_styles):
+            table.add_row(*(row[i] for i in shown), style=style)
+        return table
 
 
 _CASE_SPLIT = re.compile(r"/(?=[A-Za-z_][\w.-]*=)")  # between the key=value parts of a case id (store.case_id)
@@ -266,108 +329,28 @@ def case_labels(rows) -> tuple[dict[tuple[str, str], str], str]:
     return labels, shared
 
 
-def _compare_cells(row, label: str) -> list[str]:
-    change = format_change(row.change_pct)
-    p_value = "-" if row.p_value is None else f"{row.p_value:.3g}"
-    return [  # values and ratio as summary prints them: never rounded onto a trailing zero (1.0198, not 1.020)
-        label,
-        row.metric,
-        row.unit or "",
-        format_sig(row.reference_value),
-        format_sig(row.candidate_value),
-        format_sig(row.ratio),
-        change,
-        p_value,
-        row.marker,
-        row.note,
-    ]
+STATUS = Column("status", justify="left", key=True)
 
 
-def comparison_tables(comparison, width: int | None = None) -> list[Table]:
-    """One rich table per candidate, with geometric-mean rows and marker counts in the caption, its columns fitted
-    to `width` characters (fit_widths): the metric and number columns whole where they fit beside
-    COMPARE_TEXT_LEAST characters for the case and the note, which then wrap, instead of every metric name and
-    number cut to '…'."""
-    tables = []
-    labels, shared = case_labels(comparison.rows)
-    for candidate in dict.fromkeys(r.candidate for r in comparison.rows):
-        rows = [(_compare_cells(r, labels[(r.bench, r.case)]), MARKER_STYLE.get(r.marker) or None)
-                for r in comparison.rows if r.candidate == candidate]
-        rows += [(["geometric mean", metric, "", "", "", format_sig(value), format_change(100 * (value - 1)), "", "",
-                   ""], "bold") for (cand, metric), value in comparison.geomeans.items() if cand == candidate]
-        texts = [cells for cells, _ in rows]
-        least = [min(w, COMPARE_TEXT_LEAST) if name in COMPARE_TEXT else w
-                 for name, w in zip(COMPARE_COLUMNS, column_widths(COMPARE_COLUMNS, texts))]
-        widths = None if width is None else fit_widths(natural_widths(COMPARE_COLUMNS, texts), least, width)
-        table = Table(title=f"{escape(str(candidate))} vs {escape(str(comparison.reference))}", header_style="bold",
-                      caption_justify="left")
-        for i, name in enumerate(COMPARE_COLUMNS):
-            table.add_column(name, justify="left" if name in ("case", "metric", "note") else "right",
-                             width=None if widths is None else widths[i],
-                             overflow="fold" if name in COMPARE_TEXT else "ellipsis")  # a case is one long word
-        for cells, style in rows:
-            table.add_row(*(escape(c) for c in cells), style=style)  # cases, notes and paths are data, not markup
-        table.caption = "\n".join(x for x in (counts_line(comparison.counts.get(candidate, {})),
-                                              shared and f"every case: {shared}") if x)
-        tables.append(table)
-    return tables
+def status_cell(record: Mapping[str, Any], notes: Notes) -> Text:
+    """'ok', or the status and the number of its reason among the notes ('skipped [1]'); the reason is data,
+    printed as written."""
+    status = record.get("status", "ok")
+    if status == "ok":
+        return Text("ok", style="green")
+    reason = (record.get("error") or "").strip()
+    text = f"{status} {notes.mark(reason)}" if reason else status
+    return Text(text, style="red" if status == "error" else "yellow")
 
 
-def counts_line(counts: Mapping[str, int]) -> str:
-    return ", ".join(f"{counts[m]} {MARKER_MEANING[m]} ({m})" for m in MARKER_MEANING if counts.get(m))
+def value_cell(value: Any, unit: str | None) -> Text:
+    """A metric's value as format_value prints it; speed-ups green or red (speedup_style)."""
+    return Text(format_value(value, unit), style=speedup_style(value) if unit == units.SPEEDUP else "")
 
 
-def comparison_markdown(comparison) -> str:
-    labels, shared = case_labels(comparison.rows)
-    rows = [_compare_cells(row, labels[(row.bench, row.case)]) for row in comparison.rows]
-    for (cand, metric), value in comparison.geomeans.items():
-        ratio, change = format_sig(value), format_change(100 * (value - 1))
-        rows.append([f"geometric mean ({cand})", metric, "", "", "", ratio, change, "", "", ""])
-    lines = markdown_table([n or "marker" for n in COMPARE_COLUMNS], rows)
-    if shared:
-        lines.append(f"\nevery case: {shared}")
-    for warning in comparison.env_warnings:
-        lines.append(f"\n> environment differs: {warning}")
-    return "\n".join(lines) + "\n"
-
-
-def comparison_csv(comparison) -> str:
-    import csv
-    import io
-
-    buffer = io.StringIO()
-    fields = list(comparison.rows[0].as_dict()) if comparison.rows else ["bench", "case", "metric"]
-    writer = csv.DictWriter(buffer, fieldnames=fields)
-    writer.writeheader()
-    writer.writerows(r.as_dict() for r in comparison.rows)
-    return buffer.getvalue()
-
-
-def comparison_json(comparison) -> str:
-    payload = {
-        "reference": comparison.reference,
-        "rows": [r.as_dict() for r in comparison.rows],
-        "geometric_means": [{"candidate": c, "metric": m, "ratio": v} for (c, m), v in comparison.geomeans.items()],
-        "counts": comparison.counts,
-        "environment_differences": comparison.env_warnings,
-    }
-    return json.dumps(payload, indent=2, default=str) + "\n"
-
-
-def print_comparison(comparison, fmt: str | None) -> None:
-    """Environment warnings on stderr, then the comparison in the chosen format on stdout."""
-    for warning in comparison.env_warnings:
-        notice(f"environment differs: {warning}")
-    if fmt == "markdown":
-        sys.stdout.write(comparison_markdown(comparison))
-    elif fmt == "csv":
-        sys.stdout.write(comparison_csv(comparison))
-    elif fmt == "json":
-        sys.stdout.write(comparison_json(comparison))
-    else:
-        console = stdout_console()
-        for table in comparison_tables(comparison, console.width):
-            console.print(table)
+def fixed_line(values: Mapping[str, Any]) -> list[str]:
+    """['fixed: k=v, ...'] for the parameters every row shares (printed once instead of as columns), or []."""
+    return ["fixed: " + ", ".join(f"{k}={format_value(v)}" for k, v in values.items())] if values else []
 
 
 # ---- numbers a note quotes (qbench summary) ----------------------------------------------------

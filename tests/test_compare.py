@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from qbench import report
-from qbench.analysis import compare, compare_gate, join, run_groups
+from qbench.analysis import compare, compare_gate, compare_output, join, run_groups
 from qbench.errors import QbenchUsageError
 from tests.helpers import timed_record, write_run
 
@@ -169,14 +169,14 @@ def test_rich_table_renders_all_rows(slower_runs):
     result = compare.compare_runs(runs, compare.CompareOptions(only_changed=True))
     assert [r.case for r in result.rows] == ["m=1"]
     console = report.Console(file=io.StringIO(), width=200, no_color=True)
-    for table in report.comparison_tables(result):
+    for table in compare_output.comparison_tables(result):
         console.print(table)
     text = console.file.getvalue()
     assert "toy" in text and "geometric mean" in text and "1 worse (+)" in text
     assert "every case: m=1" in text  # the one case's parameters, once beneath the table
     every = compare.compare_runs(runs, compare.CompareOptions())
     console = report.Console(file=io.StringIO(), width=200, no_color=True)
-    for table in report.comparison_tables(every):
+    for table in compare_output.comparison_tables(every):
         console.print(table)
     text = console.file.getvalue()
     assert "m=1" in text and "m=2" in text and "every case" not in text  # m differs: each row names it
@@ -394,7 +394,7 @@ def test_compare_cells_never_round_onto_the_threshold():
     """A +4.98% change within a 5% threshold prints as 1.0498 and +4.98%, not 1.050 and +5.0%."""
     row = compare.Row("toy", "m=1", "time", "ms", "b", reference_value=10.0, candidate_value=10.498)
     compare._verdict(row, -1, compare.CompareOptions())
-    cells = report._compare_cells(row, "m=1")
+    cells = compare_output._compare_cells(row, "m=1")
     assert cells[3:7] == ["10.00", "10.498", "1.0498", "+4.98%"] and row.marker == "="
     assert report.format_change(-13.08) == "-13.1%" and report.format_change(None) == "-"
 

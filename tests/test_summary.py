@@ -371,13 +371,13 @@ def test_metric_patterns_select_every_matching_metric_in_record_order(tmp_path):
 
 def test_column_groups_fit_the_width_beside_the_key_columns():
     widths = [6, 7, 24, 24, 24, 40, 3, 90]  # two key columns, then six value columns (the last too wide)
-    groups = report.column_groups(widths, 2, 80)
+    groups = report.column_groups(widths, [0, 1], 80)
     assert [i for g in groups for i in g] == [2, 3, 4, 5, 6, 7] and all(groups)
     fixed = 1 + (6 + 3) + (7 + 3)
     for group in groups:  # each table fits, or holds one column that could not share
         assert fixed + sum(widths[i] + 3 for i in group) <= 80 or len(group) == 1
     assert groups == [[2, 3], [4], [5, 6], [7]]
-    assert report.column_groups(widths, 2, 1000) == [[2, 3, 4, 5, 6, 7]]
+    assert report.column_groups(widths, [0, 1], 1000) == [[2, 3, 4, 5, 6, 7]]
     assert report.column_widths(["t (ms)", "a_long_metric_name (x)"], [["1.3 [1.12, 1.48]", "2"]]) == [16, 22]
     wide = report.column_widths(["t"], [["4.328 (runs: 4.31001, 4.339, 4.328; spread 0.66%)"]])
     assert wide == [report.CELL_WRAP]  # a long cell wraps at its spaces instead of widening the table

@@ -69,12 +69,6 @@ def show(summary: Summary, fmt: str | None) -> None:
         lines = report.markdown_table(HEADERS, rows)
         sys.stdout.write("\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in legend(summary)))
         return
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(header_style="bold", caption=Text("\n".join(legend(summary))), caption_justify="left")
-    for i, header in enumerate(HEADERS):
-        table.add_column(header, justify="left" if i in (0, 4) else "right", style="cyan" if i == 0 else None)
-    for row in rows:
-        table.add_row(*map(Text, row))
-    report.stdout_console().print(table)
+    columns = [report.Column(header, justify="left" if i in (0, 4) else "right", key=i == 0, wrap=i == 4)
+               for i, header in enumerate(HEADERS)]
+    report.stdout_console().print(report.FittedTable(columns, rows, notes=legend(summary)))

@@ -134,33 +134,13 @@ def text_rows(summary: Summary, digits: int) -> tuple[list[str], list[list[str]]
     return [*summary.row_params, *(h for h, _, _ in columns)], rows
 
 
-def tables(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None,
-           width: int | None = None) -> list:
-    """The rich table(s) of the summary: one, or where its columns do not fit `width` characters (None: no
-    limit), several that each repeat the case columns and take the next metric columns that fit
-    (report.column_groups); the title above the first, the legend and notes under the last."""
-    from rich.table import Table
-    from rich.text import Text
-
-    headers, rows = text_rows(summary, digits)  # Text: '[p20, p80]' is data, not rich markup
+def table(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None) -> report.FittedTable:
+    """The summary as a table that fits the console (report.FittedTable: where its columns do not fit, several
+    that each repeat the case columns); the title above, the legend and notes below."""
+    headers, rows = text_rows(summary, digits)
     keys = len(summary.row_params)
-    least, natural = report.column_widths(headers, rows), report.natural_widths(headers, rows)
-    groups = [list(range(keys, len(headers)))] if width is None else report.column_groups(least, keys, width)
-    out = []
-    for n, group in enumerate(groups):
-        last, columns = n == len(groups) - 1, [*range(keys), *group]
-        # fixed widths where the group fits; one that cannot fit is left to rich to squeeze
-        fitted = None if width is None else report.fit_widths([natural[i] for i in columns],
-                                                                [least[i] for i in columns], width)
-        t = Table(header_style="bold", caption=Text("\n".join([*legend(summary), *notes])) if last else None,
-                  caption_justify="left", title=None if title is None or n else Text(title), title_justify="left")
-        for j, i in enumerate(columns):
-            t.add_column(Text(headers[i]), justify="right", style="cyan" if i < keys else None,
-                         width=None if fitted is None else fitted[j], overflow="fold" if i < keys else "ellipsis")
-        for row in rows:
-            t.add_row(*(Text(row[i]) for i in columns))
-        out.append(t)
-    return out
+    columns = [report.Column(header, key=i < keys) for i, header in enumerate(headers)]
+    return report.FittedTable(columns, rows, title=title, notes=[*legend(summary), *notes])
 
 
 def markdown(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None) -> str:
@@ -200,9 +180,7 @@ def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] 
     elif fmt == "json":
         sys.stdout.write(as_json(summary, results))
     else:
-        console = report.stdout_console()
-        for part in tables(summary, digits, notes, title, console.width):
-            console.print(part)
+        report.stdout_console().print(table(summary, digits, notes, title))
 
 
 def ratio_notice(summary: Summary) -> None:

@@ -54,7 +54,7 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     (imported on the fly). Joins read a missing `exec` parameter as eager, a missing
     `backward_thread` as device and `float16` as fp16, so runs from older versions still join."""
     from qbench import metric_names, report
-    from qbench.analysis import compare, compare_gate, run_groups
+    from qbench.analysis import compare, compare_gate, compare_output, run_groups
     from qbench.errors import QbenchUsageError
 
     threshold = compare_gate.parse_threshold(threshold)
@@ -74,7 +74,7 @@ def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fa
     result = compare.compare_runs(loaded, options)
     result.reference = loaded[0].label if across else result.reference
     compare_gate.require_gates_evaluable(result, gates)
-    report.print_comparison(result, fmt)
+    compare_output.print_comparison(result, fmt)
     failures = compare_gate.gate_failures(result, gates, allow_missing)
     for line in failures:
         report.notice(line, style="bold red")

@@ -28,12 +28,10 @@ FORMAT_CHOICES = ("auto", *FORMATS)
 
 
 def _table(records: list[dict], source: str):
-    from rich.markup import escape
-
     from qbench import report
 
     params, metrics = COLUMNS.get(records[0]["bench"], ((), ()))
-    return report.records_table(records, params, metrics, title=f"imported from {escape(source)}")
+    return report.records_table(records, params, metrics, title=f"imported from {source}")  # the title is text
 
 
 @click.command(epilog=EPILOG)

@@ -89,22 +89,25 @@ def against(run: str | Path, gpu: str | None = None, calibrated: str | None = No
 
 
 def table(rows: list[Row], hw: Hardware):
-    from rich.table import Table
+    """Each measured time beside its floor, fitted to the console (report.FittedTable); a case shows the
+    parameters that differ between the rows (report.case_labels), the ones every case shares once below."""
+    from rich.text import Text
 
-    from qbench.report import format_value
+    from qbench.report import Column, FittedTable, case_labels, format_value
 
-    t = Table(title=f"Roofline on {hw.name} ({hw.source})", header_style="bold")
-    widest = max((len(r.metric) for r in rows), default=6)
-    for col in ("bench", "case", "metric", "measured ms", "floor ms", "bound", "AI flop/B", "of roofline"):
-        t.add_column(col, justify="left" if col in ("bench", "case", "metric", "bound") else "right",
-                     overflow="fold", no_wrap=col != "case", min_width=widest if col == "metric" else None)
+    labels, shared = case_labels(rows)  # with several benches a label starts with its bench
+    columns = [Column("case", justify="left", key=True, wrap=True), Column("metric", justify="left", key=True),
+               *(Column(c) for c in ("measured ms", "floor ms")), Column("bound", justify="left"),
+               *(Column(c) for c in ("AI flop/B", "of roofline"))]
+    cells = []
     for r in rows:
-        frac = f"{100 * r.fraction:.0f}%"
-        if r.fraction > 1:
-            frac = f"[red]{frac} (count or cache?)[/red]"
-        t.add_row(r.bench, r.case, r.metric, format_value(r.measured_ms), format_value(r.floor_ms), r.bound,
-                  format_value(r.intensity) if r.intensity != float("inf") else "inf", frac)
-    return t
+        frac = f"{100 * r.fraction:.0f}%" + (" (count or cache?)" if r.fraction > 1 else "")
+        cells.append([labels[(r.bench, r.case)], r.metric, format_value(r.measured_ms), format_value(r.floor_ms),
+                      r.bound, format_value(r.intensity) if r.intensity != float("inf") else "inf",
+                      Text(frac, style="red" if r.fraction > 1 else "")])
+    benches = sorted({r.bench for r in rows})
+    notes = ([f"bench: {benches[0]}"] if len(benches) == 1 else []) + ([f"every case: {shared}"] if shared else [])
+    return FittedTable(columns, cells, title=f"Roofline on {hw.name} ({hw.source})", notes=notes)
 
 
 # The parameters of each workload that are sizes or ratios (finite numbers), as typed on the command line.
@@ -146,17 +149,12 @@ def floors_of(workload: str, params: dict, hw: Hardware) -> dict[str, floors.Flo
 
 
 def floors_table(workload: str, result: dict[str, floors.Floor], hw: Hardware):
-    """Flops, bytes, intensity, ridge, bound and floor time of each metric."""
-    from rich.table import Table
+    """Flops, bytes, intensity, ridge, bound and floor time of each metric, fitted to the console."""
+    from qbench.report import Column, FittedTable, format_value
 
-    from qbench.report import format_value
-
-    t = Table(title=f"{workload} floors on {hw.name}", header_style="bold")
-    widest = max(len(name) for name in result)
-    for col in ("metric", "GFLOP", "MB moved", "flop/B", "ridge", "bound", "floor ms"):
-        t.add_column(col, justify="left" if col in ("metric", "bound") else "right", no_wrap=True,
-                     min_width=widest if col == "metric" else None)
-    for name, f in result.items():
-        t.add_row(name, f"{f.flops / 1e9:.3f}", f"{f.bytes_moved / 1e6:.3f}", format_value(f.intensity),
-                  f"{f.ridge:.0f}", f.bound, f"{f.floor_ms:.4f}")
-    return t
+    columns = [Column("metric", justify="left", key=True),
+               *(Column(c) for c in ("GFLOP", "MB moved", "flop/B", "ridge")), Column("bound", justify="left"),
+               Column("floor ms")]
+    rows = [[name, f"{f.flops / 1e9:.3f}", f"{f.bytes_moved / 1e6:.3f}", format_value(f.intensity), f"{f.ridge:.0f}",
+             f.bound, f"{f.floor_ms:.4f}"] for name, f in result.items()]
+    return FittedTable(columns, rows, title=f"{workload} floors on {hw.name}")

@@ -119,12 +119,10 @@ def summary(records: list[dict], shares_by_case: dict | None = None):
 
     if len(records) != 1:
         keys = [k for k in PARAM_KEYS if len({str(r["params"].get(k)) for r in records}) > 1] or ["dp"]
-        table = report.records_table(records, keys, ["time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s",
-                                                      "memory_model_shard_gb", "overflow_rate_model_shard",
-                                                      "fits"],
-                                     title=f"DeepFlow LSTM model ({records[0]['params']['deepflow']})")
-        table.caption = f"records: {MEMORY_BASIS}"
-        return table
+        return report.records_table(records, keys, ["time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s",
+                                                     "memory_model_shard_gb", "overflow_rate_model_shard", "fits"],
+                                    title=f"DeepFlow LSTM model ({records[0]['params']['deepflow']})",
+                                    notes=[f"records: {MEMORY_BASIS}"])
     m = records[0]["metrics"]
     shares = (shares_by_case or {}).get(records[0]["case"], {})
     times = Table(title=f"Time per step: {m['time_s']:.4f} s (DeepFlow {records[0]['params']['deepflow']})",

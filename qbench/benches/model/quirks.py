@@ -23,24 +23,30 @@ def _value(x: float | None) -> str:
     return "-" if x is None else f"{x:.6g}"
 
 
-def _change(e: Effect) -> str:
+def _change(e: Effect, reasons) -> str:
     if e.change is None:
-        return f"[yellow]not expressible: {e.reason}[/yellow]"
+        return f"not expressible {reasons.mark(e.reason)}"
     return "no change" if e.change == 0 else f"{100 * e.change:+.3g}%"
 
 
 def table(effects: list[Effect], config_name: str):
-    from rich.table import Table
+    """One row per quirk (and one for all of them), fitted to the console (report.FittedTable); why an effect
+    is not expressible is numbered below the table."""
+    from rich.text import Text
 
-    t = Table(title=f"DeepFlow quirks and their effect on {config_name}", header_style="bold", show_lines=True)
-    for col in ("quirk", "ref", "DeepFlow (exact)", "corrected", "strategy", "measure", "exact", "fixed", "change"):
-        t.add_column(col, justify="right" if col in ("exact", "fixed", "change") else "left", overflow="fold")
+    from qbench.report import Column, FittedTable, Notes
+
+    columns = [Column("quirk", justify="left", key=True),
+               *(Column(c, justify="left") for c in ("ref", "DeepFlow (exact)", "corrected", "strategy", "measure")),
+               *(Column(c) for c in ("exact", "fixed", "change"))]
+    reasons, rows = Notes(), []
     for e in effects:
         label, unit, _ = MEASURES[e.measure]
         q = e.quirk
-        t.add_row(q.key if q else "[bold]all quirks[/bold]", q.section if q else "", q.exact if q else "",
-                  q.corrected if q else "--deepflow corrected", _strategy(e), f"{label} ({unit})",
-                  _value(e.exact), _value(e.corrected), _change(e))
-    t.caption = ("each row: the model evaluated exact and with only that quirk fixed, on the strategy shown "
-                 "(one device plus those settings, mesh topology); 'all quirks': exact against corrected")
-    return t
+        rows.append([q.key if q else Text("all quirks", style="bold"), q.section if q else "", q.exact if q else "",
+                     q.corrected if q else "--deepflow corrected", _strategy(e), f"{label} ({unit})",
+                     _value(e.exact), _value(e.corrected), _change(e, reasons)])
+    caption = ("each row: the model evaluated exact and with only that quirk fixed, on the strategy shown (one device "
+               "plus those settings, mesh topology); 'all quirks': exact against corrected")
+    return FittedTable(columns, rows, title=f"DeepFlow quirks and their effect on {config_name}",
+                       notes=[caption, *reasons.lines()], show_lines=True)

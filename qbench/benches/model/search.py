@@ -90,28 +90,30 @@ def ranking_json(r: Ranking, budget) -> dict:
             "rejected": [{"settings": s, "reason": why} for s, why in r.rejected], "other_mode": other}
 
 
-def _verdict(point, budget) -> tuple[str, str]:
-    fits = "[green]yes[/green]" if point.fits else f"[red]no ({point.memory_gb / point.capacity_gb:.1f}x)[/red]"
+def _verdict(point, budget) -> tuple:
+    from rich.text import Text
+
+    fits = Text("yes", "green") if point.fits else Text(f"no ({point.memory_gb / point.capacity_gb:.1f}x)", "red")
     if budget is None:
-        return fits, "-"
-    return fits, "[green]yes[/green]" if point.time_s <= budget else f"[red]no ({point.time_s / budget:.3g}x)[/red]"
+        return fits, Text("-")
+    meets = point.time_s <= budget
+    return fits, Text("yes", "green") if meets else Text(f"no ({point.time_s / budget:.3g}x)", "red")
 
 
 def strategy_table(r: Ranking, devices: int, workload: str, top: int, budget):
-    """The `top` fastest strategies x topologies, with memory fit and the budget verdict."""
-    from rich.table import Table
+    """The `top` fastest strategies x topologies, with memory fit and the budget verdict, fitted to the console."""
+    from qbench.report import Column, FittedTable
 
     where = f"{devices} devices" if devices > 1 else "1 device (no network: topology none)"
-    table = Table(title=f"Parallelism strategies on {where} ({workload} model, DeepFlow {r.mode})",
-                  header_style="bold")
-    for col in ("rank", "topology", "strategy", "time s", "memory GiB/device", "fits", "meets budget"):
-        table.add_column(col, justify="left" if col in ("strategy", "topology") else "right")
-    for i, c in enumerate(r.ranked[:top], 1):
-        table.add_row(str(i), c.topology, search.describe(c.settings), f"{c.time_s:.4f}", f"{c.memory_gb:.1f}",
-                      *_verdict(c, budget))
-    table.caption = (f"{len(r.ranked)} strategies x topologies; {len(r.rejected)} not expressible "
-                     "(e.g. dims that do not divide)" + (f"; budget {budget:.6g} s per step" if budget else ""))
-    return table
+    columns = [Column("rank", key=True), Column("topology", justify="left", key=True),
+               Column("strategy", justify="left", key=True),
+               *(Column(c) for c in ("time s", "memory GiB/device", "fits", "meets budget"))]
+    rows = [[str(i), c.topology, search.describe(c.settings), f"{c.time_s:.4f}", f"{c.memory_gb:.1f}",
+             *_verdict(c, budget)] for i, c in enumerate(r.ranked[:top], 1)]
+    caption = (f"{len(r.ranked)} strategies x topologies; {len(r.rejected)} not expressible "
+               "(e.g. dims that do not divide)" + (f"; budget {budget:.6g} s per step" if budget else ""))
+    return FittedTable(columns, rows, notes=[caption],
+                       title=f"Parallelism strategies on {where} ({workload} model, DeepFlow {r.mode})")
 
 
 def search_power(cfg: dict, shape, setup: search_hw.HwSearch, mode: str, must_fit: bool):
@@ -164,19 +166,22 @@ def step_records(outcome: search_hw.Outcome, base: dict, budget) -> list[dict]:
 
 
 def hw_table(outcome: search_hw.Outcome, budget, setup: search_hw.HwSearch, mode: str, must_fit: bool):
-    """The config's split and each start's best split, with time, memory fit and the budget verdict."""
-    from rich.table import Table
+    """The config's split and each start's best split, with time, memory fit and the budget verdict, fitted to
+    the console."""
+    from qbench.report import Column, FittedTable
 
     keys = list(outcome.path[0].split)
-    table = Table(title=f"Power-split search (fractions of TDP; DeepFlow {mode})", header_style="bold")
-    for col in ["start", "iterations", *keys, "time s", "memory GiB/device", "capacity GiB", "fits",
-                "meets budget"]:
-        table.add_column(col, justify="right")
+    columns = [Column("start", key=True), Column("iterations"), *(Column(k) for k in keys),
+               *(Column(c) for c in ("time s", "memory GiB/device", "capacity GiB", "fits", "meets budget"))]
     rows = [("config", "-", outcome.initial, outcome.initial_point)]
     rows += [(str(s.start), str(s.iteration), s.split, s.point) for s in search_hw.best_per_start(outcome)]
-    for name, its, split, p in rows:
-        table.add_row(name, its, *(f"{split[k]:.4f}" for k in keys), f"{p.time_s:.6g}", f"{p.memory_gb:.1f}",
-                      f"{p.capacity_gb:.1f}", *_verdict(p, budget))
+    cells = [[name, its, *(f"{split[k]:.4f}" for k in keys), f"{p.time_s:.6g}", f"{p.memory_gb:.1f}",
+              f"{p.capacity_gb:.1f}", *_verdict(p, budget)] for name, its, split, p in rows]
+    return FittedTable(columns, cells, title=f"Power-split search (fractions of TDP; DeepFlow {mode})",
+                       notes=[_hw_caption(outcome, budget, setup, must_fit)])
+
+
+def _hw_caption(outcome: search_hw.Outcome, budget, setup: search_hw.HwSearch, must_fit: bool) -> str:
     best = outcome.best_point
     if not must_fit:
         fit = "memory fit not required (--no-must-fit)"
@@ -184,7 +189,6 @@ def hw_table(outcome: search_hw.Outcome, budget, setup: search_hw.HwSearch, mode
         fit = f"memory must fit: DRAM >= {max(setup.lo, setup.floors['DRAM']):.4f}"
     else:
         fit = "memory must fit (DRAM not searched: the config's share fits)"
-    table.caption = (f"best {best.time_s:.6g} s vs the config's {outcome.initial_point.time_s:.6g} s "
-                     f"({outcome.initial_point.time_s / best.time_s:.3g}x); fractions sum to {outcome.total:.6g}; "
-                     f"{fit}" + (f"; budget {budget:.6g} s per step" if budget is not None else ""))
-    return table
+    return (f"best {best.time_s:.6g} s vs the config's {outcome.initial_point.time_s:.6g} s "
+            f"({outcome.initial_point.time_s / best.time_s:.3g}x); fractions sum to {outcome.total:.6g}; "
+            f"{fit}" + (f"; budget {budget:.6g} s per step" if budget is not None else ""))

@@ -16,46 +16,31 @@ TRAIN_COLUMNS = (
 )
 
 
-def _status(rec: dict) -> str:
-    return rec["status"] if rec["status"] == "ok" else f"{rec['status']}: {(rec['error'] or '')[:60]}"
-
-
-def _styled(value, unit) -> str:
-    from qbench.report import format_value, speedup_style
-
-    text = format_value(value, unit)
-    style = speedup_style(value) if unit == units.SPEEDUP else None
-    return f"[{style}]{text}[/{style}]" if style else text
-
-
 def model_table(records: list[dict]):
-    """One row per preset x batch x execution mode x variant."""
-    from rich.table import Table
+    """One row per preset x batch x execution mode x variant, fitted to the console (report.FittedTable)."""
+    from qbench.report import STATUS, Column, FittedTable, Notes, status_cell, value_cell
 
-    t = Table(title="Transformer block stack: one training step (forward, backward, AdamW) per linear-layer variant",
-              header_style="bold")
-    for name in ("model", "B", "L", "exec", "variant", *(h for _, h, _ in MODEL_COLUMNS), "status"):
-        t.add_column(name, justify="right")
+    columns = [*(Column(name, key=True) for name in ("model", "B", "L", "exec", "variant")),
+               *(Column(h) for _, h, _ in MODEL_COLUMNS), STATUS]
+    reasons, rows = Notes(), []
     for rec in records:
         p, m = rec["params"], rec["metrics"]
         cells = [p["model"], str(p["batch_size"]), str(p["layers"]), p["exec"], p["variant"]]
-        t.add_row(*cells, *(_styled(m.get(k), u) for k, _, u in MODEL_COLUMNS), _status(rec))
-    return t
+        rows.append([*cells, *(value_cell(m.get(k), u) for k, _, u in MODEL_COLUMNS), status_cell(rec, reasons)])
+    return FittedTable(columns, rows, notes=reasons.lines(),
+                       title="Transformer block stack: one training step (forward, backward, AdamW) per linear-layer "
+                             "variant")
 
 
 def train_table(records: list[dict]):
     """One row per variant: nats per token."""
-    from rich.table import Table
-
-    from qbench.report import format_value
+    from qbench.report import STATUS, Column, FittedTable, Notes, format_value, status_cell
 
     first = records[0]["params"] if records else {}
     title = (f"Train check ({first.get('model')}, {first.get('steps')} steps, {first.get('dtype')}): "
              "cross-entropy in nats per token on a Markov chain with a known floor")
-    t = Table(title=title, header_style="bold")
-    for name in ("variant", *(h for _, h in TRAIN_COLUMNS), "status"):
-        t.add_column(name, justify="right")
-    for rec in records:
-        m = rec["metrics"]
-        t.add_row(rec["params"]["variant"], *(format_value(m.get(k)) for k, _ in TRAIN_COLUMNS), _status(rec))
-    return t
+    columns = [Column("variant", key=True), *(Column(h) for _, h in TRAIN_COLUMNS), STATUS]
+    reasons = Notes()
+    rows = [[rec["params"]["variant"], *(format_value(rec["metrics"].get(k)) for k, _ in TRAIN_COLUMNS),
+             status_cell(rec, reasons)] for rec in records]
+    return FittedTable(columns, rows, title=title, notes=reasons.lines())

@@ -15,33 +15,27 @@ TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_chain_graph": "x chain", 
 
 
 def table(records: list[dict]):
-    """Per shape: the three totals (ms), the speed-ups, and the slowest component of time_global."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from qbench.report import format_value, speedup_style
+    """Per shape: the three totals (ms), the speed-ups, the host time and the slowest component of time_global,
+    as a table that fits the console (report.FittedTable), status reasons numbered below it."""
+    from qbench.report import STATUS, Column, FittedTable, Notes, format_value, status_cell, value_cell
     from qbench.store import varying_params
 
-    t = Table(title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups", header_style="bold")
     threads = bool(varying_params(records, ["backward_thread"]))  # its column only when it varies
     # a speed-up's column only where some record has it (a CPU run, or --variants, times fewer peers)
     speedups = {k: label for k, label in TABLE_SPEEDUPS.items() if any(k in r["metrics"] for r in records)}
-    for name in ("M", "in", "out", *(("bwd thread",) if threads else ()), *TABLE_TOTALS.values(),
-                 *speedups.values(), "host ms", "slowest", "status"):
-        t.add_column(name, justify="right")
+    keys = ("M", "in", "out", *(("bwd thread",) if threads else ()))
+    columns = [*(Column(name, key=True) for name in keys),
+               *(Column(name) for name in (*TABLE_TOTALS.values(), *speedups.values(), "host ms", "slowest")), STATUS]
+    reasons, rows = Notes(), []
     for rec in records:
         p, m = rec["params"], rec["metrics"]
         cells = [str(p["batch_size"]), str(p["dim_in"]), str(p["dim_out"])]
         cells += [str(p.get("backward_thread"))] if threads else []
         cells += [format_value(m.get(k)) for k in TABLE_TOTALS]
-        for k in speedups:
-            style = speedup_style(m.get(k))
-            text = format_value(m.get(k), units.SPEEDUP)
-            cells.append(f"[{style}]{text}[/{style}]" if style else text)
-        # error text is data: '[...]' in it must print as written, not as rich markup
-        status = rec["status"] if rec["status"] == "ok" else escape(f"{rec['status']}: {(rec['error'] or '')[:50]}")
-        t.add_row(*cells, format_value(m.get("host_switchback_eager_ms")), slowest(m), status)
-    return t
+        cells += [value_cell(m.get(k), units.SPEEDUP) for k in speedups]
+        rows.append([*cells, format_value(m.get("host_switchback_eager_ms")), slowest(m), status_cell(rec, reasons)])
+    return FittedTable(columns, rows, title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups",
+                       notes=reasons.lines())
 
 
 def slowest(metrics: dict) -> str:

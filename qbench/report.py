@@ -96,11 +96,9 @@ def records_table(
 ) -> FittedTable:
     """One row per record: the params that vary over the records (the ones they share listed once below), the
     metrics any record has (with their units), and the status, its reasons numbered below the table."""
-    from qbench.store import varying_params
-
     headers = headers or {}
     unit_of = _units(records)
-    varying = varying_params(records, params)
+    varying, fixed = split_fixed(records, params, headers)
     shown = [m for m in metrics if any(rec["metrics"].get(m) is not None for rec in records)]
     reasons = Notes()
     columns = [Column(headers.get(p, p), key=True) for p in varying]
@@ -108,8 +106,6 @@ def records_table(
     rows = [[format_value(rec["params"].get(p)) for p in varying]
             + [value_cell(rec["metrics"].get(m), unit_of.get(m)) for m in shown] + [status_cell(rec, reasons)]
             for rec in records]
-    fixed = {headers.get(p, p): value for p in params
-             if p not in varying and records and (value := records[0]["params"].get(p)) is not None}
     return FittedTable(columns, rows, title=title, notes=[*fixed_line(fixed), *notes, *reasons.lines()])
 
 
@@ -159,7 +155,6 @@ def notice(message: str, style: str = "yellow") -> None:
 # ---- tables that fit the console: one mechanism for every table qbench prints ------------------------------
 
 CELL_WRAP = 24  # characters: a cell longer than this may wrap onto more lines of its column; shorter ones stay whole
-WRAP_LEAST = 8  # characters a free-text column (a case label, a note) may narrow to, folding its words
 
 
 def _longest_line(text: str) -> int:
@@ -169,12 +164,15 @@ def _longest_line(text: str) -> int:
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
     """Characters each table column needs so that none of its words is cut: its longest word, and its longest
     text up to CELL_WRAP (a text wraps at its spaces)."""
-    out = []
-    for i, header in enumerate(headers):
-        texts = [header, *(row[i] for row in rows)]
-        word = max(len(w) for t in texts for w in t.split() or [""])
-        out.append(max(1, word, min(max(map(_longest_line, texts)), CELL_WRAP)))
-    return out
+    words = word_widths(headers, rows)
+    return [max(word, min(max(_longest_line(header), *(_longest_line(row[i]) for row in rows)), CELL_WRAP))
+            for i, (header, word) in enumerate(zip(headers, words))]
+
+
+def word_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    """The longest word of each column: the narrowest it can be without cutting a word."""
+    return [max(1, *(len(w) for t in [header, *(row[i] for row in rows)] for w in t.split()))
+            for i, header in enumerate(headers)]
 
 
 def natural_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
@@ -220,7 +218,8 @@ def column_groups(widths: Sequence[int], keys: Collection[int], width: int) -> l
 class Column:
     """A column of a FittedTable: its header (and unit, a dim second line), how its cells align, whether it is
     a key column (what a row is: repeated in every table of a split, cyan) and whether its cells are free text
-    that may wrap onto more lines down to WRAP_LEAST characters (a case label, a note)."""
+    that may wrap onto more lines down to its longest word (a case label 'k=v, k=v', a note), where other
+    columns keep texts up to CELL_WRAP characters on one line."""
 
     header: str
     unit: str | None = None
@@ -272,7 +271,8 @@ class FittedTable:
     def tables(self, width: int | None) -> list[Table]:
         """The rich tables for a console `width` characters wide (None: one table, sized by rich)."""
         headers, texts = [c.text for c in self.columns], [[cell.plain for cell in row] for row in self.rows]
-        least = [min(w, WRAP_LEAST) if c.wrap else w for c, w in zip(self.columns, column_widths(headers, texts))]
+        least = [word if c.wrap else w for c, w, word in zip(self.columns, column_widths(headers, texts),
+                                                               word_widths(headers, texts))]
         natural = natural_widths(headers, texts)
         keys = [i for i, c in enumerate(self.columns) if c.key]
         groups = [[i for i in range(len(headers)) if i not in keys]] if width is None else \
@@ -346,6 +346,18 @@ def status_cell(record: Mapping[str, Any], notes: Notes) -> Text:
 def value_cell(value: Any, unit: str | None) -> Text:
     """A metric's value as format_value prints it; speed-ups green or red (speedup_style)."""
     return Text(format_value(value, unit), style=speedup_style(value) if unit == units.SPEEDUP else "")
+
+
+def split_fixed(records: Sequence[Mapping[str, Any]], params: Sequence[str],
+                headers: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, Any]]:
+    """(the params whose value differs between the records: a table's key columns; header -> value of those
+    every record shares, for fixed_line). A param no record has is neither."""
+    from qbench.store import varying_params
+
+    varying = varying_params(records, params)
+    fixed = {(headers or {}).get(p, p): value for p in params
+             if p not in varying and records and (value := records[0]["params"].get(p)) is not None}
+    return varying, fixed
 
 
 def fixed_line(values: Mapping[str, Any]) -> list[str]:

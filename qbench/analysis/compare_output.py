@@ -22,8 +22,8 @@ MARKER_MEANING = {
     "n/a": "missing",
 }
 COMPARE_COLUMNS = ("case", "metric", "unit", "reference", "candidate", "ratio", "change", "p", "", "note")
-TABLE_COLUMNS = tuple(  # the case is what a row is; the case and the note wrap (a case is one long word)
-    Column(name, key=name == "case", wrap=name in ("case", "note"),
+TABLE_COLUMNS = tuple(  # case and metric say what a row is (repeated where the table splits); case and note wrap
+    Column(name, key=name in ("case", "metric"), wrap=name in ("case", "note"),
            justify="left" if name in ("case", "metric", "note") else "right") for name in COMPARE_COLUMNS)
 NOTE_CELL = report.CELL_WRAP  # characters: a longer note prints below the table, numbered, its cell '[n]'
 

@@ -16,18 +16,22 @@ TRAIN_COLUMNS = (
 )
 
 
-def model_table(records: list[dict]):
-    """One row per preset x batch x execution mode x variant, fitted to the console (report.FittedTable)."""
-    from qbench.report import STATUS, Column, FittedTable, Notes, status_cell, value_cell
+MODEL_KEYS = {"model": "model", "batch_size": "B", "layers": "L", "exec": "exec", "variant": "variant"}
 
-    columns = [*(Column(name, key=True) for name in ("model", "B", "L", "exec", "variant")),
-               *(Column(h) for _, h, _ in MODEL_COLUMNS), STATUS]
+
+def model_table(records: list[dict]):
+    """One row per preset x batch x execution mode x variant, fitted to the console (report.FittedTable); what
+    every record shares listed once below it."""
+    from qbench.report import STATUS, Column, FittedTable, Notes, fixed_line, split_fixed, status_cell, value_cell
+
+    keys, fixed = split_fixed(records, list(MODEL_KEYS), MODEL_KEYS)
+    columns = [*(Column(MODEL_KEYS[k], key=True) for k in keys), *(Column(h) for _, h, _ in MODEL_COLUMNS), STATUS]
     reasons, rows = Notes(), []
     for rec in records:
-        p, m = rec["params"], rec["metrics"]
-        cells = [p["model"], str(p["batch_size"]), str(p["layers"]), p["exec"], p["variant"]]
-        rows.append([*cells, *(value_cell(m.get(k), u) for k, _, u in MODEL_COLUMNS), status_cell(rec, reasons)])
-    return FittedTable(columns, rows, notes=reasons.lines(),
+        cells = [str(rec["params"].get(k)) for k in keys]
+        cells += [value_cell(rec["metrics"].get(k), u) for k, _, u in MODEL_COLUMNS]
+        rows.append([*cells, status_cell(rec, reasons)])
+    return FittedTable(columns, rows, notes=[*fixed_line(fixed), *reasons.lines()],
                        title="Transformer block stack: one training step (forward, backward, AdamW) per linear-layer "
                              "variant")
 

@@ -14,28 +14,29 @@ TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_chain_graph": "x chain", 
                   "speedup_module_torchao_compile": "x tao/c"}
 
 
+KEYS = {"batch_size": "M", "dim_in": "in", "dim_out": "out", "backward_thread": "bwd thread"}  # param -> header
+
+
 def table(records: list[dict]):
     """Per shape: the three totals (ms), the speed-ups, the host time and the slowest component of time_global,
-    as a table that fits the console (report.FittedTable), status reasons numbered below it."""
-    from qbench.report import STATUS, Column, FittedTable, Notes, format_value, status_cell, value_cell
-    from qbench.store import varying_params
+    as a table that fits the console (report.FittedTable); the shape parameters every record shares listed
+    once below it, status reasons numbered below it."""
+    from qbench import report
 
-    threads = bool(varying_params(records, ["backward_thread"]))  # its column only when it varies
+    keys, fixed = report.split_fixed(records, list(KEYS), KEYS)
     # a speed-up's column only where some record has it (a CPU run, or --variants, times fewer peers)
     speedups = {k: label for k, label in TABLE_SPEEDUPS.items() if any(k in r["metrics"] for r in records)}
-    keys = ("M", "in", "out", *(("bwd thread",) if threads else ()))
-    columns = [*(Column(name, key=True) for name in keys),
-               *(Column(name) for name in (*TABLE_TOTALS.values(), *speedups.values(), "host ms", "slowest")), STATUS]
-    reasons, rows = Notes(), []
+    names = (*TABLE_TOTALS.values(), *speedups.values(), "host ms", "slowest")
+    columns = [*(report.Column(KEYS[k], key=True) for k in keys), *map(report.Column, names), report.STATUS]
+    reasons, rows = report.Notes(), []
     for rec in records:
-        p, m = rec["params"], rec["metrics"]
-        cells = [str(p["batch_size"]), str(p["dim_in"]), str(p["dim_out"])]
-        cells += [str(p.get("backward_thread"))] if threads else []
-        cells += [format_value(m.get(k)) for k in TABLE_TOTALS]
-        cells += [value_cell(m.get(k), units.SPEEDUP) for k in speedups]
-        rows.append([*cells, format_value(m.get("host_switchback_eager_ms")), slowest(m), status_cell(rec, reasons)])
-    return FittedTable(columns, rows, title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups",
-                       notes=reasons.lines())
+        m = rec["metrics"]
+        cells = [str(rec["params"].get(k)) for k in keys] + [report.format_value(m.get(k)) for k in TABLE_TOTALS]
+        cells += [report.value_cell(m.get(k), units.SPEEDUP) for k in speedups]
+        cells += [report.format_value(m.get("host_switchback_eager_ms")), slowest(m), report.status_cell(rec, reasons)]
+        rows.append(cells)
+    return report.FittedTable(columns, rows, title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups",
+                              notes=[*report.fixed_line(fixed), *reasons.lines()])
 
 
 def slowest(metrics: dict) -> str:

@@ -257,8 +257,9 @@ class FittedTable:
     that fit (column_groups); the title above the first, the notes (legend, numbered reasons) below the last."""
 
     def __init__(self, columns: Sequence[Column], rows: Sequence[Sequence[str | Text]], *, title: str | None = None,
-                 notes: Sequence[str] = (), row_styles: Sequence[str | None] | None = None, show_lines: bool = False):
-        self.columns = list(columns)
+                 notes: Sequence[str] = (), row_styles: Sequence[str | None] | None = None, show_lines: bool = False,
+                 title_justify: str = "center"):
+        self.columns, self.title_justify = list(columns), title_justify
         self.rows = [[cell if isinstance(cell, Text) else Text(cell) for cell in row] for row in rows]
         self.title, self.notes, self.show_lines = title, list(notes), show_lines
         self.row_styles = list(row_styles) if row_styles is not None else [None] * len(self.rows)
@@ -287,7 +288,7 @@ class FittedTable:
         return out
 
     def _table(self, shown: Sequence[int], widths: Sequence[int] | None, first: bool) -> Table:
-        table = Table(title=Text(self.title) if first and self.title else None, title_justify="left",
+        table = Table(title=Text(self.title) if first and self.title else None, title_justify=self.title_justify,
                       header_style="bold", show_lines=self.show_lines)
         for j, i in enumerate(shown):
             column = self.columns[i]

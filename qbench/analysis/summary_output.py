@@ -140,7 +140,7 @@ def table(summary: Summary, digits: int, notes: Sequence[str] = (), title: str |
     headers, rows = text_rows(summary, digits)
     keys = len(summary.row_params)
     columns = [report.Column(header, key=i < keys) for i, header in enumerate(headers)]
-    return report.FittedTable(columns, rows, title=title, notes=[*legend(summary), *notes])
+    return report.FittedTable(columns, rows, title=title, notes=[*legend(summary), *notes], title_justify="left")
 
 
 def markdown(summary: Summary, digits: int, notes: Sequence[str] = (), title: str | None = None) -> str:

@@ -44,7 +44,7 @@ def ok_rows(frame, times_only: bool = False) -> Iterator[Row]:
     names = param_names(frame)
     for rec in frame.to_dict("records"):
         value = _plain(rec["value"])
-        if rec["status"] != "ok" or rec["metric"] is None or not isinstance(value, (int, float)):
+        if rec["status"] != "ok" or not isinstance(rec["metric"], str) or not isinstance(value, (int, float)):
             continue
         if isinstance(value, bool) or (times_only and rec["unit"] not in TIME_SCALE):
             continue

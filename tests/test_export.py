@@ -120,3 +120,11 @@ def test_malformed_files_are_one_line_usage_errors(tmp_path):
                           capture_output=True, text=True)
     assert code.returncode == 2 and "older than file version 1.0" in code.stderr
     assert len(code.stderr.strip().splitlines()) == 1
+
+
+def test_export_takes_one_run(tmp_path, capsys):
+    for name in ("a", "b"):
+        write_run(tmp_path / "runs" / name, [timed_record({"m": 8}, [1.0, 1.1])])
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(tmp_path / "runs"), "--format", "bmf"])
+    assert exc.value.code == 2 and "holds 2 runs" in capsys.readouterr().err

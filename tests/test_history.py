@@ -137,3 +137,10 @@ def test_committed_switchback_runs_of_four_commits():
     # the 9c0f08a reference -> c8d5e9e: every changed cell got faster; no later step is called a change
     changed = [p for s in result.series for p in s.changes()]
     assert changed and all(p.marker == "-" and p.revision.startswith("c8d5e9e") for p in changed)
+
+
+def test_a_gate_that_can_judge_nothing_is_a_usage_error(tmp_path, capsys):
+    one = make_runs(tmp_path, [1.0], tag="one")
+    with pytest.raises(SystemExit) as exc:
+        main(["history", *one, "--fail-on", "time:5"])
+    assert exc.value.code == 2 and "at least two commits" in capsys.readouterr().err

@@ -187,6 +187,16 @@ def _series(key: tuple, per_rev: dict, labels: list[str], unit: str | None, thre
     return Series(gpu, bench, dict(params), metric, unit, judged)
 
 
+def require_gates_judgeable(history: History, gates: Sequence[tuple[str, float]]) -> None:
+    """Each --fail-on metric has some series with a point at the latest revision and one before it: a gate
+    that can judge nothing is a usage error, not a pass."""
+    latest = history.revisions[-1] if history.revisions else None
+    for name, _ in gates:
+        if not any(s.metric == name and len(s.points) > 1 and s.points[-1].revision == latest for s in history.series):
+            raise QbenchUsageError(f"--fail-on {name}: no case has it both at the latest revision ({latest}) and "
+                                   "at one before it; give runs of at least two commits")
+
+
 def regressions(history: History, gates: Sequence[tuple[str, float]]) -> list[tuple[Series, Point]]:
     """--fail-on: series of a gated metric whose point at the latest revision is worse ('+') than the point
     before it by more than the gate's percentage."""

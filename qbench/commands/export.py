@@ -15,19 +15,21 @@ Examples:
 
 
 @click.command(epilog=EPILOG)
-@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.argument("run", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="pytest-benchmark: --benchmark-json layout (github-action-benchmark, tool 'pytest'); bmf: Bencher "
                    "Metric Format; nvbench: nvbench's JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="File to write (default: stdout).")
-def command(runs, fmt, out) -> None:
-    """Write the ok records of RUNS (run directories, folders of runs or importable result files) as FORMAT:
-    pytest-benchmark and nvbench take every time metric (seconds, as those tools count), bmf every metric in
-    its own unit; the stored value, and the stored samples' statistics beside it."""
+def command(run, fmt, out) -> None:
+    """Write the ok records of RUN (a run directory or an importable result file) as FORMAT: pytest-benchmark
+    and nvbench take every time metric (seconds, as those tools count), bmf every metric in its own unit; the
+    stored value, and the stored samples' statistics beside it. One run per file: the tools read a file as
+    one run of their own."""
     import json
     import sys
 
     from qbench import report, tidy
+    from qbench.errors import QbenchUsageError
     from qbench.exporters import WRITERS
     from qbench.importers import load_any
 
@@ -36,8 +38,11 @@ def command(runs, fmt, out) -> None:
         from qbench.paths import check_writable_file
 
         target = check_writable_file(out, "export")
-    envs = {str(path): load_any(path)[0] for path in tidy.run_paths(runs)}
-    text = json.dumps(WRITERS[fmt](tidy.load(runs), envs), indent=2, default=str) + "\n"
+    paths = tidy.run_paths(run)
+    if len(paths) != 1:
+        raise QbenchUsageError(f"{run} holds {len(paths)} runs; export one run per file (e.g. {paths[0]})")
+    text = json.dumps(WRITERS[fmt](tidy.load(paths), {str(paths[0]): load_any(paths[0])[0]}), indent=2,
+                      default=str) + "\n"
     if target is None:
         sys.stdout.write(text)
         return

@@ -53,8 +53,10 @@ def command(runs, metrics, pattern, threshold, fail_on, only_changed, plot, digi
     known = metric_names.of(rec for run in loaded for rec in run.records)
     wanted = metric_names.expand(metrics, known)
     compare_gate.require_metrics(loaded, wanted, gates)
-    result = history.build(loaded, [*wanted, *(name for name, _ in gates if wanted and name not in wanted)],
-                           pattern, threshold_pct)
+    # a gated metric is always followed: with no --metric, the gated ones are the table
+    result = history.build(loaded, list(dict.fromkeys([*wanted, *(name for name, _ in gates)])), pattern,
+                           threshold_pct)
+    history.require_gates_judgeable(result, gates)
     history_output.show(result, fmt, digits, only_changed)
     if plot:
         from qbench.plots import history as history_figure

@@ -94,3 +94,14 @@ COMMITTED = Path(__file__).resolve().parent.parent / "results" / "switchback-h20
 def test_a_committed_run_gets_its_standard_figure_inline():
     page = html_report.page([load_any(COMMITTED)], ["time_global"])
     assert page.count("<svg") == 1 and "NVIDIA H200" in page and "60eecf790f67caa07667de55bff4968189c71c92" in page
+
+
+def test_runs_of_two_benches_get_a_page_that_says_what_they_lack(tmp_path):
+    from qbench import store, units
+
+    a = write_run(tmp_path / "a", [timed_record({"m": 8}, [1.0, 1.1])])
+    b = write_run(tmp_path / "b", [store.make_record("other", {"k": 1}, {"t": 2.0}, units={"t": units.MS},
+                                                     samples={"t": [2.0, 2.1]})])
+    page = html_report.page([load_any(a), load_any(b)], ["time"])
+    assert "<h3>other: " in page and "nothing to show: --metric time" in page
+    assert "<h2>Comparison</h2><p class=\"legend\">none: " in page

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qbench.analysis.compare import Run
+from qbench.errors import QbenchUsageError
 
 ENV_KEYS = ("gpu_name", "driver", "cuda", "torch", "triton", "git_commit", "git_dirty", "time_utc", "host", "command")
 STYLE = """
@@ -72,10 +73,14 @@ def summaries(runs: Sequence[Run], metrics: Sequence[str], pattern: str | None, 
 
     parts = ["<h2>Summary</h2>"]
     for bench, group in summary.bench_groups(runs).items():
-        built = summary.summarize_runs(group, summary.SummaryOptions(tuple(metrics), pattern))
+        parts.append(f"<h3>{html.escape(bench)}: {html.escape(', '.join(r.label for r in group))}</h3>")
+        try:
+            built = summary.summarize_runs(group, summary.SummaryOptions(tuple(metrics), pattern))
+        except QbenchUsageError as exc:  # --metric or -k leaves this bench nothing: say so, show the others
+            parts.append(legend([f"nothing to show: {exc}"]))
+            continue
         headers, rows = summary_output.text_rows(built, digits)
-        parts += [f"<h3>{html.escape(bench)}: {html.escape(', '.join(r.label for r in group))}</h3>",
-                  table(headers, rows, keys=len(built.row_params)), legend(summary_output.legend(built))]
+        parts += [table(headers, rows, keys=len(built.row_params)), legend(summary_output.legend(built))]
     return "".join(parts)
 
 
@@ -114,6 +119,14 @@ def history_section(plt, runs: Sequence[Run], metrics: Sequence[str], pattern: s
             + svg(history_figure.figure(plt, built)))
 
 
+def _or_reason(title: str, section) -> str:
+    """The section, or its title and why the runs have none (no case in common, say): a page, not an error."""
+    try:
+        return section()
+    except QbenchUsageError as exc:
+        return f"<h2>{title}</h2>" + legend([f"none: {exc}"])
+
+
 def page(runs: Sequence[Run], metrics: Sequence[str] = (), pattern: str | None = None, digits: int = 4) -> str:
     """The whole HTML page of these runs (see the module docstring)."""
     import matplotlib
@@ -125,6 +138,7 @@ def page(runs: Sequence[Run], metrics: Sequence[str] = (), pattern: str | None =
     body = [f"<h1>{html.escape(title)}</h1>", environment(runs), summaries(runs, metrics, pattern, digits),
             figures(plt, runs)]
     if len(runs) > 1:
-        body += [comparison(runs, metrics, pattern), history_section(plt, runs, metrics, pattern, digits)]
+        body += [_or_reason("Comparison", lambda: comparison(runs, metrics, pattern)),
+                 _or_reason("History", lambda: history_section(plt, runs, metrics, pattern, digits))]
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n")

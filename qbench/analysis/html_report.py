@@ -61,7 +61,7 @@ def svg(fig) -> str:
 def environment(runs: Sequence[Run]) -> str:
     rows = [[key, *(_text(run.env.get(key)) for run in runs)] for key in ENV_KEYS
             if any(run.env.get(key) is not None for run in runs)]
-    return "<h2>Environment</h2>" + table(["", *(run.label for run in runs)], rows)
+    return "<h2>Environment</h2>" + table(["", *(run.label for run in runs)], rows, keys=len(runs) + 1)
 
 
 def _text(value: Any) -> str:

@@ -144,3 +144,23 @@ def test_a_gate_that_can_judge_nothing_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["history", *one, "--fail-on", "time:5"])
     assert exc.value.code == 2 and "at least two commits" in capsys.readouterr().err
+
+
+def test_the_figure_draws_at_most_max_panels_metrics(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from qbench import store, units
+    from qbench.plots import history as history_figure
+
+    names = [f"m{i}_ms" for i in range(history_figure.MAX_PANELS + 3)]
+    paths = []
+    for i in range(2):
+        rec = store.make_record("toy", {"n": 8}, {n: 1.0 + i for n in names}, units=dict.fromkeys(names, units.MS),
+                                samples={n: [1.0 + i, 1.1 + i] for n in names})
+        paths.append(str(write_run(tmp_path / f"r{i}", [rec], git_commit=f"{i + 1:x}" * 40, time_utc=f"2026-0{i + 1}")))
+    fig = history_figure.figure(plt, history.build([load_any(p) for p in paths], names))
+    assert len(fig.axes) == history_figure.MAX_PANELS and "name others with --metric" in fig._suptitle.get_text()
+    plt.close(fig)

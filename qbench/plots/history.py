@@ -1,18 +1,21 @@
-"""The history figure: each metric's series over revisions (oldest left), one panel per metric, one line
-per configuration, the spread as error bars and each change point ringed (red worse, green better, grey
-not shown to differ). Drawn from a qbench.analysis.history.History; matplotlib is imported by the caller."""
+"""The history figure: each metric's series over revisions (oldest left), one panel per metric (the first
+MAX_PANELS), one line per configuration, the spread as error bars and each change point ringed (red worse,
+green better, grey not shown to differ). Drawn from a qbench.analysis.history.History; matplotlib is
+imported by the caller."""
 
 from __future__ import annotations
 
 from qbench.analysis.history_output import label_of, varying
 
 MAX_LINES = 24  # lines per panel before the legend stops naming them
+MAX_PANELS = 8  # metrics drawn (in the table's order); a figure of every sampled metric of a sweep is unreadable
 RING = {"+": "tab:red", "-": "tab:green", "~": "0.55", "^": "tab:purple", "v": "tab:purple"}
 
 
 def figure(plt, history):
     """A matplotlib Figure of the history (one panel per metric)."""
-    metrics = list(dict.fromkeys(s.metric for s in history.series))
+    every = list(dict.fromkeys(s.metric for s in history.series))
+    metrics = every[:MAX_PANELS]
     fig, axes = plt.subplots(len(metrics), 1, figsize=(max(6.0, 1.2 * len(history.revisions) + 4), 3.6 * len(metrics)),
                              squeeze=False)
     names = [n for n in varying(history) if n != "metric"]
@@ -31,6 +34,8 @@ def figure(plt, history):
                      fontsize=9)
         if 1 < len(shown) <= MAX_LINES:
             ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    if len(every) > len(metrics):
+        fig.suptitle(f"the first {len(metrics)} of {len(every)} metrics; name others with --metric", fontsize=9)
     fig.tight_layout()
     return fig
 

@@ -81,3 +81,14 @@ def test_summary_spreads_names_power_capped_cells(tmp_path, capsys):
     assert exc.value.code == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert len(notes) == 1 and "1 cells: m=16 (step in " in notes[0] and "run1" in notes[0] and "run0" not in notes[0]
+
+
+def test_a_run_prints_the_warning_once(tmp_path, capsys):
+    from qbench import report
+    from qbench.commands.common import run_and_store
+
+    records = [_record(8, 1980, NOISY), _record(16, 1600, NOISY), _record(32, 1700, NOISY)]
+    run_and_store("toy", None, records, total=3, out=str(tmp_path / "run"), append=False, force=False,
+                  as_json=False, table=lambda recs: report.records_table(recs, ["m"], ["time"]))
+    err = capsys.readouterr().err
+    assert err.count("clocks not locked") == 1 and "1600-1980 MHz" in err

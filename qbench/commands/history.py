@@ -38,8 +38,8 @@ def command(runs, metrics, pattern, threshold, fail_on, only_changed, plot, digi
     highest run (one run: p20-p80 of its samples). Change rule, point against the point before: the step
     must exceed the noise floor, the larger of --threshold and either point's spread width, and the two must
     differ beyond chance: Mann-Whitney U p < 0.05 on their samples (pooled over each commit's runs), or,
-    without samples, no overlap of the runs. Markers: + worse, - better, ~ beyond the floor but not shown to
-    differ, = within it."""
+    without samples, no overlap of the runs. Markers: + worse, - better (^ up, v down for a unit with no better
+    side), ~ beyond the floor but not shown to differ, = within it."""
     from qbench import metric_names, report
     from qbench.analysis import compare, compare_gate, history, history_output
 

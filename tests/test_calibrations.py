@@ -45,10 +45,13 @@ def test_the_committed_calibration_wins_over_the_preset(tmp_path):
     assert config.hardware_for_gpu("NVIDIA H100 PCIe", tmp_path) is None  # no preset: not guessed
 
 
-@pytest.mark.skipif(not (RESULTS / "model-calibration-h200.yaml").is_file(), reason="no committed H200 calibration")
-def test_the_committed_h200_file_is_the_one_h200_runs_take():
+@pytest.mark.parametrize("name", ["NVIDIA H200", H100_NAME])
+def test_a_committed_calibration_is_the_one_its_gpu_takes(name):
+    if not (RESULTS / calibrations.file_name(name)).is_file():
+        pytest.skip(f"no calibration committed for {name}")
     config._committed.cache_clear()
-    assert config.hardware_for_gpu("NVIDIA H200").source == "calibrated"
+    got = config.hardware_for_gpu(name)
+    assert got.source == "calibrated" and got.name.startswith(hardware.preset_for_gpu(name).name)
 
 
 @pytest.fixture

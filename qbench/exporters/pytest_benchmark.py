@@ -25,12 +25,13 @@ def stats(value_s: float, samples_s: list[float]) -> dict[str, Any]:
     stddev = statistics.stdev(data) if len(data) > 1 else 0.0
     iqr = q3 - q1
     low, high = q1 - 1.5 * iqr, q3 + 1.5 * iqr  # Tukey's fences, as pytest-benchmark counts iqr_outliers
+    iqr_outliers = sum(1 for x in data if x < low or x > high)
+    stddev_outliers = sum(1 for x in data if abs(x - mean) > stddev) if stddev else 0
     return {
         "min": min(data), "max": max(data), "mean": mean, "stddev": stddev, "rounds": len(data),
-        "median": value_s, "iqr": iqr, "q1": q1, "q3": q3,
-        "iqr_outliers": sum(1 for x in data if x < low or x > high),
-        "stddev_outliers": sum(1 for x in data if abs(x - mean) > stddev) if stddev else 0,
-        "outliers": "", "ld15iqr": min(x for x in data if x >= low), "hd15iqr": max(x for x in data if x <= high),
+        "median": value_s, "iqr": iqr, "q1": q1, "q3": q3, "iqr_outliers": iqr_outliers,
+        "stddev_outliers": stddev_outliers, "outliers": f"{stddev_outliers};{iqr_outliers}",
+        "ld15iqr": min(x for x in data if x >= low), "hd15iqr": max(x for x in data if x <= high),
         "ops": 1.0 / mean if mean else 0.0, "total": sum(data), "data": data, "iterations": 1,
     }
 

@@ -111,8 +111,8 @@ def history_section(plt, runs: Sequence[Run], metrics: Sequence[str], pattern: s
     from qbench.plots import history as history_figure
 
     built = history.build(runs, metrics, pattern)
-    if len(built.revisions) < 2:
-        return ""
+    if not any(len(s.points) > 1 for s in built.series):
+        return ""  # no configuration measured at two revisions: nothing to follow
     headers, rows = history_output.rows(built, digits)
     keys = len(headers) - len(built.revisions) - 1
     return ("<h2>History</h2>" + table(headers, rows, keys=keys) + legend(history_output.legend(built))

@@ -5,6 +5,8 @@ imported by the caller."""
 
 from __future__ import annotations
 
+import warnings
+
 from qbench.analysis.history_output import label_of, varying
 
 MAX_LINES = 24  # lines per panel before the legend stops naming them
@@ -36,7 +38,9 @@ def figure(plt, history):
             ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     if len(every) > len(metrics):
         fig.suptitle(f"the first {len(metrics)} of {len(every)} metrics; name others with --metric", fontsize=9)
-    fig.tight_layout()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # long legends outside the axes: saved with bbox "tight"
+        fig.tight_layout()
     return fig
 
 

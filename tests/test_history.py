@@ -164,3 +164,14 @@ def test_the_figure_draws_at_most_max_panels_metrics(tmp_path):
     fig = history_figure.figure(plt, history.build([load_any(p) for p in paths], names))
     assert len(fig.axes) == history_figure.MAX_PANELS and "name others with --metric" in fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_dirty_trees_on_one_commit_are_told_apart_by_their_source_hash(tmp_path):
+    def run(name, source, time):
+        return load_any(str(write_run(tmp_path / name, [timed_record({"n": 8}, [1.0, 1.1])], git_commit="a" * 40,
+                                      git_dirty=True, source_hash=source, time_utc=time)))
+
+    runs = [run("x1", "1" * 64, "2026-01-01"), run("x2", "1" * 64, "2026-01-02"), run("y", "2" * 64, "2026-01-03")]
+    order, of_run, _ = revisions.ordered(runs)
+    assert [r.label for r in order] == ["aaaaaaa+dirty:1111111", "aaaaaaa+dirty:2222222"]
+    assert of_run[runs[0].label] == of_run[runs[1].label] != of_run[runs[2].label]

@@ -1,10 +1,12 @@
 """The order of the code revisions runs were made on: git's order where the repository is at hand.
 
-A revision is a run's commit (env.json's git_commit; a run made in a checkout with uncommitted changes is
-marked dirty) or, for a run that names no commit (an imported file, a copied tree), the run itself at its
-recorded time. Revisions are ordered by git (`git rev-list --topo-order`, oldest first: a commit comes after
-every commit it descends from) when every commit is known to the checkout qbench runs from, and otherwise
-by their earliest run's UTC time (env.json's time_utc), the order in which they were measured.
+A revision is a run's commit (env.json's git_commit) or, for a run that names no commit (an imported file, a
+copied tree), the run itself at its recorded time. A run made in a checkout with uncommitted changes (git_dirty)
+ran code that is not its commit: it is the revision `<commit>+dirty:<source hash>` (env.json's source_hash, the
+hash of the code that ran, where recorded), so two different trees on one commit never merge, and it sits at
+its commit's place in git's order. Revisions are ordered by git (`git rev-list --topo-order`, oldest first: a
+commit comes after every commit it descends from) when every commit is known to the checkout qbench runs
+from, and otherwise by their earliest run's UTC time (env.json's time_utc), the order they were measured in.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ SHORT = 7  # hex digits of a commit as tables print it (git's own short form)
 
 @dataclass(frozen=True)
 class Revision:
-    label: str  # short commit ('+dirty' where the tree had changes), or the run's label without a commit
+    label: str  # short commit ('+dirty:<source hash>' where the tree had changes), or the run's label without one
     commit: str | None
     time: str  # earliest time_utc of its runs ('' when none is recorded)
 
@@ -32,7 +34,10 @@ def revision_of(run: Run) -> Revision:
     time = str(run.env.get("time_utc") or "")
     if commit is None:
         return Revision(run.label, None, time)
-    return Revision(commit[:SHORT] + ("+dirty" if run.env.get("git_dirty") else ""), commit, time)
+    if not run.env.get("git_dirty"):
+        return Revision(commit[:SHORT], commit, time)
+    source = str(run.env.get("source_hash") or "")[:SHORT]
+    return Revision(f"{commit[:SHORT]}+dirty" + (f":{source}" if source else ""), commit, time)
 
 
 def git_positions(commits: Sequence[str], root: Path = CHECKOUT) -> dict[str, int] | None:

@@ -32,7 +32,8 @@ Examples:
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
 def command(runs, metrics, pattern, threshold, fail_on, only_changed, plot, digits, fmt) -> None:
-    """Follow each case's metric over the code revisions RUNS were made on: runs grouped by commit, ordered
+    """Follow each case's metric over the code revisions RUNS were made on: runs grouped by commit (a dirty
+    tree by its source hash too), ordered
     as git orders the commits where the repository is at hand (else by the runs' recorded times); runs of
     different GPUs never share a series. A point is the median over a commit's runs with the lowest and
     highest run (one run: p20-p80 of its samples). Change rule, point against the point before: the step

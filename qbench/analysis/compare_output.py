@@ -76,16 +76,23 @@ def counts_line(counts: Mapping[str, int]) -> str:
 
 
 def comparison_markdown(comparison) -> str:
-    labels, shared = case_labels(comparison.rows)
-    rows = [_compare_cells(row, labels[(row.bench, row.case)]) for row in comparison.rows]
-    for (cand, metric), value in comparison.geomeans.items():
-        rows.append(_geomean_cells(f"geometric mean ({cand})", metric, value))
-    lines = report.markdown_table([n or "marker" for n in COMPARE_COLUMNS], rows)
+    headers, rows, shared = comparison_rows(comparison)
+    lines = report.markdown_table(headers, rows)
     if shared:
         lines.append(f"\nevery case: {shared}")
     for warning in comparison.env_warnings:
         lines.append(f"\n> environment differs: {warning}")
     return "\n".join(lines) + "\n"
+
+
+def comparison_rows(comparison) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows with the geometric means last, the parameters every case shares): the comparison's
+    cells as the Markdown table prints them, for other renderings (the HTML report)."""
+    labels, shared = case_labels(comparison.rows)
+    rows = [_compare_cells(row, labels[(row.bench, row.case)]) for row in comparison.rows]
+    rows += [_geomean_cells(f"geometric mean ({cand})", metric, value)
+             for (cand, metric), value in comparison.geomeans.items()]
+    return [n or "marker" for n in COMPARE_COLUMNS], rows, shared
 
 
 def comparison_csv(comparison) -> str:

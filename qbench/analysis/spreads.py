@@ -55,20 +55,22 @@ def legend(summary: Summary) -> list[str]:
     return lines
 
 
-def show(summary: Summary, fmt: str | None) -> None:
-    """Print the spreads: a rich table (default), --markdown or --json (numbers as computed)."""
+def show(summary: Summary, fmt: str | None, notes: list[str] | None = None) -> None:
+    """Print the spreads: a rich table (default), --markdown or --json (numbers as computed); notes (the
+    power-capped cells) under the legend."""
     items = spreads(summary)
     ratio_notice(summary)
+    notes = notes or []
     if fmt == "json":
         payload: dict[str, Any] = {"runs": summary.labels, "fixed": summary.fixed,
-                                   "spreads": [asdict(m) for m in items]}
+                                   "spreads": [asdict(m) for m in items], "notes": notes}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
         return
     rows = _rows(items)
     if fmt == "markdown":
         lines = report.markdown_table(HEADERS, rows)
-        sys.stdout.write("\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in legend(summary)))
+        sys.stdout.write("\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in legend(summary) + notes))
         return
     columns = [report.Column(header, justify="left" if i in (0, 4) else "right", key=i == 0, wrap=i == 4)
                for i, header in enumerate(HEADERS)]
-    report.stdout_console().print(report.FittedTable(columns, rows, notes=legend(summary)))
+    report.stdout_console().print(report.FittedTable(columns, rows, notes=legend(summary) + notes))

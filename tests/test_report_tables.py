@@ -192,3 +192,17 @@ def test_switchback_model_and_train_check_tables_fit():
         text = _render(table, WIDTH)
         assert max(map(len, text.splitlines())) <= WIDTH and ELLIPSIS not in text
     assert "[1] torchao is not installed" in _render(model_table(model), WIDTH)
+
+
+@pytest.mark.slow
+def test_history_table_of_many_revisions_fits(tmp_path):
+    """One column per revision: nine revisions of two cases split into tables that each repeat the case."""
+    runs = []
+    for i in range(9):
+        records = [timed_record({"dim_in": d, "exec": "eager"}, [1.0 + i / 50 + j / 1000 for j in range(5)])
+                   for d in (1024, 4096)]
+        env = {"git_commit": f"{i + 1:x}" * 40, "time_utc": f"2026-11-1{i}T00:00:00+00:00"}
+        runs.append(write_run(tmp_path / f"rev{i}", records, **env))
+    text = _fits(_qbench("history", *runs, "--metric", "time", cwd=tmp_path))
+    parts = _tables(text)
+    assert len(parts) > 1 and all("dim_in" in part.splitlines()[1] for part in parts)

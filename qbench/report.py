@@ -164,14 +164,13 @@ def _longest_line(text: str) -> int:
 def column_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
     """Characters each table column needs so that none of its words is cut: its longest word, and its longest
     text up to CELL_WRAP (a text wraps at its spaces)."""
-    words = word_widths(headers, rows)
-    return [max(word, min(max(_longest_line(header), *(_longest_line(row[i]) for row in rows)), CELL_WRAP))
-            for i, (header, word) in enumerate(zip(headers, words))]
+    longest = natural_widths(headers, rows)
+    return [max(word, min(text, CELL_WRAP)) for word, text in zip(word_widths(headers, rows), longest)]
 
 
 def word_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
     """The longest word of each column: the narrowest it can be without cutting a word."""
-    return [max(1, *(len(w) for t in [header, *(row[i] for row in rows)] for w in t.split()))
+    return [max((len(w) for t in [header, *(row[i] for row in rows)] for w in t.split()), default=1)
             for i, header in enumerate(headers)]
 
 
@@ -363,7 +362,14 @@ def split_fixed(records: Sequence[Mapping[str, Any]], params: Sequence[str],
 
 def fixed_line(values: Mapping[str, Any]) -> list[str]:
     """['fixed: k=v, ...'] for the parameters every row shares (printed once instead of as columns), or []."""
-    return ["fixed: " + ", ".join(f"{k}={format_value(v)}" for k, v in values.items())] if values else []
+    return ["fixed: " + ", ".join(f"{k}={param_text(v)}" for k, v in values.items())] if values else []
+
+
+def param_text(value: Any) -> str:
+    """A parameter value as a case id spells it: 8192, not 8,192 (the text -k matches); None as '-'."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return "-" if value is None else str(value)
 
 
 # ---- numbers a note quotes (qbench summary) ----------------------------------------------------

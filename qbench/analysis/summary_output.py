@@ -15,6 +15,7 @@ from qbench.analysis import join
 from qbench.analysis.compare import Run
 from qbench.analysis.summary import Cell, Summary, SummaryOptions, summarize_runs
 from qbench.errors import QbenchUsageError
+from qbench.report import param_text
 
 # ---- printing: a rich table, a Markdown table to paste, or JSON --------------------------------------
 
@@ -76,13 +77,6 @@ def case_cells(summary: Summary) -> dict[str, list[tuple[str, Cell]]]:
 def metric_cells(summary: Summary) -> dict[str, list[tuple[str, float]]]:
     """metric -> (case text 'k=v, ...', value) of every cell of the metric that has a value."""
     return {metric: [(case, cell.value) for case, cell in cells] for metric, cells in case_cells(summary).items()}
-
-
-def param_text(value: Any) -> str:
-    """A parameter value as a case id spells it: 8192, not 8,192 (the text -k matches)."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return "-" if value is None else str(value)
 
 
 def legend(summary: Summary) -> list[str]:

@@ -412,3 +412,17 @@ def test_fit_widths_cut_the_widest_columns_first_and_never_below_their_least():
     assert fitted == [10, 32, 8] and sum(w + 3 for w in fitted) + 1 == 60  # only the wide column gives way
     assert report.fit_widths(natural, least, 40) == [10, 12, 8]  # the least widths exactly
     assert report.fit_widths(natural, least, 39) is None  # not even the least widths fit
+
+
+def test_history_keeps_a_case_only_where_every_k_matches(tmp_path):
+    """qbench history (and the HTML report built on it) read -k as summary and compare do."""
+    from qbench.analysis import history
+
+    runs = [summary.load_any(write_run(tmp_path / f"rev{i}", _sweep(1.0 + i / 10), git_commit=f"{i + 1:x}" * 40,
+                                       time_utc=f"2026-11-2{i}T00:00:00+00:00")) for i in range(2)]
+    both = history.build(runs, ["time"], ("dim_in=4096/", "batch_size=8192/"))
+    (series,) = both.series
+    assert (series.params["dim_in"], series.params["batch_size"]) == ("4096", "8192")  # join keys
+    assert len(history.build(runs, ["time"], ("dim_in=4096/",)).series) == 2
+    with pytest.raises(QbenchUsageError, match="-k 'dim_in=4096/' -k 'zzz'"):
+        history.build(runs, ["time"], ("dim_in=4096/", "zzz"))

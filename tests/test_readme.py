@@ -100,7 +100,8 @@ def test_the_pages_have_tables_of_both_kinds():
 
 def test_placeholders_tell_patterns_from_runnable_commands():
     patterns = ["qbench compare --group N", "qbench summary RUN --metric M", "qbench compare runs/A runs/B",
-                "qbench compare A B --fail-on METRIC:PCT", "qbench summary r --ratio-to PARAM=REF", "qbench trace x/..."]
+                "qbench compare A B --fail-on METRIC:PCT", "qbench summary r --ratio-to PARAM=REF",
+                "qbench trace x/..."]
     runnable = ["qbench summary results/x/run{1,2} -k exec=graph --metric '*_time'", "qbench trace a.csv --by phase"]
     assert all(PLACEHOLDER.search(c) for c in patterns) and not any(PLACEHOLDER.search(c) for c in runnable)
 

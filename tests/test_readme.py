@@ -94,7 +94,8 @@ def test_the_pages_have_tables_of_both_kinds():
     """The scan finds what it checks (pages rewritten so that nothing matched would pass vacuously): the
     README's headline tables, tables on every docs/ page, console blocks, quoted commands."""
     pages_with_tables = {where.split(":")[0] for where, _, _ in TABLES}
-    assert {"README.md", "docs/switchback.md", "docs/fragmented.md", "docs/moe.md"} <= pages_with_tables
+    assert {"README.md", *(f"docs/{page}.md" for page in ("switchback", "fragmented", "moe", "model", "measuring"))} \
+        <= pages_with_tables
     assert len(TABLES) >= 20 and len(BLOCKS) >= 1 and len(QUOTED) >= 20
 
 

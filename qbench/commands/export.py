@@ -10,7 +10,7 @@ EPILOG = """\b
 Examples:
   qbench export results/switchback-h200-modes-c4c2232/run1 --format pytest-benchmark --out bench.json
   qbench export results/switchback-h200-modes-c4c2232/run1 --format bmf | bencher run --adapter json ...
-  qbench export results/fragmented-h200-modes/run1 --format nvbench --out fragmented.nvbench.json
+  qbench export results/fragmented-h200-clocks-797e89f/run1 --format nvbench --out fragmented.nvbench.json
 """
 
 

@@ -8,8 +8,8 @@ import click
 
 EPILOG = """\b
 Examples:
-  qbench history results/switchback-h200-modes/before results/switchback-h200-modes-pinned/run{1,2,3} \\
-      results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} --metric time_global
+  qbench history results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} \\
+      --metric time_global
   qbench history runs/* --metric 'module_*_graph_ms' -k "batch_size=32768/" --only-changed
   qbench history runs/* --metric time_global --fail-on time_global:5 --plot history.svg   # exit 1 on a regression
 """

@@ -6,10 +6,10 @@ import click
 
 EPILOG = """\b
 Examples:
-  qbench plot results/switchback-h200-20261121T1004Z --out switchback.png
-  qbench plot results/moe-h200x4-round4/run-{a,b}/moe-seed100 --out moe.svg   # side by side
+  qbench plot results/switchback-h200-modes-c4c2232/run1 --out switchback.png
+  qbench plot results/moe-h200x4-static-8518c40/run{1,2,3} --out moe.svg   # side by side
   qbench plot tests/fixtures/seed_bnb_info.jsonl --out a100.png   # a seed file, imported on the fly
-  qbench plot results/fragmented-h200-sweep1-fp32 --out fragmented.pdf
+  qbench plot results/fragmented-h200-clocks-797e89f/run1 --out fragmented.pdf
 """
 
 

@@ -6,10 +6,11 @@ import click
 
 EPILOG = """\b
 Examples:
-  qbench report results/switchback-h200-modes-c4c2232/run1 --html switchback.html
-  qbench report results/switchback-h200-modes/{before,run1} --metric time_global --html compare.html
-  qbench report results/switchback-h200-modes/before results/switchback-h200-modes-c4c2232/run{1,2,3} \\
-      --metric time_global --html history.html        # several commits: the history too
+  qbench report results/switchback-h200-modes-c4c2232/run1 --html runs/switchback.html
+  qbench report results/switchback-h200-modes/run1 results/switchback-h200-modes-c4c2232/run1 \\
+      --metric time_global --html runs/compare.html
+  qbench report results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} \\
+      --metric time_global --html runs/history.html        # several commits: the history too
 """
 
 

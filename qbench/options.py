@@ -211,3 +211,21 @@ def backward_thread_option(fn):
         help="Thread that runs autograd's backward: device (PyTorch's default, one engine thread per GPU) or "
              "calling (the thread that calls backward(), torch.autograd.set_multithreading_enabled(False)); "
              "device,calling sweeps both.")(fn)
+
+
+def strict_option(fn):
+    """--strict on a command that reads runs: a run holding a line that is not a valid record is an error
+    (exit 2) instead of being read without that line (and named on stderr). The command runs inside
+    store.strict_reading, so every loader it calls applies the choice."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, strict: bool, **kwargs):
+        from qbench import store
+
+        with store.strict_reading(strict):
+            return fn(*args, **kwargs)
+
+    return click.option("--strict", is_flag=True,
+                        help="Refuse a run with lines that are not valid records (default: leave them out and "
+                             "name them on stderr).")(run)

@@ -17,25 +17,28 @@ per-metric declaration that `qbench compare` reads to know whether lower or high
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import csv
 import json
 import math
 import os
 import secrets
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from qbench.env import autotune_mark, autotune_picks, own_source_hash
-from qbench.errors import QbenchUsageError, read_text
+from qbench import record_schema
+from qbench.env import COMPARABILITY_KEYS, autotune_mark, autotune_picks, own_source_hash
+from qbench.errors import QbenchUsageError, QbenchWarning, read_text
+from qbench.record_schema import SCHEMA_VERSION, STATUSES
 
-SCHEMA_VERSION = 1
 ENV_FILE = "env.json"
 RECORDS_FILE = "results.jsonl"
 CSV_FILE = "results.csv"
-STATUSES = ("ok", "error", "skipped")
+SHOWN_PROBLEMS = 3  # bad lines a warning names one by one; the rest are counted
 
 
 def varying_params(records: Sequence[Mapping[str, Any]], names: Iterable[str]) -> list[str]:
@@ -272,13 +275,17 @@ def _existing(path: Path) -> tuple[set[str], set[tuple[str, str]]]:
 def _rewrite_records(path: Path, drop: set[tuple[str, str]]) -> None:
     """Rewrite results.jsonl without the records of the cases in `drop` (and without a partial line)."""
     file = path / RECORDS_FILE
+    text = file.read_text(encoding="utf-8")
+    lines = text.splitlines()
     kept = []
-    for line in file.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(lines, start=1):
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # only a crash's partial last line gets here: read_records refused any other
-        if (record.get("bench"), record.get("case")) not in drop:
+        except (ValueError, RecursionError):
+            if number == len(lines) and not text.endswith("\n"):
+                continue  # a crash's partial last line
+            record = None  # another bad line stays as it was: the loader names it, this writer does not judge it
+        if not isinstance(record, dict) or (record.get("bench"), record.get("case")) not in drop:
             kept.append(line + "\n")
     tmp = file.with_suffix(".tmp")
     tmp.write_text("".join(kept), encoding="utf-8")
@@ -302,26 +309,62 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp.replace(path)
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Records of one run's results.jsonl. A partial trailing line (a crash mid-write) is skipped
-    with a warning; a corrupt line elsewhere is an error naming the line."""
+# --strict on a reading command: a run with a line that is not a valid record is an error, not a warning
+_STRICT = contextvars.ContextVar("strict_reading", default=False)
+
+
+@contextlib.contextmanager
+def strict_reading(strict: bool = True) -> Iterator[None]:
+    """Inside this block, read_records refuses a run with bad lines (as read_records(path, strict=True))."""
+    token = _STRICT.set(strict)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
+def read_records(path: str | Path, strict: bool | None = None) -> list[dict[str, Any]]:
+    """The valid records of one run's results.jsonl (qbench.record_schema), optional fields filled in.
+    A line that is not a valid record (a crash's partial last line, bad JSON, a field of the wrong type)
+    is left out and named, as FILE:LINE: what is wrong, in one QbenchWarning per run; with `strict`
+    (default: inside strict_reading()) it is a one-line QbenchUsageError instead."""
     file = Path(path) / RECORDS_FILE
-    lines = _run_text(file).splitlines()
-    records = []
+    records, problems = _parse_records(_run_text(file), file)
+    if problems and (_STRICT.get() if strict is None else strict):
+        more = f" (and {_counted(len(problems) - 1, 'more bad line')})" if len(problems) > 1 else ""
+        raise QbenchUsageError(f"{problems[0]}{more}; --strict reads no run with bad lines")
+    if problems:
+        shown = "; ".join(problems[:SHOWN_PROBLEMS])
+        more = f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else ""
+        warnings.warn(f"{file}: {_counted(len(problems), 'line')} left out, not valid records: {shown}{more}",
+                      QbenchWarning, stacklevel=2)
+    return records
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _parse_records(text: str, file: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """(valid records, 'FILE:LINE: what is wrong' for each other non-blank line)."""
+    lines = text.splitlines()
+    records, problems = [], []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                warnings.warn(f"{file}: skipping a partial last line {number} (interrupted run?)", stacklevel=2)
-                continue
-            raise QbenchUsageError(f"{file}: line {number} is not valid JSON; the run is corrupt") from None
-        if not isinstance(record, dict) or "bench" not in record or "metrics" not in record:
-            raise QbenchUsageError(f"{file}: line {number} is not a qbench record")
-        records.append(record)
-    return records
+        except (ValueError, RecursionError):  # bad JSON, an int of too many digits, nesting too deep
+            last = number == len(lines) and not text.endswith("\n")
+            problems.append(f"{file}:{number}: " + ("a partial last line (an interrupted run?)" if last else
+                                                    "not valid JSON"))
+            continue
+        why = record_schema.problem(record)
+        if why is None:
+            records.append(record_schema.completed(record, case_id))
+        else:
+            problems.append(f"{file}:{number}: the record {why}")
+    return records, problems
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -340,11 +383,17 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     env_file = run / ENV_FILE
     try:
         env = json.loads(_run_text(env_file)) if env_file.exists() else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise QbenchUsageError(f"{env_file} is not valid JSON; the run is corrupt") from None
     if not isinstance(env, dict):
         raise QbenchUsageError(f"{env_file} is not a JSON object; the run is corrupt")
-    return env, read_records(run)
+    for key in COMPARABILITY_KEYS:  # compared and grouped by value: each must be one plain value
+        if isinstance(env.get(key), (dict, list)):
+            raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
+    records = read_records(run)
+    if not records:
+        raise QbenchUsageError(f"{run} is an empty run (no valid record in {RECORDS_FILE}); rerun it or drop it")
+    return env, records
 
 
 def _run_text(file: Path) -> str:

@@ -56,9 +56,12 @@ def load_columns(runs: Iterable[str | Path]) -> list[tuple[str, str, dict[str, A
 
 
 def default_out(runs: Sequence[str | Path], bench: str) -> Path:
-    """<run dir>/<bench>.png for a run directory, ./<file stem>-<bench>.png for an imported file."""
-    first = Path(runs[0])
-    return first / f"{bench}.png" if first.is_dir() else Path(f"{first.stem}-{bench}.png")
+    """runs/plots/<run name or file stem>-<bench>.png: beside the user's runs (a folder the repository
+    ignores), never inside the run plotted, which may be a committed reference run."""
+    from qbench.store import RUNS_ROOT
+
+    first = Path(runs[0]).resolve()
+    return Path(RUNS_ROOT) / "plots" / f"{first.stem if first.is_file() else first.name}-{bench}.png"
 
 
 def check_figure_path(path: str | Path) -> Path:

@@ -33,6 +33,7 @@ from typing import Any
 from qbench import record_schema
 from qbench.env import COMPARABILITY_KEYS, autotune_mark, autotune_picks, own_source_hash
 from qbench.errors import QbenchUsageError, QbenchWarning, read_text
+from qbench.paths import check_name, name_problem
 from qbench.record_schema import SCHEMA_VERSION, STATUSES
 
 ENV_FILE = "env.json"
@@ -130,10 +131,11 @@ class RunWriter:
     ):  # fmt: skip
         if append and force:
             raise QbenchUsageError("--append adds to a run and --force replaces it; pass only one of them")
-        self.path, self.env = Path(path), dict(env)
+        self.path, self.env = check_name(path, "run directory", "choose another --out"), dict(env)
         self.append, self.force = append, force
         self.count = 0
         self._fh = None
+        self._lock: int | None = None  # the run directory, open and flock'ed while this writer owns it
         self._claimed: str | None = None  # "dir" or "env": what the claim created, undone if nothing is written
         self._autotune_mark = self._stored_mark = autotune_mark()
         if self.path.exists() and not self.path.is_dir():
@@ -148,12 +150,18 @@ class RunWriter:
             self._reach()
 
     def _reach(self) -> None:
-        """--append / --force: the directory must exist or be creatable now, not at the first record."""
+        """--append / --force: the directory must exist and be writable, or be creatable, now, not at the
+        first record."""
         if self.path.is_dir():
+            _probe_writable(self.path)
+            self._lock = _lock_dir(self.path)
+            if self._lock is None:
+                raise QbenchUsageError(f"another run is writing {self.path}; wait for it or choose another --out")
             return
         try:
             self.path.mkdir(parents=True)
             self._made = True
+            self._lock = _lock_dir(self.path)
         except OSError as exc:
             blocked = any(p.exists() and not p.is_dir() for p in self.path.parents)
             raise _cannot_create(self.path, "a parent is a file" if blocked else exc.strerror) from None
@@ -166,17 +174,27 @@ class RunWriter:
         except FileExistsError:
             if not self.path.is_dir():
                 raise _cannot_create(self.path, "a parent is a file") from None
-            if any(self.path.iterdir()):
-                raise _not_empty(self.path) from None
             self._claimed = "env"
         except OSError as exc:
             raise _cannot_create(self.path, exc.strerror) from None
+        self._lock = _lock_dir(self.path)
+        if self._lock is None:
+            self._claimed = None  # another live run holds it
+            raise _not_empty(self.path)
+        if self._claimed == "env" and any(self.path.iterdir()):
+            if not _abandoned(self.path):
+                self._claimed = None
+                self._unlock()
+                raise _not_empty(self.path)
+            (self.path / ENV_FILE).unlink()  # a run killed before its first record: its claim is void
         try:  # the step that decides a race for the same (new or empty) directory
             os.close(os.open(self.path / ENV_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             self._claimed = None  # the other run owns it now
+            self._unlock()
             raise _not_empty(self.path) from None
         except OSError as exc:
+            self._unlock()
             raise _cannot_create(self.path, exc.strerror) from None
         _write_json(self.path / ENV_FILE, self.env)
 
@@ -225,6 +243,17 @@ class RunWriter:
             self._stored_mark = mark
 
     def close(self) -> None:
+        try:
+            self._finish()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
+
+    def _finish(self) -> None:
         if self._fh is not None and not self._fh.closed:
             self._fh.close()
             export_csv(self.path)
@@ -242,6 +271,45 @@ class RunWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _lock_dir(path: Path) -> int | None:
+    """An open descriptor of the directory `path` holding an exclusive flock, or None when another writer
+    holds it. The kernel releases the lock when its holder dies (SIGKILL, the OOM killer), so a held lock
+    means a live run; where flock is missing (not POSIX) the descriptor is returned unlocked."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    fd = os.open(path, os.O_RDONLY)
+    if fcntl is None:
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _abandoned(path: Path) -> bool:
+    """A run directory claimed by a run that died before its first record: env.json (and perhaps its
+    temporary file) only, and (the caller holds the directory's lock) no live writer."""
+    return {p.name for p in path.iterdir()} <= {ENV_FILE, Path(ENV_FILE).with_suffix(".tmp").name}
+
+
+def _probe_writable(path: Path) -> None:
+    """A one-line error when files cannot be made in the run directory `path` or its records cannot be
+    added to (a read-only run, a read-only mount): a file is created there and removed again, and
+    results.jsonl is opened for appending, which changes nothing."""
+    probe = path / f".qbench-probe-{secrets.token_hex(4)}"
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        probe.unlink()
+        if (path / RECORDS_FILE).exists():
+            open(path / RECORDS_FILE, "ab").close()
+    except OSError as exc:
+        raise QbenchUsageError(f"run directory {path} is read-only ({exc.strerror}); choose another --out") from None
 
 
 def _not_empty(path: Path) -> QbenchUsageError:
@@ -368,12 +436,18 @@ def _parse_records(text: str, file: Path) -> tuple[list[dict[str, Any]], list[st
 
 
 def is_run_dir(path: str | Path) -> bool:
-    return (Path(path) / RECORDS_FILE).is_file()
+    return name_problem(path) is None and (Path(path) / RECORDS_FILE).is_file()
+
+
+def is_claimed_dir(path: str | Path) -> bool:
+    """A run directory that a run claimed and left before its first record (env.json, no results.jsonl)."""
+    run = Path(path)
+    return name_problem(run) is None and (run / ENV_FILE).is_file() and not is_run_dir(run)
 
 
 def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(env, records) of one run directory; a clear error when the path is not a run."""
-    run = Path(path)
+    run = check_name(path, "run", "give a run directory written by qbench")
     if not run.exists():
         raise QbenchUsageError(f"{run} does not exist; give a run directory written by qbench")
     if not is_run_dir(run) and (run / ENV_FILE).is_file():
@@ -403,7 +477,7 @@ def _run_text(file: Path) -> str:
 
 def find_runs(path: str | Path) -> list[Path]:
     """A run directory itself, or every run directory directly below a parent directory."""
-    root = Path(path)
+    root = check_name(path, "run folder", "give a run directory or a folder of runs")
     if is_run_dir(root):
         return [root]
     if not root.is_dir():

@@ -20,6 +20,7 @@ from typing import Any
 
 from qbench import store
 from qbench.errors import QbenchUsageError
+from qbench.paths import check_name
 from qbench.importers.bnb import json_object, read_bnb_jsonl
 from qbench.importers.deepflow import read_deepflow
 from qbench.importers.fragmented import read_fragmented_report
@@ -54,7 +55,7 @@ def detect_format(text: str) -> str | None:
 
 def read_file(path: str | Path, fmt: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(env, records) of a file in one of FORMATS; a one-line QbenchUsageError otherwise."""
-    source = Path(path)
+    source = check_name(path, "results file", "give a results file of a known format")
     if not source.is_file():
         raise QbenchUsageError(f"{source} is not a file; give a results file of a known format ({', '.join(FORMATS)})")
     text = source.read_text(encoding="utf-8", errors="replace")
@@ -78,7 +79,7 @@ def read_file(path: str | Path, fmt: str = "auto") -> tuple[dict[str, Any], list
 
 def load_any(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(env, records) of a qbench run directory, or of a file in a seed format (auto-detected)."""
-    target = Path(path)
+    target = check_name(path, "run or results file", "give a run directory or a results file")
     if target.is_dir():
         return store.load_run(target)
     return read_file(target)

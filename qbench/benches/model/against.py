@@ -117,9 +117,19 @@ NUMERIC = {
 }
 
 
+# The other parameters each workload's floors read (qbench.model.floors); any other key is a typo.
+WORDS = {"gemm": ("dtype",), "switchback": ("dtype",), "fragmented": ("dtype", "layer", "mode"),
+         "moe": ("dtype", "system")}
+
+
 def _check_numbers(workload: str, params: dict) -> None:
-    """Each size a finite number > 0 (`batch_size=abc`, `=1e400` or `=0` named here, not deep in the
-    arithmetic); the capacity factor may be 0 or negative (dropless, capped)."""
+    """Only keys the workload's floors read; each size a finite number > 0 (`batch_size=abc`, `=1e400` or
+    `=0` named here, not deep in the arithmetic); the capacity factor may be 0 or negative (dropless, capped)."""
+    known = (*NUMERIC.get(workload, ()), *WORDS.get(workload, ()))
+    unknown = [key for key in params if key not in known]
+    if unknown:
+        raise QbenchUsageError(f"{workload}: unknown parameter {unknown[0]!r}; the floors of {workload} read "
+                               f"{', '.join(known)}")
     for key in NUMERIC.get(workload, ()):
         value = params.get(key)
         if value is None:

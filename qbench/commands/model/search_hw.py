@@ -33,6 +33,9 @@ def search_hw(**o) -> None:
     from qbench.benches.model import search as bench
     from qbench.commands.common import run_and_store
     from qbench.model import objective, search_hw
+    from qbench.commands.limits import check_search_steps
+
+    check_search_steps(o["starts"], o["iterations"])
 
     with usage_errors():
         cfg, shape, (batch, seq) = bench.load_workload(o["config_path"], parse_sets(o["overrides"]), o["workload"],

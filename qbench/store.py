@@ -134,6 +134,7 @@ class RunWriter:
         self.path, self.env = check_name(path, "run directory", "choose another --out"), dict(env)
         self.append, self.force = append, force
         self.count = 0
+        self.replaced = 0  # records that replaced one of the same case (--append, or a case written twice)
         self._fh = None
         self._lock: int | None = None  # the run directory, open and flock'ed while this writer owns it
         self._claimed: str | None = None  # "dir" or "env": what the claim created, undone if nothing is written
@@ -226,11 +227,12 @@ class RunWriter:
         if ident in self._prior:
             self._fh.close()
             _rewrite_records(self.path, drop={ident})
-            self._prior.discard(ident)
+            self.replaced += 1
             self._fh = open(self.path / RECORDS_FILE, "a", encoding="utf-8")
         self._fh.write(line + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        self._prior.add(ident)  # a later record of this case (a file that gives it twice) replaces this one
         self.count += 1
         self._store_new_picks()
 

@@ -83,7 +83,8 @@ def _check_replication(config) -> None:
     if hot and config.world_size == 1:
         raise QbenchUsageError(f"--replicate-hot {hot} at world size 1: one rank already holds every expert; "
                                "drop it or use --world-size > 1")
-    fewest = min(config.num_local_experts) * config.world_size
-    if hot > fewest:
-        raise QbenchUsageError(f"--replicate-hot {hot} exceeds the {fewest} experts of --num-local-experts "
-                               f"{min(config.num_local_experts)} x world size {config.world_size}; give at most {fewest}")
+    local = min(config.num_local_experts)
+    if hot > local * config.world_size:
+        raise QbenchUsageError(f"--replicate-hot {hot} exceeds the {local * config.world_size} experts of "
+                               f"--num-local-experts {local} x world size {config.world_size}; give at most "
+                               f"{local * config.world_size}")

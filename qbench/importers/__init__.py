@@ -21,11 +21,11 @@ from typing import Any
 
 from qbench import record_schema, store
 from qbench.errors import QbenchUsageError, read_text
-from qbench.paths import check_name
 from qbench.importers.bnb import json_object, read_bnb_jsonl
 from qbench.importers.deepflow import read_deepflow
 from qbench.importers.fragmented import read_fragmented_report
 from qbench.importers.moe import read_moe_log
+from qbench.paths import check_name
 
 Reader = Callable[[str], tuple[dict[str, Any], list[dict[str, Any]]]]
 

@@ -32,8 +32,8 @@ def search_hw(**o) -> None:
     from qbench import report, store
     from qbench.benches.model import search as bench
     from qbench.commands.common import run_and_store
-    from qbench.model import objective, search_hw
     from qbench.commands.limits import check_search_steps
+    from qbench.model import objective, search_hw
 
     check_search_steps(o["starts"], o["iterations"])
 

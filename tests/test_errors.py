@@ -174,7 +174,7 @@ USAGE = [
     (["plot", "{run}", "--out", "{afile}/figure.png"], "is a file"),
     (["plot", "{run}", "--out", "figure.gif"], "unknown figure format"),
     (["plot", "{binrun}"], "is not UTF-8 text"),
-    (["import", "{bin_yaml}"], "unknown format"),
+    (["import", "{bin_yaml}"], "is not a text file"),
     (["trace", "{bin_yaml}"], "is not UTF-8 text"),
     (["trace", "{hw_json}"], "is not a kernel table of a --trace run"),
     (["trace", "{dir}/nosuch.csv"], "cannot read"),

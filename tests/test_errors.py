@@ -323,7 +323,7 @@ def test_an_unexpected_error_is_one_line_with_the_traceback_in_a_file(capsys, mo
     def broken(*args, **kwargs):
         raise TypeError("deliberate [/bug]")
 
-    monkeypatch.setattr(qbench.importers, "import_to_run", broken)
+    monkeypatch.setattr(qbench.importers, "import_file", broken)
     code, _, err = run_cli(capsys, ["import", str(SEED_BNB)])
     assert code == 1
     assert_one_line(err, "internal error: TypeError: deliberate [/bug]")

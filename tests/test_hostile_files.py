@@ -112,7 +112,7 @@ def test_a_bitsandbytes_line_of_the_wrong_type_is_skipped_and_named(key, name, c
     code, _, err = qbench(capsys, ["import", mixed, "--out", tmp_path / "run"])
     err = " ".join(err.split())  # notices wrap at the console's width
     assert code == 0, err
-    assert "1 record made" in err and "1 skipped: line 2: " in err and key in err, err
+    assert "1 record in" in err and "1 skipped: line 2: " in err and key in err, err
     assert len(store.load_run(tmp_path / "run")[1]) == 1
 
 

@@ -55,7 +55,7 @@ def command(file: str, fmt: str, out: str | None, append: bool, force: bool, as_
     else:
         report.stdout_console().print(_table(done.records, file))
     replaced = f", {done.replaced} replacing a record of the same case" if done.replaced else ""
-    report.notice(f"{report.counted(len(done.records), 'record')} made from {file}{replaced}, in {done.path}",
+    report.notice(f"{report.counted(len(done.records), 'record')} in {done.path}, made from {file}{replaced}",
                   style="dim")
     if done.env.get("skipped"):
         report.notice(f"{file}: {importers.skip_note(done.env)}")

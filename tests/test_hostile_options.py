@@ -125,3 +125,28 @@ def test_a_meaningless_or_runaway_request_is_refused(args, fragment, capsys, tmp
 
 def test_enough_hostile_options():
     assert len(NUMERIC_CASES) + len(COMBINATIONS) >= 300, len(NUMERIC_CASES) + len(COMBINATIONS)
+
+
+LONG = "n" * 300  # one name longer than any file system takes (255 bytes)
+PATHS = [  # (command line; {long} is a path whose last name is LONG), each refused naming the path
+    (SB + ["--out", "{long}"], "run directory"), (FR + ["--out", "{long}"], "run directory"),
+    (MOE + ["--out", "{long}"], "run directory"), (LSTM + ["--out", "{long}"], "run directory"),
+    (["import", str(SEED_BNB), "--out", "{long}"], "run directory"), (["import", "{long}"], "results file"),
+    (["plot", "{run}", "--out", "{long}.png"], "figure"), (["summary", "{long}"], "run"),
+    (["compare", "{run}", "{long}"], "run"), (["model", "lstm", "--config", "{long}"], "config file"),
+    (GEMM + ["--calibrated", "{long}"], "hardware file"), (["model", "--against", "{long}", "--gpu", "h200"], "run"),
+    (["model", "calibrate", "--device", "cpu", "--file", "{long}.yaml"], "calibration file"),
+    (SB + ["--out", "{long}", "--resume"], "--resume"),
+]
+
+
+@pytest.mark.parametrize("args, what", PATHS, ids=[f"{a[0]}-{w}" for a, w in PATHS])
+def test_a_name_the_file_system_cannot_take_is_one_line(args, what, inputs, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main([a.format(long=tmp_path / LONG, **inputs) for a in args])
+    _, err = capsys.readouterr()
+    assert "internal error" not in err and "Traceback" not in err, err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert what in err and "nnnnnnnn" in err, err
+    assert list(tmp_path.iterdir()) == []

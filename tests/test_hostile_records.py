@@ -106,9 +106,10 @@ def test_strict_refuses_a_bad_line_in_one_line(bad_line, tmp_path, capsys):
 @pytest.mark.parametrize("bad_line", HOSTILE)
 def test_a_run_of_only_bad_lines_is_a_usage_error(bad_line, tmp_path, capsys):
     run = _run(tmp_path, bad_line, good=False)
-    code, _, err = qbench(capsys, ["compare", run, run])
-    errors = [line for line in err.splitlines() if "error:" in line]
-    assert code == 2 and len(errors) == 1 and f"{run} is an empty run" in errors[0], err
+    for args in (["compare", run, run], ["model", "--against", run, "--gpu", "h200"]):
+        code, _, err = qbench(capsys, args)
+        errors = [line for line in err.splitlines() if "error:" in line]
+        assert code == 2 and len(errors) == 1 and f"{run} is an empty run" in errors[0], err
 
 
 def test_enough_hostile_records():

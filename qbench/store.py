@@ -400,6 +400,12 @@ def read_records(path: str | Path, strict: bool | None = None) -> list[dict[str,
     (default: inside strict_reading()) it is a one-line QbenchUsageError instead."""
     file = Path(path) / RECORDS_FILE
     records, problems = _parse_records(_run_text(file), file)
+    _judge(file, problems, strict)
+    return records
+
+
+def _judge(file: Path, problems: list[str], strict: bool | None) -> None:
+    """Refuse (strict) or name once in a warning the bad lines of a run's records."""
     if problems and (_STRICT.get() if strict is None else strict):
         more = f" (and {_counted(len(problems) - 1, 'more bad line')})" if len(problems) > 1 else ""
         raise QbenchUsageError(f"{problems[0]}{more}; --strict reads no run with bad lines")
@@ -407,8 +413,7 @@ def read_records(path: str | Path, strict: bool | None = None) -> list[dict[str,
         shown = "; ".join(problems[:SHOWN_PROBLEMS])
         more = f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else ""
         warnings.warn(f"{file}: {_counted(len(problems), 'line')} left out, not valid records: {shown}{more}",
-                      QbenchWarning, stacklevel=2)
-    return records
+                      QbenchWarning, stacklevel=3)
 
 
 def _counted(n: int, noun: str) -> str:
@@ -466,9 +471,14 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     for key in COMPARABILITY_KEYS:  # compared and grouped by value: each must be one plain value
         if isinstance(env.get(key), (dict, list)):
             raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
-    records = read_records(run)
-    if not records:
-        raise QbenchUsageError(f"{run} is an empty run (no valid record in {RECORDS_FILE}); rerun it or drop it")
+    file = run / RECORDS_FILE
+    records, problems = _parse_records(_run_text(file), file)
+    if not records:  # one error naming the first bad line, not a warning beside it
+        more = f", and {_counted(len(problems) - 1, 'more bad line')}" if len(problems) > 1 else ""
+        first = f": {problems[0]}{more}" if problems else ""
+        raise QbenchUsageError(f"{run} is an empty run (no valid record in {RECORDS_FILE}{first}); rerun it or "
+                               "drop it")
+    _judge(file, problems, None)
     return env, records
 
 

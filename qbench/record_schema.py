@@ -15,6 +15,7 @@ runs (summary, compare, plot, resume, the importers' output) then indexes it wit
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -127,3 +128,26 @@ def completed(record: dict[str, Any], case_id) -> dict[str, Any]:
     if record.get("case") is None:
         record["case"] = case_id(record["params"])
     return record
+
+
+def parse_lines(text: str, file, case_id) -> tuple[list[dict[str, Any]], list[str]]:
+    """(valid records, completed with `case_id`, and 'FILE:LINE: what is wrong' for each other non-blank line)
+    of the text of a records file: one JSON record per line."""
+    lines = text.splitlines()
+    records, problems = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):  # bad JSON, an int of too many digits, nesting too deep
+            last = number == len(lines) and not text.endswith("\n")
+            problems.append(f"{file}:{number}: " + ("a partial last line (an interrupted run?)" if last else
+                                                    "not valid JSON"))
+            continue
+        why = problem(record)
+        if why is None:
+            records.append(completed(record, case_id))
+        else:
+            problems.append(f"{file}:{number}: the record {why}")
+    return records, problems

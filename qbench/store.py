@@ -13,6 +13,10 @@ A record (schema_version 1):
    "source_hash": "<sha256 of the qbench/ and kernels/ sources, as in env.json>"}
 Metric names follow each bench's declared names (seed-compatible keys kept exactly); `units` is the
 per-metric declaration that `qbench compare` reads to know whether lower or higher is better.
+
+Every reader of runs loads them here (load_run, read_records): each line is checked against the schema
+(qbench.record_schema); a bad line is left out and named once on stderr as FILE:LINE (an error under
+--strict, strict_reading), and a run with no valid record is a usage error.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from qbench import record_schema
+from qbench import record_schema, run_claim
 from qbench.env import COMPARABILITY_KEYS, autotune_mark, autotune_picks, own_source_hash
 from qbench.errors import QbenchUsageError, QbenchWarning, read_text
 from qbench.paths import check_name, name_problem
@@ -154,15 +158,15 @@ class RunWriter:
         """--append / --force: the directory must exist and be writable, or be creatable, now, not at the
         first record."""
         if self.path.is_dir():
-            _probe_writable(self.path)
-            self._lock = _lock_dir(self.path)
+            run_claim.probe_writable(self.path, RECORDS_FILE)
+            self._lock = run_claim.lock_dir(self.path)
             if self._lock is None:
                 raise QbenchUsageError(f"another run is writing {self.path}; wait for it or choose another --out")
             return
         try:
             self.path.mkdir(parents=True)
             self._made = True
-            self._lock = _lock_dir(self.path)
+            self._lock = run_claim.lock_dir(self.path)
         except OSError as exc:
             blocked = any(p.exists() and not p.is_dir() for p in self.path.parents)
             raise _cannot_create(self.path, "a parent is a file" if blocked else exc.strerror) from None
@@ -178,12 +182,12 @@ class RunWriter:
             self._claimed = "env"
         except OSError as exc:
             raise _cannot_create(self.path, exc.strerror) from None
-        self._lock = _lock_dir(self.path)
+        self._lock = run_claim.lock_dir(self.path)
         if self._lock is None:
             self._claimed = None  # another live run holds it
             raise _not_empty(self.path)
         if self._claimed == "env" and any(self.path.iterdir()):
-            if not _abandoned(self.path):
+            if not run_claim.abandoned(self.path, ENV_FILE):
                 self._claimed = None
                 self._unlock()
                 raise _not_empty(self.path)
@@ -275,45 +279,6 @@ class RunWriter:
         self.close()
 
 
-def _lock_dir(path: Path) -> int | None:
-    """An open descriptor of the directory `path` holding an exclusive flock, or None when another writer
-    holds it. The kernel releases the lock when its holder dies (SIGKILL, the OOM killer), so a held lock
-    means a live run; where flock is missing (not POSIX) the descriptor is returned unlocked."""
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
-    fd = os.open(path, os.O_RDONLY)
-    if fcntl is None:
-        return fd
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _abandoned(path: Path) -> bool:
-    """A run directory claimed by a run that died before its first record: env.json (and perhaps its
-    temporary file) only, and (the caller holds the directory's lock) no live writer."""
-    return {p.name for p in path.iterdir()} <= {ENV_FILE, Path(ENV_FILE).with_suffix(".tmp").name}
-
-
-def _probe_writable(path: Path) -> None:
-    """A one-line error when files cannot be made in the run directory `path` or its records cannot be
-    added to (a read-only run, a read-only mount): a file is created there and removed again, and
-    results.jsonl is opened for appending, which changes nothing."""
-    probe = path / f".qbench-probe-{secrets.token_hex(4)}"
-    try:
-        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-        probe.unlink()
-        if (path / RECORDS_FILE).exists():
-            open(path / RECORDS_FILE, "ab").close()
-    except OSError as exc:
-        raise QbenchUsageError(f"run directory {path} is read-only ({exc.strerror}); choose another --out") from None
-
-
 def _not_empty(path: Path) -> QbenchUsageError:
     return QbenchUsageError(
         f"run directory {path} is not empty (or another run is writing it); "
@@ -399,7 +364,7 @@ def read_records(path: str | Path, strict: bool | None = None) -> list[dict[str,
     is left out and named, as FILE:LINE: what is wrong, in one QbenchWarning per run; with `strict`
     (default: inside strict_reading()) it is a one-line QbenchUsageError instead."""
     file = Path(path) / RECORDS_FILE
-    records, problems = _parse_records(_run_text(file), file)
+    records, problems = record_schema.parse_lines(_run_text(file), file, case_id)
     _judge(file, problems, strict)
     return records
 
@@ -418,28 +383,6 @@ def _judge(file: Path, problems: list[str], strict: bool | None) -> None:
 
 def _counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _parse_records(text: str, file: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """(valid records, 'FILE:LINE: what is wrong' for each other non-blank line)."""
-    lines = text.splitlines()
-    records, problems = [], []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):  # bad JSON, an int of too many digits, nesting too deep
-            last = number == len(lines) and not text.endswith("\n")
-            problems.append(f"{file}:{number}: " + ("a partial last line (an interrupted run?)" if last else
-                                                    "not valid JSON"))
-            continue
-        why = record_schema.problem(record)
-        if why is None:
-            records.append(record_schema.completed(record, case_id))
-        else:
-            problems.append(f"{file}:{number}: the record {why}")
-    return records, problems
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -472,7 +415,7 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         if isinstance(env.get(key), (dict, list)):
             raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
     file = run / RECORDS_FILE
-    records, problems = _parse_records(_run_text(file), file)
+    records, problems = record_schema.parse_lines(_run_text(file), file, case_id)
     if not records:  # one error naming the first bad line, not a warning beside it
         more = f", and {_counted(len(problems) - 1, 'more bad line')}" if len(problems) > 1 else ""
         first = f": {problems[0]}{more}" if problems else ""

@@ -29,6 +29,9 @@ COMMANDS = {
     "trace": "trace",
     "import": "import_run",
     "plot": "plot",
+    "history": "history",
+    "report": "report",
+    "export": "export",
 }
 
 EPILOG = """\b

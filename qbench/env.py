@@ -213,15 +213,17 @@ def _config_dict(config: Any) -> Any:
 
 
 def current_gpu_preset(device: str = "cuda"):
-    """The hardware preset (qbench.model.hardware) of the CUDA device benches run on, or None off
-    CUDA or for a part without a preset. Here, not in the model: the model does no device queries."""
+    """The hardware (qbench.model.hardware) the benches' roofline floors read the CUDA device they run on
+    against: its committed calibration where one exists for this GPU (results/model-calibration-<gpu>.yaml),
+    else its datasheet preset; None off CUDA or for a part without a preset. Here, not in the model: the model
+    does no device queries."""
     if device != "cuda":
         return None
     import torch
 
-    from qbench.model.hardware import preset_for_gpu
+    from qbench.benches.model.config import hardware_for_gpu
 
-    return preset_for_gpu(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    return hardware_for_gpu(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
 
 
 def resolve_device(device: str | None = None) -> str:

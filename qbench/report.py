@@ -331,6 +331,17 @@ def comparison_markdown(comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
+def comparison_rows(comparison) -> tuple[list[str], list[list[str]], str]:
+    """(headers, rows with the geometric means last, the parameters every case shares): the comparison's
+    cells as the Markdown table prints them, for other renderings (the HTML report)."""
+    labels, shared = case_labels(comparison.rows)
+    rows = [_compare_cells(row, labels[(row.bench, row.case)]) for row in comparison.rows]
+    for (cand, metric), value in comparison.geomeans.items():
+        rows.append([f"geometric mean ({cand})", metric, "", "", "", format_sig(value),
+                     format_change(100 * (value - 1)), "", "", ""])
+    return [n or "marker" for n in COMPARE_COLUMNS], rows, shared
+
+
 def comparison_csv(comparison) -> str:
     import csv
     import io

@@ -77,7 +77,7 @@ def torch_dtype(dtype):
 _SUFFIXES = (("_ms", MS), ("_mb", MB), ("_tflops", TFLOPS), ("_tops", TOPS), ("_gbps", GBPS),
              ("_over_int8", RATIO))
 _PREFIXES = (("speedup_", SPEEDUP), ("pct_saved_", PERCENT_SAVED), ("relerr_", REL_ERROR),
-             ("sm_clock_mhz_", MHZ), ("power_w_", WATTS))
+             ("sm_clock_mhz_", MHZ), ("power_w_", WATTS), ("throttle_reasons_", FLAG))
 
 
 def by_name(name: str) -> str | None:

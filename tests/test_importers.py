@@ -26,6 +26,8 @@ MIXMOE = FIXTURES / "seed_moe_mixmoe_trimmed.log"
 BASELINE = FIXTURES / "seed_moe_baseline.log"
 FRAGMENTED = FIXTURES / "seed_fragmented_report.txt"
 DEEPFLOW = FIXTURES / "seed_deepflow.txt"
+TRITONBENCH = FIXTURES / "tritonbench_output.json"  # written from tritonbench's key format (importers/tritonbench.py)
+NVBENCH = FIXTURES / "nvbench_output.json"  # written from nvbench's JSON schema, file version 1.0.0
 SWITCHBACK_PARAMS = {"batch_size", "dim_in", "dim_out", "wm", "switch", "dtype"}
 STEP_LINE = re.compile(r"STEP-(\d+): step_time = ([\d.]+) ms, foward_time = ([\d.]+), backward_time = ([\d.]+), perf")
 
@@ -254,14 +256,16 @@ def test_deepflow_summary():
 
 @pytest.mark.parametrize(
     ("path", "fmt"), [(BNB, "bnb-jsonl"), (MIXMOE, "moe-log"), (BASELINE, "moe-log"),
-                      (FRAGMENTED, "fragmented-report"), (DEEPFLOW, "deepflow")],
+                      (FRAGMENTED, "fragmented-report"), (DEEPFLOW, "deepflow"), (TRITONBENCH, "tritonbench"),
+                      (NVBENCH, "nvbench")],
 )  # fmt: skip
 def test_formats_are_detected(path, fmt):
     assert importers.detect_format(path.read_text()) == fmt
 
 
 def test_every_registered_format_has_a_detected_fixture():
-    detected = {importers.detect_format(p.read_text()) for p in (BNB, MIXMOE, BASELINE, FRAGMENTED, DEEPFLOW)}
+    detected = {importers.detect_format(p.read_text())
+                for p in (BNB, MIXMOE, BASELINE, FRAGMENTED, DEEPFLOW, TRITONBENCH, NVBENCH)}
     assert detected == set(importers.FORMATS) == set(importers.READERS)
 
 

@@ -214,12 +214,13 @@ def test_moe_floor_uses_routing_statistics_when_present():
     assert over.floor_ms == pytest.approx(max(gate + ffn, a2a), rel=1e-9)
 
 
-def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch):
+def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch, tmp_path):
     """The moe bench's floor_ms is the model's step floor (one floor for one step), forward only in
     eval, and counts only remote rows for --system blocks."""
     import torch
 
     from qbench.benches import moe as moe_bench
+    from qbench.benches.model import config
     from qbench.model import floors
 
     params = {"world_size": 4, "dtype": "float16", "model_dim": 1024, "hidden_size": 4096, "samples": 8192,
@@ -227,6 +228,7 @@ def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch):
     stats = {"computed_rows": 65536.0, "rank_load_max_over_mean": 1.01, "sent_rows": 16384.0}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(config, "CALIBRATIONS", tmp_path)  # no committed calibration: the datasheet preset
     got = moe_bench.floor_ms(params, stats, "cuda")
     assert got == floors.moe(params, stats, H200)["step_time"].floor_ms
     forward = floors.moe(params, stats, H200)["forward_time"].floor_ms

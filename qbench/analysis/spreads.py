@@ -55,23 +55,25 @@ def legend(summary: Summary) -> list[str]:
     return lines
 
 
-def show(summary: Summary, fmt: str | None) -> None:
-    """Print the spreads: a rich table (default), --markdown or --json (numbers as computed)."""
+def show(summary: Summary, fmt: str | None, notes: list[str] | None = None) -> None:
+    """Print the spreads: a rich table (default), --markdown or --json (numbers as computed); notes (the
+    power-capped cells) under the legend."""
     items = spreads(summary)
+    notes = notes or []
     if fmt == "json":
         payload: dict[str, Any] = {"runs": summary.labels, "fixed": summary.fixed,
-                                   "spreads": [asdict(m) for m in items]}
+                                   "spreads": [asdict(m) for m in items], "notes": notes}
         sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
         return
     rows = _rows(items)
     if fmt == "markdown":
         lines = report.markdown_table(HEADERS, rows)
-        sys.stdout.write("\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in legend(summary)))
+        sys.stdout.write("\n".join(lines) + "\n\n" + "".join(f"{line}  \n" for line in legend(summary) + notes))
         return
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(header_style="bold", caption=Text("\n".join(legend(summary))), caption_justify="left")
+    table = Table(header_style="bold", caption=Text("\n".join(legend(summary) + notes)), caption_justify="left")
     for i, header in enumerate(HEADERS):
         table.add_column(header, justify="left" if i in (0, 4) else "right", style="cyan" if i == 0 else None)
     for row in rows:

@@ -76,6 +76,10 @@ def run_and_store(
         report.stdout_console().print(table(shown))
     added = f"{report.counted(len(kept), 'record')} added; " if append else ""
     report.notice(f"{added}{report.counted(len(shown), 'record')} in {path}", style="dim")
+    from qbench.telemetry import stability_warning
+
+    if warning := stability_warning(kept):  # once per run: the likely cause of noisy times, and the fix
+        report.notice(warning)
     failed = [r for r in kept if r["status"] == "error"]
     if failed:
         report.notice(f"{report.counted(len(failed), 'configuration')} failed; see the status column", style="red")

@@ -12,6 +12,8 @@ Examples:
   qbench import tests/fixtures/seed_moe_mixmoe_trimmed.log --out moe-mixmoe
   qbench import tests/fixtures/seed_fragmented_report.txt --format fragmented-report
   qbench import tests/fixtures/seed_deepflow.txt --json
+  qbench import tests/fixtures/tritonbench_output.json        # tritonbench --output-json
+  qbench import tests/fixtures/nvbench_output.json            # nvbench --json
 """
 
 # The columns shown after an import, per bench: (params, metrics).
@@ -23,7 +25,8 @@ COLUMNS = {
         ("forward_ms", "backward_optimizer_ms", "peak_memory_mb"),
     ),
     "model": (("workload",), ("time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s", "memory_total_gb")),
-}
+    "tritonbench": (("op", "x_val", "backend"), ("latency", "tflops", "gbps", "speedup")),
+}  # any other bench (nvbench: each benchmark has axes of its own): every parameter and metric of the records
 FORMAT_CHOICES = ("auto", *FORMATS)
 
 
@@ -32,7 +35,9 @@ def _table(records: list[dict], source: str):
 
     from qbench import report
 
-    params, metrics = COLUMNS.get(records[0]["bench"], ((), ()))
+    params, metrics = COLUMNS.get(records[0]["bench"]) or (
+        tuple(dict.fromkeys(k for r in records for k in r["params"])),
+        tuple(dict.fromkeys(k for r in records for k in r["metrics"])))
     return report.records_table(records, params, metrics, title=f"imported from {escape(source)}")
 
 
@@ -44,9 +49,10 @@ def _table(records: list[dict], source: str):
 @click.option("--force", is_flag=True, help="Replace the records of an existing run directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON on stdout.")
 def command(file: str, fmt: str, out: str | None, append: bool, force: bool, as_json: bool) -> None:
-    """Import FILE (bitsandbytes info.jsonl, MoE step log, FragmentedLinear report or DeepFlow
-    summary; the format is detected from the content) as a qbench run directory, with the bench,
-    parameter and metric names of qbench's own runs, so `qbench compare` and `qbench plot` take it."""
+    """Import FILE (bitsandbytes info.jsonl, MoE step log, FragmentedLinear report, DeepFlow summary,
+    tritonbench --output-json or nvbench JSON; the format is detected from the content) as a qbench run
+    directory, with the bench, parameter and metric names of qbench's own runs, so `qbench compare`,
+    `qbench summary` and `qbench plot` take it."""
     from qbench import importers, report
 
     done = importers.import_file(file, fmt, out, append=append, force=force)

@@ -65,12 +65,13 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
     if spreads and targets:
         raise click.UsageError("--spreads and --target print different tables; give one of them")
     options = summary.SummaryOptions(tuple(metrics), pattern, by, across_runs, ratio_to, every_metric=spreads)
+    loaded = [summary.load_any(path) for path in runs]
     if spreads:
+        from qbench.analysis import power_caps
         from qbench.analysis import spreads as spread_table
 
-        spread_table.show(summary.summarize(runs, options), fmt)
+        spread_table.show(summary.summarize_runs(loaded, options), fmt, power_caps.capped_lines(loaded, pattern))
         return
-    loaded = [summary.load_any(path) for path in runs]
     groups = summary.bench_groups(loaded)
     if len(groups) > 1 and not (metrics or targets or across_runs) and fmt != "json":
         summary_output.show_each_bench(groups, options, fmt, digits)  # each bench's own columns and metrics

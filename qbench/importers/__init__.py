@@ -5,6 +5,8 @@ Formats (auto-detected from the content, or named with --format), one module eac
   moe-log            moe.py: MoE step logs (Tutel-style helloworld): `[Benchmark]` header, STEP lines, `[Summary]`
   fragmented-report  fragmented.py: FragmentedLinear text report, `Benchmarking with input_size=...` blocks
   deepflow           deepflow.py: DeepFlow LSTM summary: component times, hardware block, memory, `Time:`
+  tritonbench        tritonbench.py: tritonbench's --output-json, `tritonbench_<op>[x_<input>-<backend>]_<metric>`
+  nvbench            nvbench.py: nvbench's JSON output (file version 1.x): benchmarks, states, summaries
 
 Every reader returns (env, records): records in the store's schema with the bench names, params
 and metric names of qbench's own runs (so `qbench compare` joins them), every metric with its unit;
@@ -21,6 +23,7 @@ from typing import Any
 
 from qbench import record_schema, store
 from qbench.errors import QbenchUsageError, read_text
+from qbench.importers import nvbench, tritonbench
 from qbench.importers.bnb import json_object, read_bnb_jsonl
 from qbench.importers.deepflow import read_deepflow
 from qbench.importers.fragmented import read_fragmented_report
@@ -35,12 +38,18 @@ READERS: dict[str, Reader] = {
     "moe-log": read_moe_log,
     "fragmented-report": read_fragmented_report,
     "deepflow": read_deepflow,
+    "tritonbench": tritonbench.read_tritonbench,
+    "nvbench": nvbench.read_nvbench,
 }
 FORMATS = tuple(READERS)
 
 
 def detect_format(text: str) -> str | None:
     """The format whose signature the text carries, or None."""
+    if tritonbench.looks_like(text):
+        return "tritonbench"
+    if nvbench.looks_like(text):
+        return "nvbench"
     if "[Benchmark] world_size" in text and "STEP-" in text:
         return "moe-log"
     if "Benchmarking with input_size=" in text:

@@ -81,15 +81,21 @@ def preset_for_gpu(name: str) -> Hardware | None:
     """The preset matching torch's device name ('NVIDIA H200', 'NVIDIA H100 80GB HBM3',
     'NVIDIA A100-SXM4-40GB'), or None when no preset describes that part (PCIe and NVL boards have
     other clocks and bandwidths, so they are not guessed)."""
+    key = preset_key_for_gpu(name)
+    return None if key is None else PRESETS[key]
+
+
+def preset_key_for_gpu(name: str) -> str | None:
+    """The short name of the preset matching torch's device name (see preset_for_gpu), or None."""
     text = name.upper()
     if "PCIE" in text or "NVL" in text:
         return None
     if "H200" in text:
-        return PRESETS["h200"]
+        return "h200"
     if "H100" in text and ("SXM" in text or "HBM3" in text):
-        return PRESETS["h100"]
+        return "h100"
     if "A100" in text:
-        return PRESETS["a100-80gb"] if "80G" in text else PRESETS["a100-40gb"] if "40G" in text else None
+        return "a100-80gb" if "80G" in text else "a100-40gb" if "40G" in text else None
     return None
 
 

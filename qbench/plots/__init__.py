@@ -97,6 +97,12 @@ def plot_run(run_dirs: Sequence[str | Path], out_path: str | Path | None = None)
     return target
 
 
+def figure(plt, columns):
+    """The standard figure of load_columns' columns as a matplotlib Figure (for a caller that embeds it: the
+    HTML report)."""
+    return _draw(plt, columns)
+
+
 def _draw(plt, columns):
     rows = max(len(panels_of(bench)) for _, bench, _, _ in columns)
     if len(columns) == 1:  # one run: its panels side by side

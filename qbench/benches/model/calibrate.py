@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qbench import store, units
-from qbench.model import hardware
+from qbench.model import calibrations, hardware
 from qbench.units import torch_dtype
 
 GPU_SIZES = (4096, 8192)
@@ -46,9 +46,8 @@ def setup(device: str | None) -> tuple[CalibrateConfig, hardware.Hardware, str]:
 
         gpu_name = torch.cuda.get_device_name()
         reported = reported_figures(torch.cuda.get_device_properties(torch.cuda.current_device()))
-    slug = (gpu_name or "cpu").lower().replace("nvidia", "").strip().replace(" ", "-")
     return (default_config(device), device_hardware(device, gpu_name, reported),
-            f"results/model-calibration-{slug}.yaml")
+            f"results/{calibrations.file_name(gpu_name)}")
 
 
 def reported_figures(props) -> dict:

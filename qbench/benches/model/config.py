@@ -8,11 +8,12 @@ DeepFlow's seed configuration (reference: deepflow-lstm-model.md, section 1.2).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 from qbench import errors
-from qbench.model import hardware
+from qbench.model import calibrations, hardware
 from qbench.model.deepflow import config as deepflow_config
 from qbench.model.deepflow.config import ConfigError
 from qbench.paths import check_name
@@ -61,3 +62,25 @@ def load_hardware(path: str | Path) -> hardware.Hardware:
     if not path.is_file():
         raise ValueError(f"hardware file {path} does not exist")
     return hardware.from_text(read_text(path, "hardware file"), str(path), is_json=path.suffix == ".json")
+
+
+# The calibrations committed beside the reference runs: results/ of the checkout this package runs from (absent
+# in an installed copy, where the datasheet presets stand alone).
+CALIBRATIONS = Path(__file__).resolve().parents[3] / "results"
+
+
+def hardware_for_gpu(gpu_name: str, root: str | Path | None = None) -> hardware.Hardware | None:
+    """The device a GPU's roofline floors are read against: its committed calibration
+    (qbench.model.calibrations names the file, under root, default CALIBRATIONS) where one exists, else its
+    datasheet preset, else None (a part no preset describes)."""
+    base = hardware.preset_for_gpu(gpu_name)
+    if base is None:
+        return None
+    return _committed(str(Path(root or CALIBRATIONS) / calibrations.file_name(gpu_name))) or base
+
+
+@functools.lru_cache(maxsize=8)
+def _committed(path: str) -> hardware.Hardware | None:
+    """A calibration file read once per process (benches ask once per record); None where it is absent."""
+    return load_hardware(path) if Path(path).is_file() else None
+

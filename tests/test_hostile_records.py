@@ -164,3 +164,20 @@ def test_a_valid_record_with_foreign_params_is_never_a_crash(bench, params, tmp_
     assert code == 0 or (len(err.strip().splitlines()) == 1 and "run" in err and not (tmp_path / "f.png").exists())
     code, _, err = qbench(capsys, ["model", "--against", run, "--gpu", "h200"])
     assert code == 2 and "no record the model knows" in err, err
+
+
+READERS = {  # every command that reads runs: its arguments for one run (a toy run has no standard figure)
+    "summary": ["summary", "{run}", "--metric", "time"], "compare": ["compare", "{run}", "{run}"],
+    "history": ["history", "{run}", "{run}", "--metric", "time"], "export": ["export", "{run}", "--format", "bmf"],
+    "report": ["report", "{run}", "--html", "{tmp}/r.html", "--metric", "time"],
+}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_every_reader_leaves_a_bad_line_out_or_refuses_it_with_strict(reader, tmp_path, capsys):
+    run = _run(tmp_path, _with("metrics", "list"))
+    args = [a.format(run=run, tmp=tmp_path) for a in READERS[reader]]
+    code, _, err = qbench(capsys, args)
+    assert code == 0 and f"{run / store.RECORDS_FILE}:2: the record metrics is a list" in err, err
+    code, _, err = qbench(capsys, [*args, "--strict"])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--strict" in err, err

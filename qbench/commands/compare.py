@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
   qbench compare results/moe-h200x4-static-8518c40/run{1,2}   # the shell expands it to the two runs
@@ -42,6 +44,7 @@ Examples:
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a markdown table.")
 @click.option("--csv", "fmt", flag_value="csv", help="Print CSV.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
+@strict_option
 def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, allow_missing, across,
             group, fmt) -> None:
     """Compare runs against the first (the reference): per case and metric the values, the ratio,

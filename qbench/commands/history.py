@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
   qbench history results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} \\
@@ -31,6 +33,7 @@ Examples:
 @click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True, help="Significant digits.")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
+@strict_option
 def command(runs, metrics, pattern, threshold, fail_on, only_changed, plot, digits, fmt) -> None:
     """Follow each case's metric over the code revisions RUNS were made on: runs grouped by commit (a dirty
     tree by its source hash too), ordered

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
   qbench plot results/switchback-h200-modes-c4c2232/run1 --out switchback.png
@@ -19,8 +21,9 @@ Examples:
     "--out",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Figure file; .png, .svg or .pdf (default: <first run>/<bench>.png).",
+    help="Figure file; .png, .svg or .pdf (default: runs/plots/<first run>-<bench>.png).",
 )
+@strict_option
 def command(runs: tuple[str, ...], out: str | None) -> None:
     """Draw the standard figure of each bench for RUNS (run directories or seed result files):
     switchback: times per component, % saved per M, int8/fp8 speed-ups; moe: step time by phase,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
   qbench report results/switchback-h200-modes-c4c2232/run1 --html runs/switchback.html
@@ -22,6 +24,7 @@ Examples:
                    "[default: every metric with stored samples]")
 @click.option("-k", "pattern", default=None, help="Keep cases whose 'bench/case' matches this regex.")
 @click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True, help="Significant digits.")
+@strict_option
 def command(runs, out, metrics, pattern, digits) -> None:
     """Write one HTML page of RUNS that opens anywhere without a network: the environment, the tables
     `qbench summary` prints, the standard figures (inline SVG), the comparison against the first run when

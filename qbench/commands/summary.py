@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
   qbench summary results/switchback-h200-modes-c4c2232/run1 --metric speedup_global --by batch_size
@@ -49,6 +51,7 @@ Examples:
               help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
+@strict_option
 def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads, digits, fmt) -> None:
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)

@@ -22,7 +22,8 @@ def qbench(capsys, args: list[str]) -> tuple[int, str, str]:
 
 
 def test_there_are_committed_runs():
-    assert len(RUNS) >= 100, len(RUNS)
+    """The walk finds the reference runs (one or three per family and GPU), so it checks something."""
+    assert len(RUNS) >= 20, len(RUNS)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda p: str(p.relative_to(ROOT / "results")))

@@ -16,7 +16,7 @@ import warnings
 import click
 
 from qbench import __version__
-from qbench.errors import QbenchUsageError
+from qbench.errors import QbenchUsageError, QbenchWarning
 
 # name -> module under qbench.commands that defines `command`
 COMMANDS = {
@@ -40,9 +40,9 @@ Examples:
   qbench fragmented --sizes 2048,4096
   qbench moe --world-size 4
   qbench model lstm --config deepflow
-  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --fail-on step_time:5
-  qbench summary results/switchback-h200-modes/run{1,2,3} --metric speedup_global --by batch_size --across-runs median
-  qbench trace results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv --by phase
+  qbench compare results/moe-h200x4-static-8518c40/run{1,2} --fail-on step_time:5
+  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric speedup_global --across-runs median
+  qbench trace results/moe-h200-ws1/trace-a1036c8/traces/a2a-L8-D1-hot0-randn-triton-rank0.csv --by phase
 """
 
 
@@ -67,6 +67,18 @@ def cli() -> None:
     # autograd engine's device thread, when a backward starts with a matmul); torch then sets the primary
     # context itself, so the notice says nothing about the run
     warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
+    if warnings.showwarning is not _show_warning:
+        _show_warning.default = warnings.showwarning
+        warnings.showwarning = _show_warning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """What qbench itself warns of (a run's left-out lines) as one line on stderr, without the source
+    location Python's format adds; any other warning as Python shows it."""
+    if issubclass(category, QbenchWarning):
+        click.echo(f"qbench: warning: {message}", err=True)
+    else:
+        _show_warning.default(message, category, filename, lineno, file, line)
 
 
 def _fail(prog: str, message: str, code: int) -> None:

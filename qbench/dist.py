@@ -103,8 +103,39 @@ def _shutdown() -> None:
         dist.destroy_process_group()
 
 
-def _worker(rank, world_size, port, backend, device, timeout_s, fn, args, channel) -> None:
-    """Body of one spawned rank: run fn, send rank 0's items, report an error and exit 1 on failure."""
+PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal this process gets when its parent dies
+PARENT_POLL_S = 1.0  # where prctl is missing: how often a rank's watchdog looks for its launcher
+
+
+def die_with_parent(parent: int) -> None:
+    """End this rank when the launcher (pid `parent`) dies, even by SIGKILL, which gives the launcher no
+    chance to stop its ranks: on Linux the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a daemon
+    thread polls the parent pid. A launcher already gone by the time this runs ends the rank at once."""
+    import ctypes
+    import signal
+    import threading
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # no libc prctl (not Linux)
+        armed = False
+    if os.getppid() != parent:  # the launcher died before the signal was armed
+        os._exit(1)
+    if not armed:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(PARENT_POLL_S)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="qbench-parent-watchdog", daemon=True).start()
+
+
+def _worker(rank, world_size, port, backend, device, timeout_s, fn, args, channel, parent=None) -> None:
+    """Body of one spawned rank: run fn, send rank 0's items, report an error and exit 1 on failure; the
+    rank ends with its launcher (pid `parent`)."""
+    if parent is not None:
+        die_with_parent(parent)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
@@ -163,7 +194,8 @@ def _run_spawned(fn, args, world_size, backend, device, timeout_s) -> Iterator[A
     channel = spawn.Queue()
     port = free_port()
     procs = [
-        spawn.Process(target=_worker, args=(r, world_size, port, backend, device, timeout_s, fn, args, channel))
+        spawn.Process(target=_worker,
+                      args=(r, world_size, port, backend, device, timeout_s, fn, args, channel, os.getpid()))
         for r in range(world_size)
     ]
     for p in procs:

@@ -17,3 +17,7 @@ def read_text(path, error: type[ValueError] = QbenchUsageError, not_text: str = 
         raise error(f"{path} {not_text}") from None
     except OSError as exc:
         raise error(f"cannot read {path} ({exc.strerror})") from None
+
+
+class QbenchWarning(UserWarning):
+    """Something qbench read and left out (a run's bad lines, say): the CLI prints it as one line on stderr."""

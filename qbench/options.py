@@ -16,6 +16,12 @@ from qbench.units import canonical_dtype
 # Largest size a list option takes: kernels index a dimension with 32-bit integers, and anything larger
 # would overflow a seed or a tensor shape long before it could fit in memory.
 MAX_SIZE = 2**31 - 1
+# Most steps or repeats an iteration-count option takes: a median and its p20-p80 settle within a few hundred
+# samples, and 100,000 steps of even a 1 ms step is half an hour of one configuration; more is a typo
+# (--steps 100000000) that would run for days with a progress bar that never moves.
+MAX_STEPS = 100_000
+STEPS = click.IntRange(min=1, max=MAX_STEPS)
+WARMUP_STEPS = click.IntRange(min=0, max=MAX_STEPS)
 
 
 def _split(value: str) -> list[str]:
@@ -168,7 +174,7 @@ def dtype_option(default: str | None = "fp16", choices: tuple[str, ...] = DTYPES
 def repeat_option(fn):
     return click.option(
         "--repeat",
-        type=click.IntRange(min=1),
+        type=STEPS,
         default=None,
         help="Timed repeats per configuration (default: as many as fit a 250 ms budget).",
     )(fn)
@@ -211,3 +217,21 @@ def backward_thread_option(fn):
         help="Thread that runs autograd's backward: device (PyTorch's default, one engine thread per GPU) or "
              "calling (the thread that calls backward(), torch.autograd.set_multithreading_enabled(False)); "
              "device,calling sweeps both.")(fn)
+
+
+def strict_option(fn):
+    """--strict on a command that reads runs: a run holding a line that is not a valid record is an error
+    (exit 2) instead of being read without that line (and named on stderr). The command runs inside
+    store.strict_reading, so every loader it calls applies the choice."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args, strict: bool, **kwargs):
+        from qbench import store
+
+        with store.strict_reading(strict):
+            return fn(*args, **kwargs)
+
+    return click.option("--strict", is_flag=True,
+                        help="Refuse a run with lines that are not valid records (default: leave them out and "
+                             "name them on stderr).")(run)

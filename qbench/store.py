@@ -13,29 +13,37 @@ A record (schema_version 1):
    "source_hash": "<sha256 of the qbench/ and kernels/ sources, as in env.json>"}
 Metric names follow each bench's declared names (seed-compatible keys kept exactly); `units` is the
 per-metric declaration that `qbench compare` reads to know whether lower or higher is better.
+
+Every reader of runs loads them here (load_run, read_records): each line is checked against the schema
+(qbench.record_schema); a bad line is left out and named once on stderr as FILE:LINE (an error under
+--strict, strict_reading), and a run with no valid record is a usage error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import csv
 import json
 import math
 import os
 import secrets
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from qbench.env import autotune_mark, autotune_picks, own_source_hash
-from qbench.errors import QbenchUsageError, read_text
+from qbench import record_schema, run_claim
+from qbench.env import COMPARABILITY_KEYS, autotune_mark, autotune_picks, own_source_hash
+from qbench.errors import QbenchUsageError, QbenchWarning, read_text
+from qbench.paths import check_name, name_problem
+from qbench.record_schema import SCHEMA_VERSION, STATUSES
 
-SCHEMA_VERSION = 1
 ENV_FILE = "env.json"
 RECORDS_FILE = "results.jsonl"
 CSV_FILE = "results.csv"
-STATUSES = ("ok", "error", "skipped")
+SHOWN_PROBLEMS = 3  # bad lines a warning names one by one; the rest are counted
 
 
 def varying_params(records: Sequence[Mapping[str, Any]], names: Iterable[str]) -> list[str]:
@@ -127,10 +135,12 @@ class RunWriter:
     ):  # fmt: skip
         if append and force:
             raise QbenchUsageError("--append adds to a run and --force replaces it; pass only one of them")
-        self.path, self.env = Path(path), dict(env)
+        self.path, self.env = check_name(path, "run directory", "choose another --out"), dict(env)
         self.append, self.force = append, force
         self.count = 0
+        self.replaced = 0  # records that replaced one of the same case (--append, or a case written twice)
         self._fh = None
+        self._lock: int | None = None  # the run directory, open and flock'ed while this writer owns it
         self._claimed: str | None = None  # "dir" or "env": what the claim created, undone if nothing is written
         self._autotune_mark = self._stored_mark = autotune_mark()
         if self.path.exists() and not self.path.is_dir():
@@ -145,12 +155,18 @@ class RunWriter:
             self._reach()
 
     def _reach(self) -> None:
-        """--append / --force: the directory must exist or be creatable now, not at the first record."""
+        """--append / --force: the directory must exist and be writable, or be creatable, now, not at the
+        first record."""
         if self.path.is_dir():
+            run_claim.probe_writable(self.path, RECORDS_FILE)
+            self._lock = run_claim.lock_dir(self.path)
+            if self._lock is None:
+                raise QbenchUsageError(f"another run is writing {self.path}; wait for it or choose another --out")
             return
         try:
             self.path.mkdir(parents=True)
             self._made = True
+            self._lock = run_claim.lock_dir(self.path)
         except OSError as exc:
             blocked = any(p.exists() and not p.is_dir() for p in self.path.parents)
             raise _cannot_create(self.path, "a parent is a file" if blocked else exc.strerror) from None
@@ -163,17 +179,27 @@ class RunWriter:
         except FileExistsError:
             if not self.path.is_dir():
                 raise _cannot_create(self.path, "a parent is a file") from None
-            if any(self.path.iterdir()):
-                raise _not_empty(self.path) from None
             self._claimed = "env"
         except OSError as exc:
             raise _cannot_create(self.path, exc.strerror) from None
+        self._lock = run_claim.lock_dir(self.path)
+        if self._lock is None:
+            self._claimed = None  # another live run holds it
+            raise _not_empty(self.path)
+        if self._claimed == "env" and any(self.path.iterdir()):
+            if not run_claim.abandoned(self.path, ENV_FILE):
+                self._claimed = None
+                self._unlock()
+                raise _not_empty(self.path)
+            (self.path / ENV_FILE).unlink()  # a run killed before its first record: its claim is void
         try:  # the step that decides a race for the same (new or empty) directory
             os.close(os.open(self.path / ENV_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             self._claimed = None  # the other run owns it now
+            self._unlock()
             raise _not_empty(self.path) from None
         except OSError as exc:
+            self._unlock()
             raise _cannot_create(self.path, exc.strerror) from None
         _write_json(self.path / ENV_FILE, self.env)
 
@@ -205,11 +231,12 @@ class RunWriter:
         if ident in self._prior:
             self._fh.close()
             _rewrite_records(self.path, drop={ident})
-            self._prior.discard(ident)
+            self.replaced += 1
             self._fh = open(self.path / RECORDS_FILE, "a", encoding="utf-8")
         self._fh.write(line + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        self._prior.add(ident)  # a later record of this case (a file that gives it twice) replaces this one
         self.count += 1
         self._store_new_picks()
 
@@ -222,6 +249,17 @@ class RunWriter:
             self._stored_mark = mark
 
     def close(self) -> None:
+        try:
+            self._finish()
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
+
+    def _finish(self) -> None:
         if self._fh is not None and not self._fh.closed:
             self._fh.close()
             export_csv(self.path)
@@ -272,13 +310,17 @@ def _existing(path: Path) -> tuple[set[str], set[tuple[str, str]]]:
 def _rewrite_records(path: Path, drop: set[tuple[str, str]]) -> None:
     """Rewrite results.jsonl without the records of the cases in `drop` (and without a partial line)."""
     file = path / RECORDS_FILE
+    text = file.read_text(encoding="utf-8")
+    lines = text.splitlines()
     kept = []
-    for line in file.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(lines, start=1):
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # only a crash's partial last line gets here: read_records refused any other
-        if (record.get("bench"), record.get("case")) not in drop:
+        except (ValueError, RecursionError):
+            if number == len(lines) and not text.endswith("\n"):
+                continue  # a crash's partial last line
+            record = None  # another bad line stays as it was: the loader names it, this writer does not judge it
+        if not isinstance(record, dict) or (record.get("bench"), record.get("case")) not in drop:
             kept.append(line + "\n")
     tmp = file.with_suffix(".tmp")
     tmp.write_text("".join(kept), encoding="utf-8")
@@ -302,35 +344,60 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     tmp.replace(path)
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """Records of one run's results.jsonl. A partial trailing line (a crash mid-write) is skipped
-    with a warning; a corrupt line elsewhere is an error naming the line."""
+# --strict on a reading command: a run with a line that is not a valid record is an error, not a warning
+_STRICT = contextvars.ContextVar("strict_reading", default=False)
+
+
+@contextlib.contextmanager
+def strict_reading(strict: bool = True) -> Iterator[None]:
+    """Inside this block, read_records refuses a run with bad lines (as read_records(path, strict=True))."""
+    token = _STRICT.set(strict)
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
+def read_records(path: str | Path, strict: bool | None = None) -> list[dict[str, Any]]:
+    """The valid records of one run's results.jsonl (qbench.record_schema), optional fields filled in.
+    A line that is not a valid record (a crash's partial last line, bad JSON, a field of the wrong type)
+    is left out and named, as FILE:LINE: what is wrong, in one QbenchWarning per run; with `strict`
+    (default: inside strict_reading()) it is a one-line QbenchUsageError instead."""
     file = Path(path) / RECORDS_FILE
-    lines = _run_text(file).splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                warnings.warn(f"{file}: skipping a partial last line {number} (interrupted run?)", stacklevel=2)
-                continue
-            raise QbenchUsageError(f"{file}: line {number} is not valid JSON; the run is corrupt") from None
-        if not isinstance(record, dict) or "bench" not in record or "metrics" not in record:
-            raise QbenchUsageError(f"{file}: line {number} is not a qbench record")
-        records.append(record)
+    records, problems = record_schema.parse_lines(_run_text(file), file, case_id)
+    _judge(file, problems, strict)
     return records
 
 
+def _judge(file: Path, problems: list[str], strict: bool | None) -> None:
+    """Refuse (strict) or name once in a warning the bad lines of a run's records."""
+    if problems and (_STRICT.get() if strict is None else strict):
+        more = f" (and {_counted(len(problems) - 1, 'more bad line')})" if len(problems) > 1 else ""
+        raise QbenchUsageError(f"{problems[0]}{more}; --strict reads no run with bad lines")
+    if problems:
+        shown = "; ".join(problems[:SHOWN_PROBLEMS])
+        more = f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else ""
+        warnings.warn(f"{file}: {_counted(len(problems), 'line')} left out, not valid records: {shown}{more}",
+                      QbenchWarning, stacklevel=3)
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def is_run_dir(path: str | Path) -> bool:
-    return (Path(path) / RECORDS_FILE).is_file()
+    return name_problem(path) is None and (Path(path) / RECORDS_FILE).is_file()
+
+
+def is_claimed_dir(path: str | Path) -> bool:
+    """A run directory that a run claimed and left before its first record (env.json, no results.jsonl)."""
+    run = Path(path)
+    return name_problem(run) is None and (run / ENV_FILE).is_file() and not is_run_dir(run)
 
 
 def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(env, records) of one run directory; a clear error when the path is not a run."""
-    run = Path(path)
+    run = check_name(path, "run", "give a run directory written by qbench")
     if not run.exists():
         raise QbenchUsageError(f"{run} does not exist; give a run directory written by qbench")
     if not is_run_dir(run) and (run / ENV_FILE).is_file():
@@ -340,11 +407,22 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     env_file = run / ENV_FILE
     try:
         env = json.loads(_run_text(env_file)) if env_file.exists() else {}
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         raise QbenchUsageError(f"{env_file} is not valid JSON; the run is corrupt") from None
     if not isinstance(env, dict):
         raise QbenchUsageError(f"{env_file} is not a JSON object; the run is corrupt")
-    return env, read_records(run)
+    for key in COMPARABILITY_KEYS:  # compared and grouped by value: each must be one plain value
+        if isinstance(env.get(key), (dict, list)):
+            raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
+    file = run / RECORDS_FILE
+    records, problems = record_schema.parse_lines(_run_text(file), file, case_id)
+    if not records:  # one error naming the first bad line, not a warning beside it
+        more = f", and {_counted(len(problems) - 1, 'more bad line')}" if len(problems) > 1 else ""
+        first = f": {problems[0]}{more}" if problems else ""
+        raise QbenchUsageError(f"{run} is an empty run (no valid record in {RECORDS_FILE}{first}); rerun it or "
+                               "drop it")
+    _judge(file, problems, None)
+    return env, records
 
 
 def _run_text(file: Path) -> str:
@@ -354,7 +432,7 @@ def _run_text(file: Path) -> str:
 
 def find_runs(path: str | Path) -> list[Path]:
     """A run directory itself, or every run directory directly below a parent directory."""
-    root = Path(path)
+    root = check_name(path, "run folder", "give a run directory or a folder of runs")
     if is_run_dir(root):
         return [root]
     if not root.is_dir():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,10 +154,15 @@ def read_gpu_table(path: Path) -> list[GpuEvent]:
         raise QbenchUsageError(f"{path} is not a kernel table of a --trace run (its header must be "
                                f"{','.join(COLUMNS)}), nor a Chrome trace (.json.gz)")
     try:
-        return [GpuEvent(r[0], r[1], float(r[2]), float(r[3]), r[4], r[5], r[6] if len(r) > 6 else None)
-                for r in rows[1:]]
+        events = [GpuEvent(r[0], r[1], float(r[2]), float(r[3]), r[4], r[5], r[6] if len(r) > 6 else None)
+                  for r in rows[1:]]
     except (ValueError, IndexError):
         raise QbenchUsageError(f"{path} has a row that is not {','.join(rows[0])} with numeric times") from None
+    for number, e in enumerate(events, start=2):  # a profiler writes finite times and no negative duration
+        if not (math.isfinite(e.start_us) and math.isfinite(e.dur_us) and e.dur_us >= 0):
+            raise QbenchUsageError(f"{path}:{number}: start_us {e.start_us:g}, dur_us {e.dur_us:g}: times must be "
+                                   "finite and durations >= 0")
+    return events
 
 
 def _chrome_trace(path: Path) -> dict:

@@ -4,7 +4,7 @@
 #                            here for pytest and torchrun too); wheels under .whl/ (ignored by git,
 #                            carried to a machine without a package registry: the optional torchao
 #                            peer) installed into /tmp/site, which joins PYTHONPATH
-#   $OUT, $OUT/runs          where logs and run directories go (default results/scratch)
+#   $OUT, $OUT/runs          where logs and run directories go (default runs/scratch)
 #   qbench ARGS              this tree's command line (python3 -m qbench)
 #   gpu_header               the GPUs, torch / triton versions and the commit, at the top of a log
 #   pack_runs [DIR...]       $OUT/runs (and DIRs under $OUT) as one tarball: few files come back
@@ -16,7 +16,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-results/scratch}
+OUT=${OUT:-runs/scratch}
 mkdir -p "$OUT/runs"
 
 qbench() { python3 -m qbench "$@"; }

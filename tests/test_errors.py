@@ -174,7 +174,7 @@ USAGE = [
     (["plot", "{run}", "--out", "{afile}/figure.png"], "is a file"),
     (["plot", "{run}", "--out", "figure.gif"], "unknown figure format"),
     (["plot", "{binrun}"], "is not UTF-8 text"),
-    (["import", "{bin_yaml}"], "unknown format"),
+    (["import", "{bin_yaml}"], "is not a text file"),
     (["trace", "{bin_yaml}"], "is not UTF-8 text"),
     (["trace", "{hw_json}"], "is not a kernel table of a --trace run"),
     (["trace", "{dir}/nosuch.csv"], "cannot read"),
@@ -323,7 +323,7 @@ def test_an_unexpected_error_is_one_line_with_the_traceback_in_a_file(capsys, mo
     def broken(*args, **kwargs):
         raise TypeError("deliberate [/bug]")
 
-    monkeypatch.setattr(qbench.importers, "import_to_run", broken)
+    monkeypatch.setattr(qbench.importers, "import_file", broken)
     code, _, err = run_cli(capsys, ["import", str(SEED_BNB)])
     assert code == 1
     assert_one_line(err, "internal error: TypeError: deliberate [/bug]")

@@ -165,12 +165,14 @@ def assert_png(path: Path) -> None:
 
 
 @pytest.mark.parametrize("bench", sorted(BUILDERS))
-def test_plot_each_bench_from_a_stored_run(tmp_path, bench):
+def test_plot_each_bench_from_a_stored_run(tmp_path, bench, monkeypatch):
     records = BUILDERS[bench](random.Random())
     run = write(tmp_path / bench, records)
+    monkeypatch.chdir(tmp_path)
     out = plots.plot_run([run])
-    assert out == run / f"{records[0]['bench']}.png"
+    assert out == Path("runs") / "plots" / f"{bench}-{records[0]['bench']}.png"  # beside the runs, not in one
     assert_png(out)
+    assert sorted(p.name for p in run.iterdir()) == ["env.json", "results.csv", "results.jsonl"]
 
 
 @pytest.mark.parametrize(

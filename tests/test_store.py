@@ -8,7 +8,7 @@ import pytest
 
 from qbench import env, store
 from qbench.cli import main
-from qbench.errors import QbenchUsageError
+from qbench.errors import QbenchUsageError, QbenchWarning
 from tests.helpers import timed_record, write_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -46,12 +46,15 @@ def test_crash_truncated_last_line_is_skipped_with_warning(tmp_path):
     assert len(loaded) == 3
 
 
-def test_corrupt_line_in_the_middle_is_an_error_naming_the_line(tmp_path):
+def test_corrupt_line_in_the_middle_is_left_out_and_named_or_refused_when_strict(tmp_path):
     run = write_run(tmp_path / "run", _records())
     lines = (run / store.RECORDS_FILE).read_text().splitlines()
     lines[1] = lines[1][:20]
     (run / store.RECORDS_FILE).write_text("\n".join(lines) + "\n")
-    with pytest.raises(QbenchUsageError, match="line 2"):
+    with pytest.warns(QbenchWarning, match=r"results.jsonl:2: not valid JSON"):
+        _, loaded = store.load_run(run)
+    assert [r["case"] for r in loaded] == [r["case"] for i, r in enumerate(_records()) if i != 1]
+    with pytest.raises(QbenchUsageError, match=r"results.jsonl:2: not valid JSON"), store.strict_reading():
         store.load_run(run)
 
 

@@ -102,7 +102,7 @@ def test_phases_recorded_at_launch_win_over_the_gpu_ranges_and_old_tables_fall_b
 
 def test_trace_command_prints_a_committed_trace_per_step(tmp_path):
     """The kernel table of a committed 4-rank trace: 3 traced steps, the total row, brackets as written."""
-    path = ROOT / "results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv"
+    path = ROOT / "tests/fixtures/moe_trace_4rank_hot4_rank0.csv"
     done = subprocess.run([sys.executable, "-m", "qbench", "trace", str(path), "--top", "3", "--markdown"],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr

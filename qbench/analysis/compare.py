@@ -27,6 +27,7 @@ from qbench.analysis import join
 from qbench.analysis import patterns as match
 from qbench.env import COMPARABILITY_KEYS
 from qbench.errors import QbenchUsageError
+from qbench.paths import check_name
 
 ALPHA = 0.05  # significance level of the U test
 FEW_SAMPLES = 9  # below this many samples per side the U test has little power: say so
@@ -84,7 +85,7 @@ class Comparison:
 def load_any(path: str | Path) -> Run:
     """A qbench run directory, or a file in a seed format (imported on the fly); a run without
     records is a usage error (it would compare as "nothing changed")."""
-    target = Path(path)
+    target = check_name(path, "run", "give a run directory or a results file")
     if target.is_file():
         from qbench.importers import load_any as import_file
 

@@ -26,6 +26,8 @@ def resumed(bench: str, out: str | None, resume: bool, force: bool,
         raise QbenchUsageError("--resume finishes a run and --force replaces it; pass only one of them")
     if out is None:
         raise QbenchUsageError("--resume needs --out naming the run to finish")
+    if not store.is_run_dir(out) and store.is_claimed_dir(out):
+        return frozenset()  # a run stopped before its first record: everything runs again
     if not store.is_run_dir(out):
         raise QbenchUsageError(f"--resume: {out} is not a run directory (no {store.RECORDS_FILE})")
     records = store.read_records(out)

@@ -6,15 +6,18 @@ import sys
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
-  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100   # the shell expands it to the two runs
-  qbench compare results/moe-h200x4-round4/run-{a,b}/moe-seed100 --metric step_time --threshold 3% --only-changed
-  qbench compare results/switchback-h200-modes/{before,run1} --fail-on time_global:5   # exit 1 on a regression
-  qbench compare tests/fixtures/seed_bnb_info.jsonl results/switchback-h200-20261121T1004Z --cross-env --markdown
-  qbench compare results/fragmented-h200-modes/run1 --across exec   # compile and graph vs eager, one run
-  qbench compare results/moe-h200x4-round3/moe-blocks-sweep100 --across system=a2a --metric step_time
-  qbench compare --group 3 results/switchback-h200-backward-order/{old,new}{1,2,3} --metric speedup_module
+  qbench compare results/moe-h200x4-static-8518c40/run{1,2}   # the shell expands it to the two runs
+  qbench compare results/moe-h200x4-static-8518c40/run{1,2} --metric step_time --threshold 3% --only-changed
+  qbench compare results/switchback-h200-modes-c4c2232/run{1,2} --fail-on time_global:5   # exit 1 on a regression
+  qbench compare tests/fixtures/seed_bnb_info.jsonl results/switchback-h200-modes-c4c2232/run1 --cross-env --markdown
+  qbench compare results/fragmented-h200-clocks-797e89f/run1 --across exec   # graph vs eager, one run
+  qbench compare results/moe-h200-ws1/threads-797e89f/run1 --across backward_thread=device --metric step_time
+  qbench compare --group 3 results/switchback-h200-modes-c4c2232/run{1,2,3} \
+      results/switchback-h200-torchao/layers-run{1,2,3} -k batch_size=32768/ --metric speedup_module_graph
 """
 
 
@@ -43,6 +46,7 @@ Examples:
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a markdown table.")
 @click.option("--csv", "fmt", flag_value="csv", help="Print CSV.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
+@strict_option
 def command(runs, metrics, threshold, only_changed, sort, pattern, cross_env, fail_on, allow_missing, across,
             group, fmt) -> None:
     """Compare runs against the first (the reference): per case and metric the values, the ratio,

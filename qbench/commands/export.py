@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from qbench.exporters import FORMATS
+from qbench.options import strict_option
 
 EPILOG = """\b
 Examples:
   qbench export results/switchback-h200-modes-c4c2232/run1 --format pytest-benchmark --out bench.json
   qbench export results/switchback-h200-modes-c4c2232/run1 --format bmf | bencher run --adapter json ...
-  qbench export results/fragmented-h200-modes/run1 --format nvbench --out fragmented.nvbench.json
+  qbench export results/fragmented-h200-clocks-797e89f/run1 --format nvbench --out fragmented.nvbench.json
 """
 
 
@@ -20,6 +21,7 @@ Examples:
               help="pytest-benchmark: --benchmark-json layout (github-action-benchmark, tool 'pytest'); bmf: Bencher "
                    "Metric Format; nvbench: nvbench's JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="File to write (default: stdout).")
+@strict_option
 def command(run, fmt, out) -> None:
     """Write the ok records of RUN (a run directory or an importable result file) as FORMAT: pytest-benchmark
     and nvbench take every time metric (seconds, as those tools count), bmf every metric in its own unit; the

@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from qbench.options import (
+    STEPS,
+    WARMUP_STEPS,
     backward_thread_option,
     callback,
     device_option,
@@ -41,8 +43,8 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @click.option("--dtype", "dtypes", default="fp32", show_default=True,
               callback=callback(parse_dtype_list()), help="One or more, e.g. fp32,bf16 (float16 etc. accepted).")
 @click.option("--bias", is_flag=True, help="Give every layer biases (the seed's layer had none).")
-@click.option("--steps", type=click.IntRange(min=1), help="Timed steps per configuration. [default: 50; CPU: 3]")
-@click.option("--warmup", type=click.IntRange(min=0), help="Untimed steps first. [default: 10; CPU: 1]")
+@click.option("--steps", type=STEPS, help="Timed steps per configuration. [default: 50; CPU: 3]")
+@click.option("--warmup", type=WARMUP_STEPS, help="Untimed steps first. [default: 10; CPU: 1]")
 @click.option("--no-graph", is_flag=True, help="Skip the CUDA-graph replay of the forward.")
 @click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
               help="'seed' prints the original report layout (Forward time / Backward time / ...).")
@@ -64,11 +66,14 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
     from qbench import plots, report, store
     from qbench.benches import fragmented as bench
     from qbench.commands.common import resumed, run_and_store
+    from qbench.commands.limits import check_fragmented
 
+    check_baselines(baselines)
     config = bench.resolve(bench.FragmentedConfig(
         sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
         steps, warmup, not no_graph, device, execs=execs,
         backward_threads=backward_threads, trace_dir=trace_dir))
+    check_fragmented(config)
     if plot_path:
         plots.check_figure_path(plot_path)  # a bad figure name is found before the sweep, not after it
     done = resumed(bench.BENCH, out, resume, force)
@@ -79,3 +84,12 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
     if plot_path:
         report.notice(f"figure: {plots.plot_run([out], plot_path)}", style="dim")
 
+
+
+def check_baselines(baselines: tuple[str, ...]) -> None:
+    """'none' means no baseline: beside a named one it contradicts itself."""
+    from qbench.errors import QbenchUsageError
+
+    if "none" in baselines and len(baselines) > 1:
+        raise QbenchUsageError(f"--baselines {','.join(baselines)}: 'none' means no baseline; give it alone or "
+                               "name the baselines")

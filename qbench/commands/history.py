@@ -6,10 +6,12 @@ import sys
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
-  qbench history results/switchback-h200-modes/before results/switchback-h200-modes-pinned/run{1,2,3} \\
-      results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} --metric time_global
+  qbench history results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} \\
+      --metric time_global
   qbench history runs/* --metric 'module_*_graph_ms' -k "batch_size=32768/" --only-changed
   qbench history runs/* --metric time_global --fail-on time_global:5 --plot history.svg   # exit 1 on a regression
 """
@@ -33,6 +35,7 @@ Examples:
 @click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True, help="Significant digits.")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
+@strict_option
 def command(runs, metrics, pattern, threshold, fail_on, only_changed, plot, digits, fmt) -> None:
     """Follow each case's metric over the code revisions RUNS were made on: runs grouped by commit (a dirty
     tree by its source hash too), ordered

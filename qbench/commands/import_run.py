@@ -53,9 +53,13 @@ def command(file: str, fmt: str, out: str | None, append: bool, force: bool, as_
     `qbench summary` and `qbench plot` take it."""
     from qbench import importers, report
 
-    path, records = importers.import_to_run(file, fmt, out, append=append, force=force)
+    done = importers.import_file(file, fmt, out, append=append, force=force)
     if as_json:
-        report.print_json(records)
+        report.print_json(done.records)
     else:
-        report.stdout_console().print(_table(records, file))
-    report.notice(f"{report.counted(len(records), 'record')} in {path}", style="dim")
+        report.stdout_console().print(_table(done.records, file))
+    replaced = f", {done.replaced} replacing a record of the same case" if done.replaced else ""
+    report.notice(f"{report.counted(len(done.records), 'record')} in {done.path}, made from {file}{replaced}",
+                  style="dim")
+    if done.env.get("skipped"):
+        report.notice(f"{file}: {importers.skip_note(done.env)}")

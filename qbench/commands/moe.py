@@ -66,3 +66,25 @@ def _check_flags(config, plot, resume) -> None:
     if resume and (dist.torchrun_env() is not None or config.kernels is not None):
         raise QbenchUsageError("--resume finishes a layer run that qbench started itself: not under torchrun, "
                                "not with --kernels")
+    from qbench.commands.limits import check_cpu_ranks, check_moe
+
+    _check_replication(config)
+    if config.device == "cpu" and dist.torchrun_env() is None:
+        check_cpu_ranks(config.world_size)
+    check_moe(config)
+
+
+def _check_replication(config) -> None:
+    """--replicate-hot H copies the H hottest of the world's experts onto every rank: H must be a count of
+    experts that exist, and there must be another rank to copy them from."""
+    from qbench.errors import QbenchUsageError
+
+    hot = max(config.replicate_hot)
+    if hot and config.world_size == 1:
+        raise QbenchUsageError(f"--replicate-hot {hot} at world size 1: one rank already holds every expert; "
+                               "drop it or use --world-size > 1")
+    local = min(config.num_local_experts)
+    if hot > local * config.world_size:
+        raise QbenchUsageError(f"--replicate-hot {hot} exceeds the {local * config.world_size} experts of "
+                               f"--num-local-experts {local} x world size {config.world_size}; give at most "
+                               f"{local * config.world_size}")

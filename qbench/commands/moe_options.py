@@ -7,6 +7,8 @@ import click
 from qbench.benches.moe.config import GEMMS, KERNEL_BENCHES, SYSTEMS, TRANSPORTS
 from qbench.options import (
     MAX_SIZE,
+    STEPS,
+    WARMUP_STEPS,
     FiniteFloat,
     backward_thread_option,
     callback,
@@ -58,8 +60,8 @@ OPTIONS = [
     _opt("--transport", type=click.Choice(TRANSPORTS), default="auto",
          help="--system blocks: symmetric memory where available (auto), or force one."),
     _opt("--model", type=click.Choice(("layer", "attn-moe")), default="layer"),
-    _opt("--num-steps", type=_INT, help="Timed steps (100; CPU: 10)."),
-    _opt("--warmup", type=click.IntRange(min=0), help="Untimed steps (10; CPU: 2)."), device_option,
+    _opt("--num-steps", type=STEPS, help="Timed steps (100; CPU: 10)."),
+    _opt("--warmup", type=WARMUP_STEPS, help="Untimed steps (10; CPU: 2)."), device_option,
     _opt("--backend", type=click.Choice(("auto", "nccl", "gloo")), default="auto"),
     _opt("--timeout", "timeout_s", type=FiniteFloat(min=0, min_open=True), default=600.0, metavar="S",
          help="Seconds a rank waits in a collective before the run fails (a frozen or lost rank)."),

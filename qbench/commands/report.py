@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
-  qbench report results/switchback-h200-modes-c4c2232/run1 --html switchback.html
-  qbench report results/switchback-h200-modes/{before,run1} --metric time_global --html compare.html
-  qbench report results/switchback-h200-modes/before results/switchback-h200-modes-c4c2232/run{1,2,3} \\
-      --metric time_global --html history.html        # several commits: the history too
+  qbench report results/switchback-h200-modes-c4c2232/run1 --html runs/switchback.html
+  qbench report results/switchback-h200-modes/run1 results/switchback-h200-modes-c4c2232/run1 \\
+      --metric time_global --html runs/compare.html
+  qbench report results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} \\
+      --metric time_global --html runs/history.html        # several commits: the history too
 """
 
 
@@ -23,6 +26,7 @@ Examples:
               help="Keep cases whose 'bench/case' matches this regex (repeatable: a case is kept only where every "
                    "-k matches).")
 @click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True, help="Significant digits.")
+@strict_option
 def command(runs, out, metrics, pattern, digits) -> None:
     """Write one HTML page of RUNS that opens anywhere without a network: the environment, the tables
     `qbench summary` prints, the standard figures (inline SVG), the comparison against the first run when

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import click
 
+from qbench.options import strict_option
+
 EPILOG = """\b
 Examples:
-  qbench summary results/switchback-h200-20261121T1004Z --metric speedup_global --by batch_size
-  qbench summary results/switchback-h200-20261121T1004Z --metric time_global -k "dim_in=4096/" --markdown
-  qbench summary results/moe-h200x4-round3/moe-blocks-sweep100 --metric step_time --by system
+  qbench summary results/switchback-h200-modes-c4c2232/run1 --metric speedup_global --by batch_size
+  qbench summary results/switchback-h200-modes-c4c2232/run1 --metric time_global -k "dim_in=4096/" --markdown
+  qbench summary results/moe-h200x4-static-8518c40/overlap --metric step_time --by a2a_ffn_overlap_degree
   qbench summary run-a run-b --metric step_time --by run                 # runs side by side
   qbench summary run-a run-b run-c --metric step_time --across-runs median   # median of 3 runs
-  qbench summary results/fragmented-h200-targets-fp32 --metric forward_ms --json
-  qbench summary results/fragmented-h200-modes/run{1,2,3} --metric fwd_bwd_ms --ratio-to layer=linear \
+  qbench summary results/fragmented-h200-trace-d2f98b5 --metric forward_ms --json
+  qbench summary results/fragmented-h200-clocks-797e89f/run{1,2,3} --metric fwd_bwd_ms --ratio-to layer=linear \
       --across-runs median                                          # fragmented over dense, median of 3
-  qbench summary results/switchback-h200-modes/run{1,2,3} --metric module_kernel_ratio_graph \
+  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric module_kernel_ratio_graph \
       --across-runs median --target module_kernel_ratio_graph:0.95..1.05   # how many cells meet it
   qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric loop_kernel_ratio_eager \
       --across-runs median -k "batch_size=(32768|131072)/"          # the module in a loop of steps
-  qbench summary results/switchback-h200-reruns/run{1,2,3} --across-runs median --spreads
+  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --across-runs median --spreads
                                                         # how far reruns disagree, every metric
-  qbench summary results/switchback-h200-host-calls/run{1,2,3} --across-runs median \
+  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --across-runs median \
       --metric 'host_call_switchback_*'                 # every metric the pattern matches
 """
 
@@ -51,6 +53,7 @@ Examples:
               help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
+@strict_option
 def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads, digits, fmt) -> None:
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)

@@ -52,6 +52,7 @@ def _layer_bench(f: dict) -> str:
     from qbench import report, store
     from qbench.benches import switchback as bench
     from qbench.commands.common import resumed, run_and_store
+    from qbench.commands.limits import check_switchback
     from qbench.commands.switchback_block import write_seed
 
     if f["dims"] and f["pairs"]:
@@ -60,6 +61,7 @@ def _layer_bench(f: dict) -> str:
         f["dims"], f["pairs"], f["wm"], f["batch_sizes"], f["dtype"] or "fp16",
         variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"], f["backward_threads"],
         f["trace_dir"]))
+    check_switchback(config, bench.plan(config))
     done = resumed(bench.BENCH, f["out"], f["resume"], f["force"])
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:

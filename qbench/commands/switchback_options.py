@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from qbench.options import (
+    STEPS,
     FiniteFloat,
     backward_thread_option,
     callback,
@@ -39,7 +40,7 @@ def block_options(fn):
         click.option("--train-check", is_flag=True,
                      help="Train a tiny decoder on a synthetic Markov chain with each variant; report loss curves "
                           "and the final-loss gap to 16-bit and to the chain's entropy."),
-        click.option("--steps", type=click.IntRange(min=1),
+        click.option("--steps", type=STEPS,
                      help="--train-check training steps. [default: 600 (lm-small), 60 (lm-tiny)]"),
         click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
                      help="'seed' also writes <run>/info.jsonl in the original benchmark's format (layer bench)."),

@@ -11,8 +11,8 @@ import click
 EPILOG = """\b
 Examples:
   qbench moe --world-size 1 --capacity-factor 1.0 --trace runs/moe-traces   # writes the kernel tables
-  qbench trace results/moe-h200x4-round4/trace-after-fix/a2a-L8-D1-hot4-rand-skew-triton-rank0.csv
-  qbench trace results/moe-h200x4-round4/trace-after-fix/*-rank0.csv --by phase
+  qbench trace results/moe-h200-ws1/trace-a1036c8/traces/a2a-L8-D1-hot0-randn-triton-rank0.csv
+  qbench trace results/moe-h200-ws1/trace-a1036c8/traces/*-rank0.csv --by phase
   qbench trace results/fragmented-h200-trace-d2f98b5/traces/fragmented-8192-b16-n8-train-bf16-device-rank0.json.gz
   qbench trace FILE.csv --top 10 --markdown
 """

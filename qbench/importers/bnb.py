@@ -16,6 +16,7 @@ from typing import Any
 
 from qbench import store, units
 from qbench.errors import QbenchUsageError
+from qbench.record_schema import is_number
 
 # Timing keys of the bitsandbytes benchmark, each in ms per call.
 BNB_TIME_KEYS = (
@@ -86,27 +87,55 @@ def _bnb_totals(metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
 
 
 def read_bnb_jsonl(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """bitsandbytes info.jsonl: the non-JSON header lines are skipped (kept in env["header"])."""
-    header, records = [], []
+    """bitsandbytes info.jsonl: the non-JSON header lines before the first JSON line are kept in
+    env["header"]; a later line that is not a valid result (cut mid-line, a missing key, a value of the
+    wrong type or range) is skipped and named in env["skipped"]."""
+    header, records, skipped = [], [], []
     for number, line in enumerate(text.splitlines(), start=1):
         row = json_object(line)
         if row is None:
-            if line.strip() and not records:
+            if line.strip() and not records and not skipped:
                 header.append(line.strip())
+            elif line.strip():
+                skipped.append(f"line {number}: not a JSON object (cut mid-line?)")
             continue
-        missing = [k for k in (*BNB_PARAM_KEYS, "time_standard") if k not in row]
-        if missing:
-            raise QbenchUsageError(f"line {number} lacks {', '.join(missing)}; not a bitsandbytes info.jsonl line")
+        why = row_problem(row)
+        if why is not None:
+            skipped.append(f"line {number}: {why}")
+            continue
         records.append(bnb_record(row))
     if not records:
-        raise QbenchUsageError("no bitsandbytes JSON lines found")
+        found = f" ({skipped[0]})" if skipped else ""
+        raise QbenchUsageError(f"no valid bitsandbytes JSON line found{found}")
     env = {
         "gpu_name": "NVIDIA A100",  # the published info.jsonl was measured on an A100
         "gpu_count": 1,
         "timing": "host wall clock, mean of `repeat` calls after repeat/2 warm-ups, no L2 flush",
         "header": header,
+        "skipped": skipped,
     }
     return env, records
+
+
+def row_problem(row: dict[str, Any]) -> str | None:
+    """Why one info.jsonl object is not a result line: a missing key, or a value of the wrong type or range
+    (sizes positive integers, wm a positive number, switch true/false, times finite and >= 0 ms)."""
+    missing = [k for k in (*BNB_PARAM_KEYS, "time_standard") if k not in row]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    for key in ("batch_size", "dim_in", "dim_out"):
+        if isinstance(row[key], bool) or not isinstance(row[key], int) or row[key] <= 0:
+            return f"{key} is {row[key]!r:.40}, not a positive integer"
+    if not is_number(row["wm"]) or row["wm"] <= 0:
+        return f"wm is {row['wm']!r:.40}, not a positive number"
+    if not isinstance(row["switch"], (bool, int)) or row["switch"] not in (0, 1):
+        return f"switch is {row['switch']!r:.40}, not true/false"
+    for key in (*BNB_TIME_KEYS, "repeat"):
+        if key in row and (not is_number(row[key]) or row[key] < 0):
+            return f"{key} is {row[key]!r:.40}, not a finite time >= 0"
+    if row["time_standard"] <= 0:
+        return "time_standard is 0; every ratio divides by it"
+    return None
 
 
 def json_object(line: str) -> dict[str, Any] | None:

@@ -60,7 +60,8 @@ def read_deepflow(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if "memory_size_gb" in hardware:
         metrics["memory_capacity_gb"], unit_of["memory_capacity_gb"] = hardware["memory_size_gb"], units.GB
     params = {"workload": "lstm", **_parallelism(lines)}
-    env = {"gpu_name": None, "hardware": hardware, "timing": "analytical model (no measurement)"}
+    env = {"gpu_name": None, "hardware": hardware, "timing": "analytical model (no measurement)",
+           "skipped": _missing(metrics, hardware, params)}
     return env, [store.make_record("model", params, metrics, units=unit_of, device="model")]
 
 
@@ -91,3 +92,11 @@ def _parallelism(lines: list[str]) -> dict[str, int]:
             found = dict(re.findall(r"(\w+): (-?\d+)", lines[i + 2]))
             return {k: int(found[k]) for k in ("dp", "lp", "hlp") if k in found}
     return {}
+
+
+def _missing(metrics: dict[str, Any], hardware: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    """The parts of a DeepFlow summary that were not found (a cut or garbled file), as skip notes."""
+    parts = {"the component times line (Cf: ... Cb: ...)": "cf_s" in metrics,
+             "the memory breakdown (Total Memory: ... GB)": "memory_total_gb" in metrics,
+             "the hardware block": bool(hardware), "the Parallelism Strategy block": "dp" in params}
+    return [f"no {part} found" for part, found in parts.items() if not found]

@@ -12,6 +12,7 @@ The seed's "Backward time" is zero_grad + backward + Adam step: qbench's backwar
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -32,16 +33,19 @@ FRAGMENT_FIELDS = {
 
 
 def read_fragmented_report(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One "fragmented" record per (size, batch, layer, mode, fragments); the Linear baseline once per shape."""
+    """One "fragmented" record per (size, batch, layer, mode, fragments); the Linear baseline once per shape.
+    A value line that does not parse or is negative, and a block whose sizes are 0, are skipped and named
+    in env["skipped"]."""
     records: list[dict[str, Any]] = []
-    shape: dict[str, Any] | None = None
+    skipped: list[str] = []
+    shape: dict[str, Any] | None = None  # {} for a block with a size of 0 (its results are skipped)
     current: dict[str, Any] | None = None
     section_mode: str | None = None  # "train"/"eval" inside a FragmentedLinear section
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if m := SHAPE.match(line):
             _flush(records, current)
-            shape, current = _shape_params(m), None
+            shape, current = _shape_params(m, number, skipped), None
         elif m := SECTION.match(line):
             _flush(records, current)
             current = _start(shape, layer="linear", mode="train", number=number) if m.group(2) is None else None
@@ -51,26 +55,45 @@ def read_fragmented_report(text: str) -> tuple[dict[str, Any], list[dict[str, An
             if section_mode is None:
                 raise QbenchUsageError(f"line {number}: 'Fragments:' outside a FragmentedLinear section")
             current = _start(shape, layer="fragmented", mode=section_mode, number=number, fragments=int(m.group(1)))
-        elif (
-            (m := re.match(r"([A-Za-z ]+): " + NUMBER, line)) and current is not None and m.group(1) in FRAGMENT_FIELDS
-        ):
-            name, _ = FRAGMENT_FIELDS[m.group(1)]
-            current["metrics"][name] = parse_number(m.group(2))
+        elif current is not None:
+            _field(line, number, current, skipped)
     _flush(records, current)
     if not records:
-        raise QbenchUsageError("no 'Benchmarking with input_size=...' blocks with results found")
-    env = {"gpu_name": None, "gpu_count": 1, "timing": "mean of 100 steps after 10 warm-ups, host clock"}
+        found = f" ({skipped[0]})" if skipped else ""
+        raise QbenchUsageError(f"no 'Benchmarking with input_size=...' blocks with results found{found}")
+    env = {"gpu_name": None, "gpu_count": 1, "timing": "mean of 100 steps after 10 warm-ups, host clock",
+           "skipped": skipped}
     return env, records
 
 
-def _shape_params(match: re.Match) -> dict[str, Any]:
+def _field(line: str, number: int, current: dict[str, Any], skipped: list[str]) -> None:
+    """A `Forward time: 0.12ms` line of the current result into its metrics; one that does not parse or is
+    negative is named in `skipped`."""
+    label, sep, rest = line.partition(":")
+    if not sep or label not in FRAGMENT_FIELDS:
+        return
+    m = re.match(NUMBER, rest.strip())
+    value = parse_number(m.group(1)) if m else None
+    if value is None or not math.isfinite(value) or value < 0:
+        skipped.append(f"line {number}: {label} {rest.strip()[:30]!r} is not a number >= 0")
+        return
+    current["metrics"][FRAGMENT_FIELDS[label][0]] = value
+
+
+def _shape_params(match: re.Match, number: int, skipped: list[str]) -> dict[str, Any]:
+    """The block's sizes; {} (its results skipped, named once) when one of them is 0."""
     in_features, out_features, batch = (int(v) for v in match.groups())
+    if not (in_features and out_features and batch):
+        skipped.append(f"line {number}: a block with a size of 0; its results are skipped")
+        return {}
     return {"in_features": in_features, "out_features": out_features, "batch_size": batch}
 
 
-def _start(shape, *, layer: str, mode: str, number: int, fragments: int = 0) -> dict[str, Any]:
+def _start(shape, *, layer: str, mode: str, number: int, fragments: int = 0) -> dict[str, Any] | None:
     if shape is None:
         raise QbenchUsageError(f"line {number}: results before any 'Benchmarking with input_size=...' line")
+    if not shape:
+        return None  # a block skipped for its sizes
     params = {**shape, "layer": layer, "mode": mode, "fragments": fragments, "dtype": "fp32"}
     return {"params": params, "metrics": {}}
 

@@ -15,6 +15,7 @@ the printed expert count; and, for MixMoE, per-rank diagnostics (see _diagnostic
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import Counter
@@ -36,18 +37,47 @@ INT_KEYS = ("world_size", "model_dim", "hidden_size", "samples", "num_local_expe
 
 
 def read_moe_log(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    blocks = _blocks(text.splitlines())
-    if not blocks:
-        raise QbenchUsageError("no '[Benchmark] world_size = ...' block with STEP lines found")
-    records = [_block_record(lines) for lines in blocks]
+    """One "moe" record per benchmark block; a STEP line that does not parse and a block whose header
+    lacks a size are skipped and named in env["skipped"]."""
+    lines, skipped = _parsable(text.splitlines())
+    records = []
+    for number, block in enumerate(_blocks(lines), start=1):
+        try:
+            records.append(_block_record(block))
+        except (ValueError, ArithmeticError) as exc:  # a value that does not parse, a zero time or count
+            skipped.append(f"benchmark block {number}: {str(exc)[:120]}")
+    if not records:
+        found = f" ({skipped[0]})" if skipped else ""
+        raise QbenchUsageError(f"no '[Benchmark] world_size = ...' block with STEP lines found{found}")
     layer = re.search(r"\(_moe_layer\): (\w+)", text)
     env = {
         "gpu_name": None,  # the log names devices (cuda:0 ...) but not the GPU model
         "gpu_count": records[0]["params"].get("world_size"),
         "moe_layer": layer.group(1) if layer else None,
         "timing": "rank 0's step times only (no max over ranks); summary = mean of the last steps",
+        "skipped": skipped,
     }
     return env, records
+
+
+def _parsable(lines: list[str]) -> tuple[list[str], list[str]]:
+    """The lines without the STEP lines that do not parse (cut short, a number such as 1.2.3), and those
+    lines named as skipped."""
+    kept, skipped = [], []
+    for number, line in enumerate(lines, start=1):
+        match = STEP.search(line) if "STEP-" in line else None
+        if "STEP-" in line and (match is None or not _numbers(match.groups()[1:])):
+            skipped.append(f"line {number}: a STEP line that does not parse")
+            continue
+        kept.append(line)
+    return kept, skipped
+
+
+def _numbers(texts) -> bool:
+    try:
+        return all(math.isfinite(float(t)) for t in texts if t)
+    except ValueError:
+        return False
 
 
 def _blocks(lines: list[str]) -> list[list[str]]:
@@ -71,7 +101,10 @@ def _header(lines: list[str]) -> dict[str, Any]:
     for key in INT_KEYS:
         if raw.get(key) is None:
             raise QbenchUsageError(f"the [Benchmark] header lacks {key}")
-        params[key] = int(raw[key].strip())
+        text = raw[key].strip()
+        if not text.isdigit() or int(text) <= 0:
+            raise QbenchUsageError(f"the [Benchmark] header's {key} = {text[:20]!r} is not a positive integer")
+        params[key] = int(text)
     params["dtype"] = raw.get("dtype", "").strip()
     return params
 

@@ -149,13 +149,16 @@ def _rate(value: Any, where: str) -> float:
 
 def from_text(text: str, where: str, *, is_json: bool = False) -> Hardware:
     """A device from the text of a YAML or JSON file (custom device or `qbench model calibrate` output)."""
-    import yaml
+    from qbench.safe_yaml import YamlRefused, load
 
     try:
-        data = json.loads(text) if is_json else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        kind = "JSON" if is_json else "YAML"
-        raise ValueError(f"{where} is not valid {kind}: {str(exc).splitlines()[0]}") from None
+        data = json.loads(text) if is_json else load(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where} is not valid JSON: {str(exc).splitlines()[0]}") from None
+    except YamlRefused as exc:
+        raise ValueError(f"{where} {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply") from None
     if isinstance(data, dict) and "hardware" in data:
         data = data["hardware"]  # a calibration file keeps its measurements beside the device
     return from_dict(data, source="custom", where=where)

@@ -56,9 +56,12 @@ def load_columns(runs: Iterable[str | Path]) -> list[tuple[str, str, dict[str, A
 
 
 def default_out(runs: Sequence[str | Path], bench: str) -> Path:
-    """<run dir>/<bench>.png for a run directory, ./<file stem>-<bench>.png for an imported file."""
-    first = Path(runs[0])
-    return first / f"{bench}.png" if first.is_dir() else Path(f"{first.stem}-{bench}.png")
+    """runs/plots/<run name or file stem>-<bench>.png: beside the user's runs (a folder the repository
+    ignores), never inside the run plotted, which may be a committed reference run."""
+    from qbench.store import RUNS_ROOT
+
+    first = Path(runs[0]).resolve()
+    return Path(RUNS_ROOT) / "plots" / f"{first.stem if first.is_file() else first.name}-{bench}.png"
 
 
 def check_figure_path(path: str | Path) -> Path:
@@ -112,7 +115,7 @@ def _draw(plt, columns):
     for (label, bench, env, records), axs in zip(columns, grid):
         panels = panels_of(bench)
         for ax, panel in zip(axs, panels):
-            panel(ax, records, env)
+            _draw_panel(panel, ax, records, env, label, bench)
         for ax in axs[len(panels) :]:
             ax.set_visible(False)
         axs[0].set_title(f"{label} ({describe_env(env)})\n{axs[0].get_title()}", fontsize=9)
@@ -120,6 +123,20 @@ def _draw(plt, columns):
         _share_rows(grid)
     fig.tight_layout()
     return fig
+
+
+def _draw_panel(panel, ax, records, env, label: str, bench: str) -> None:
+    """One panel; records that lack a parameter the panel reads, or hold a word where it needs a number (a
+    hand-edited or foreign run: the loader checks types, not which parameters a bench has), are a usage
+    error naming the run, not a crash."""
+    try:
+        panel(ax, records, env)
+    except KeyError as exc:
+        raise QbenchUsageError(f"{label}: its {bench} records lack the parameter {exc} that the {bench} figure "
+                               "draws; plot a run that qbench wrote") from None
+    except TypeError:
+        raise QbenchUsageError(f"{label}: its {bench} records hold values of the wrong type for the {bench} "
+                               "figure (text where a number belongs?); plot a run that qbench wrote") from None
 
 
 def _share_rows(grid) -> None:

@@ -66,15 +66,32 @@ def _gpu_name(env: dict) -> str | None:
 def rows_for(records: list[dict], hw: Hardware) -> list[Row]:
     out = []
     for rec in records:
-        if rec.get("status") != "ok":
+        if rec.get("status") != "ok" or not _has_sizes(rec):
             continue
-        for metric, floor in floors.for_record(rec, hw).items():
+        try:
+            found = floors.for_record(rec, hw)
+        except (KeyError, ValueError):  # a layer or dtype word the model does not know: no floor for it
+            continue
+        for metric, floor in found.items():
             measured = rec.get("metrics", {}).get(metric)
             if not isinstance(measured, (int, float)) or measured <= 0:
                 continue
             out.append(Row(rec["bench"], rec["case"], metric, float(measured), floor.floor_ms, floor.bound,
                            floor.flops, floor.bytes_moved, floor.intensity, floor.floor_ms / measured))
     return out
+
+
+# The sizes the floors of each bench read from a record's params; a record without them has no floor.
+RECORD_SIZES = {"switchback": ("batch_size", "dim_in", "dim_out"),
+                "fragmented": ("batch_size", "in_features", "out_features"),
+                "moe": ("world_size", "model_dim", "hidden_size", "samples", "top_k", "num_local_experts")}
+
+
+def _has_sizes(record: dict) -> bool:
+    from qbench.record_schema import is_number
+
+    params = record["params"]
+    return all(is_number(params.get(k)) and params[k] > 0 for k in RECORD_SIZES.get(record["bench"], ()))
 
 
 def against(run: str | Path, gpu: str | None = None, calibrated: str | None = None) -> tuple[Hardware, list[Row]]:
@@ -120,9 +137,19 @@ NUMERIC = {
 }
 
 
+# The other parameters each workload's floors read (qbench.model.floors); any other key is a typo.
+WORDS = {"gemm": ("dtype",), "switchback": ("dtype",), "fragmented": ("dtype", "layer", "mode"),
+         "moe": ("dtype", "system")}
+
+
 def _check_numbers(workload: str, params: dict) -> None:
-    """Each size a finite number > 0 (`batch_size=abc`, `=1e400` or `=0` named here, not deep in the
-    arithmetic); the capacity factor may be 0 or negative (dropless, capped)."""
+    """Only keys the workload's floors read; each size a finite number > 0 (`batch_size=abc`, `=1e400` or
+    `=0` named here, not deep in the arithmetic); the capacity factor may be 0 or negative (dropless, capped)."""
+    known = (*NUMERIC.get(workload, ()), *WORDS.get(workload, ()))
+    unknown = [key for key in params if key not in known]
+    if unknown:
+        raise QbenchUsageError(f"{workload}: unknown parameter {unknown[0]!r}; the floors of {workload} read "
+                               f"{', '.join(known)}")
     for key in NUMERIC.get(workload, ()):
         value = params.get(key)
         if value is None:

@@ -16,6 +16,7 @@ from qbench import errors
 from qbench.model import calibrations, hardware
 from qbench.model.deepflow import config as deepflow_config
 from qbench.model.deepflow.config import ConfigError
+from qbench.paths import check_name
 
 SHIPPED = Path(__file__).resolve().parents[2] / "model" / "configs"  # qbench/model/configs
 
@@ -28,7 +29,7 @@ def shipped_configs() -> list[str]:
 def resolve(path: str | Path) -> Path:
     """The file a --config names: a path if it exists, else a bare name (`deepflow`, `deepflow.yaml`) of a
     shipped config; ConfigError naming both otherwise."""
-    path = Path(path)
+    path = check_name(path, "config file", "give a DeepFlow YAML file")
     if path.is_file():
         return path
     shipped = SHIPPED / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
@@ -57,7 +58,7 @@ def load(path: str | Path) -> dict[str, dict[str, Any]]:
 
 def load_hardware(path: str | Path) -> hardware.Hardware:
     """A device from a YAML or JSON file (custom device or `qbench model calibrate` output)."""
-    path = Path(path)
+    path = check_name(path, "hardware file", "give a YAML or JSON file")
     if not path.is_file():
         raise ValueError(f"hardware file {path} does not exist")
     return hardware.from_text(read_text(path, "hardware file"), str(path), is_json=path.suffix == ".json")

@@ -16,7 +16,7 @@ from qbench.model import deepflow, objective
 from qbench.model.deepflow import config as deepflow_config
 from qbench.model.deepflow import machine as deepflow_machine
 from qbench.model.deepflow import quirks
-from qbench.model.deepflow.config import ConfigError
+from qbench.model.deepflow.config import ConfigError, shown
 
 METRIC_UNITS = {
     "time_s": units.S, "cf_s": units.S, "cb_s": units.S, "r_s": units.S, "w_s": units.S,
@@ -57,14 +57,18 @@ class Evaluation:
 def configs(run: LstmRun) -> list[dict]:
     """Normalized configs, one per sweep point (one when there is no sweep)."""
     raw = deepflow_config.with_overrides(read_yaml(run.config), dict(run.overrides))
+    where = f"{run.config}{' with --set' if run.overrides else ''}"  # what an error names as the input
     if not run.sweep_key:
-        return [deepflow_config.normalize(raw)]
+        try:
+            return [deepflow_config.normalize(raw)]
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     out = []
     for value in run.sweep_values:
         try:
             out.append(deepflow_config.normalize(deepflow_config.with_overrides(raw, {run.sweep_key: value})))
         except ConfigError as exc:
-            raise ConfigError(f"{exc} (at {run.sweep_key}={value})") from None
+            raise ConfigError(f"{where}: {exc} (at {run.sweep_key}={shown(value)})") from None
     return out
 
 

@@ -22,7 +22,7 @@ Examples:
   qbench model search-hw --config deepflow --workload transformer --shape layers=24 --shape batch=32
   qbench model gemm --m 8192 --k 4096 --n 4096 --dtype bf16 --gpu h200
   qbench model floors switchback batch_size=32768 dim_in=1024 dim_out=4096 dtype=bf16
-  qbench model --against results/switchback-h200-20261121T1004Z --gpu h200
+  qbench model --against results/switchback-h200-modes-c4c2232/run1 --gpu h200
   qbench model gemm --m 8192 --k 4096 --n 4096 --calibrated results/model-calibration-h200.yaml
   qbench model calibrate --file calibration.yaml   # on a GPU: this device's ceilings, for --calibrated
 """

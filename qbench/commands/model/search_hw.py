@@ -32,7 +32,10 @@ def search_hw(**o) -> None:
     from qbench import report, store
     from qbench.benches.model import search as bench
     from qbench.commands.common import run_and_store
+    from qbench.commands.limits import check_search_steps
     from qbench.model import objective, search_hw
+
+    check_search_steps(o["starts"], o["iterations"])
 
     with usage_errors():
         cfg, shape, (batch, seq) = bench.load_workload(o["config_path"], parse_sets(o["overrides"]), o["workload"],

@@ -17,28 +17,43 @@ def parse_assignment(text: str, option: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
+def _scalar(text: str, option: str):
+    """One value as YAML 1.2 reads it (qbench.safe_yaml's limits), or a usage error naming the option."""
+    from qbench.model.deepflow.config import ConfigError, parse_scalar
+
+    try:
+        return parse_scalar(text, option)
+    except ConfigError as exc:
+        raise QbenchUsageError(str(exc)) from None
+
+
+def _once(pairs: list[tuple[str, str]], option: str) -> list[tuple[str, str]]:
+    """The pairs, refused when a key is given twice (which one would win is a guess)."""
+    keys = [key for key, _ in pairs]
+    twice = next((key for key in keys if keys.count(key) > 1), None)
+    if twice is not None:
+        raise QbenchUsageError(f"{option} {twice}: given twice; give each key once")
+    return pairs
+
+
 def parse_params(items: tuple[str, ...]) -> dict:
     """KEY=VALUE words -> {key: int, float, bool or string} (YAML 1.2 scalars, as in a config file)."""
-    from qbench.model.deepflow.config import parse_scalar
-
-    return {k: parse_scalar(v) for k, v in (parse_assignment(i, "parameter") for i in items)}
+    pairs = _once([parse_assignment(i, "parameter") for i in items], "parameter")
+    return {k: _scalar(v, f"parameter {k}") for k, v in pairs}
 
 
 def parse_sets(overrides: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
     """--set SECTION.KEY=VALUE options -> ((section.key, value), ...)."""
-    from qbench.model.deepflow.config import parse_scalar
-
-    return tuple((k, parse_scalar(v)) for k, v in (parse_assignment(o, "--set") for o in overrides))
+    pairs = _once([parse_assignment(o, "--set") for o in overrides], "--set")
+    return tuple((k, _scalar(v, f"--set {k}")) for k, v in pairs)
 
 
 def parse_sweep(sweep: str | None) -> tuple[str | None, tuple]:
     """--sweep SECTION.KEY=V1,V2 -> (section.key, (v1, v2)); (None, ()) without a sweep."""
-    from qbench.model.deepflow.config import parse_scalar
-
     if not sweep:
         return None, ()
     key, text = parse_assignment(sweep, "--sweep")
-    values = tuple(parse_scalar(v.strip()) for v in text.split(",") if v.strip())
+    values = tuple(_scalar(v.strip(), f"--sweep {key}") for v in text.split(",") if v.strip())
     if not values:
         raise QbenchUsageError(f"--sweep {sweep!r} gives no values")
     return key, values

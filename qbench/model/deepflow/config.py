@@ -43,32 +43,27 @@ class ConfigError(ValueError):
     """A config problem; the message names the key (section.key) and what to change."""
 
 
-def _yaml_loader():
-    """A safe loader that resolves floats as YAML 1.2 does (`37e-6` without a dot is a float)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?([0-9][0-9_]*)?(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-        list("-+0123456789."),
-    )
-    return Loader
-
-
 def parse_yaml(text: str, where: str) -> dict:
-    """The raw mapping of a DeepFlow config's text (ConfigError naming `where` when it is malformed)."""
-    import yaml
+    """The raw mapping of a DeepFlow config's text (ConfigError naming `where` when it is malformed, too
+    large, repeats a key or uses aliases of collections: qbench.safe_yaml)."""
+    from qbench.safe_yaml import YamlRefused, load
 
     try:
-        data = yaml.load(text, Loader=_yaml_loader())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        data = load(text)
+    except YamlRefused as exc:
+        raise ConfigError(f"{where} {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected the sections {', '.join(SECTIONS)}")
     return data
+
+
+def shown(value: Any) -> str:
+    """A value as an error message quotes it: its repr, cut short (a hostile file's value may be huge)."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 60
+    return short.repr(value)
 
 
 def parse_unit_string(value: str, where: str) -> Any:
@@ -79,12 +74,12 @@ def parse_unit_string(value: str, where: str) -> Any:
     if not numbers or not others:
         return value
     if len(numbers) != 1 or len(others) != 1:
-        raise ConfigError(f"{where}: {value!r} must be one number and one unit, like '4 GB'")
+        raise ConfigError(f"{where}: {shown(value)} must be one number and one unit, like '4 GB'")
     unit = others[0]
     if unit[0] not in _PREFIX:
-        raise ConfigError(f"{where}: unknown prefix in {value!r}; use K, M, G or T (as in '32 KB')")
+        raise ConfigError(f"{where}: unknown prefix in {shown(value)}; use K, M, G or T (as in '32 KB')")
     if len(unit) < 2 or unit[1] not in "Bb":
-        raise ConfigError(f"{where}: unit {unit!r} must be bytes (B) or bits (b), as in '225 GB/s'")
+        raise ConfigError(f"{where}: unit {shown(unit)} must be bytes (B) or bits (b), as in '225 GB/s'")
     return int(numbers[0]) * _PREFIX[unit[0]] * (1 if unit[1] == "B" else 8)
 
 
@@ -92,10 +87,10 @@ def normalize(raw: Mapping) -> dict[str, dict[str, Any]]:
     """Check the sections and keys, parse unit strings and validate values; returns a new mapping."""
     missing = [s for s in SECTIONS if s not in raw]
     if missing:
-        raise ConfigError(f"missing section {missing[0]!r} (a DeepFlow config has {', '.join(SECTIONS)})")
+        raise ConfigError(f"missing section {shown(missing[0])} (a DeepFlow config has {', '.join(SECTIONS)})")
     extra = [s for s in raw if s not in SECTIONS]
     if extra:
-        raise ConfigError(f"unknown section {extra[0]!r}; expected {', '.join(SECTIONS)}")
+        raise ConfigError(f"unknown section {shown(extra[0])}; expected {', '.join(SECTIONS)}")
     out: dict[str, dict[str, Any]] = {}
     for section, keys in SECTIONS.items():
         body = raw[section] or {}
@@ -106,7 +101,7 @@ def normalize(raw: Mapping) -> dict[str, dict[str, Any]]:
                 raise ConfigError(f"missing key {section}.{key}")
         for key in body:
             if key not in keys:
-                raise ConfigError(f"unknown key {section}.{key}")
+                raise ConfigError(f"unknown key {section}.{str(key)[:60]}; {section} has {', '.join(keys)}")
         out[section] = {k: _value(body[k], f"{section}.{k}") for k in keys}
     _validate(out)
     return out
@@ -123,7 +118,7 @@ def _value(value: Any, where: str) -> Any:
 def _number(cfg: dict, section: str, key: str) -> float:
     value = cfg[section][key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{section}.{key} must be a number, not {value!r}")
+        raise ConfigError(f"{section}.{key} must be a number, not {shown(value)}")
     return value
 
 
@@ -134,16 +129,33 @@ def _validate(cfg: dict) -> None:
                 continue
             value = _number(cfg, section, key)
             if key in _POSITIVE_INTS.get(section, ()) and (int(value) != value or not 0 < value <= MAX_COUNT):
-                raise ConfigError(f"{section}.{key} must be a positive integer up to 2**53, not {value!r}")
+                raise ConfigError(f"{section}.{key} must be a positive integer up to 2**53, not {shown(value)}")
             zero_ok = key in ("kernel_launch_overhead", "line_latency")  # a fixed cost may be 0
             if section in ("tech_param", "arch_param") and (value < 0 if zero_ok else value <= 0):
-                raise ConfigError(f"{section}.{key} must be > 0, not {value!r}")
+                raise ConfigError(f"{section}.{key} must be > 0, not {shown(value)}")
             if section == "power_breakdown" and value < 0:
-                raise ConfigError(f"{section}.{key} must be >= 0, not {value!r}")
+                raise ConfigError(f"{section}.{key} must be >= 0, not {shown(value)}")
     for key in ("TDP", "core", "DRAM"):
         if cfg["power_breakdown"][key] <= 0:
             raise ConfigError(f"power_breakdown.{key} must be > 0 (it sets the device's rates)")
+    _validate_power(cfg["power_breakdown"])
     _validate_scheduling(cfg)
+
+
+POWER_FRACTIONS = ("core", "DRAM", "L2", "shared_mem", "IB")  # shares of TDP
+# DeepFlow's own seed config gives 1.090112 of TDP in all (0.89 on chip + 0.2 to IB), so a sum up to 1.1 is
+# a DeepFlow config as published; more claims power the device does not have (a typo such as 2.0 for 0.2)
+MAX_POWER_SUM = 1.1
+
+
+def _validate_power(power: dict) -> None:
+    for key in POWER_FRACTIONS:
+        if not 0 <= power[key] <= 1:
+            raise ConfigError(f"power_breakdown.{key} = {shown(power[key])} is a fraction of TDP; give 0 to 1")
+    total = sum(power[key] for key in POWER_FRACTIONS)
+    if total > MAX_POWER_SUM:
+        raise ConfigError(f"power_breakdown fractions {', '.join(POWER_FRACTIONS)} sum to {total:.4g} of TDP; "
+                          f"they share one TDP, so their sum must be at most {MAX_POWER_SUM} (DeepFlow's seed: 1.09)")
 
 
 def _validate_scheduling(cfg: dict) -> None:
@@ -152,7 +164,7 @@ def _validate_scheduling(cfg: dict) -> None:
         raise ConfigError("scheduling_param.auto: only False is supported (DeepFlow's automatic modes "
                           "do not run); use `qbench model search` to rank strategies")
     if sched["topology"] not in TOPOLOGIES:
-        raise ConfigError(f"scheduling_param.topology: unknown topology {sched['topology']!r}; "
+        raise ConfigError(f"scheduling_param.topology: unknown topology {shown(sched['topology'])}; "
                           f"choose from {', '.join(TOPOLOGIES)}")
     if cfg["model_param"]["num_layers"] % sched["hlp"]:
         raise ConfigError(f"scheduling_param.hlp = {sched['hlp']} must divide model_param.num_layers "
@@ -161,7 +173,7 @@ def _validate_scheduling(cfg: dict) -> None:
         _validate_kp(cfg, layer)
     parallel = sched["dp"] > 1 or sched["lp"] > 1 or any(sched[f"kp_{n}_type"] != -1 for n in KP_LAYERS)
     if parallel and sched["topology"] != "mesh":
-        raise ConfigError(f"scheduling_param.topology: {sched['topology']!r} has no interconnect model, so "
+        raise ConfigError(f"scheduling_param.topology: {shown(sched['topology'])} has no interconnect model, so "
                           "dp, lp or kernel parallelism > 1 cannot be timed; use topology: mesh")
 
 
@@ -171,7 +183,7 @@ def _validate_kp(cfg: dict, layer: str) -> None:
     kind, d1, d2 = (sched[f"kp_{layer}_type"], sched[f"kp_{layer}_dim1"], sched[f"kp_{layer}_dim2"])
     key = f"scheduling_param.kp_{layer}"
     if kind not in (-1, 1, 2):
-        raise ConfigError(f"{key}_type = {kind!r}: use -1 (none), 1 (column-row) or 2 (row-column)")
+        raise ConfigError(f"{key}_type = {shown(kind)}: use -1 (none), 1 (column-row) or 2 (row-column)")
     if kind == -1 and (d1 > 1 or d2 > 1):
         raise ConfigError(f"{key}_dim1/_dim2 = {d1}/{d2} need {key}_type 1 or 2 (type -1 means no split)")
     if kind == 1 and d2 > 1:
@@ -210,7 +222,7 @@ def with_overrides(raw: Mapping, overrides: Mapping[str, Any]) -> dict:
     for dotted, value in overrides.items():
         section, _, key = dotted.partition(".")
         if section not in SECTIONS or key not in SECTIONS[section]:
-            raise ConfigError(f"--set/--sweep: unknown key {dotted!r}; write section.key, "
+            raise ConfigError(f"--set/--sweep: unknown key {shown(dotted)}; write section.key, "
                               f"e.g. model_param.batch_size")
         out.setdefault(section, {})
         out[section] = dict(out[section] or {})
@@ -218,8 +230,16 @@ def with_overrides(raw: Mapping, overrides: Mapping[str, Any]) -> dict:
     return out
 
 
-def parse_scalar(text: str) -> Any:
-    """A command-line value: int, float, bool or string (YAML 1.2 rules, as in the file)."""
-    import yaml
+def parse_scalar(text: str, option: str = "--set") -> Any:
+    """A command-line value: int, float, bool or string (YAML 1.2 rules, as in the file); a ConfigError
+    naming the option and the value when it is not one YAML scalar."""
+    from qbench.safe_yaml import YamlRefused, load
 
-    return yaml.load(text, Loader=_yaml_loader())
+    try:
+        value = load(text)
+    except YamlRefused as exc:
+        raise ConfigError(f"{option} value {shown(text)} {exc}") from None
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"{option} value {shown(text)} is a YAML {type(value).__name__}; give one number, "
+                          "word or true/false")
+    return value

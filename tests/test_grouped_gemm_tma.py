@@ -16,7 +16,7 @@ import torch
 
 from kernels import grouped_gemm as gg
 from kernels import grouped_gemm_tma as tma
-from kernels._common import interpreting
+from kernels._common import epilogue, interpreting
 from tests.test_grouped_gemm import _assert_close  # one mismatch report for both grouped GEMM kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -91,10 +91,10 @@ def test_activation_after_the_tma_product_matches_torch(case, act):
     product in pre and act(pre) in y; backward (w transposed), y = (dy @ w) * act'(pre) in place."""
     dtype = torch.float16
     x, w, b = _inputs(case, dtype, False, seed=7)
-    offsets, code = _offsets(CASES[case][0]), {"relu": 1, "gelu": 2}[act]
+    offsets = _offsets(CASES[case][0])
     T, N = x.shape[0], w.shape[2]
     pre, y = (torch.full((T, N), float("nan"), device=DEVICE, dtype=dtype) for _ in range(2))
-    gg._launch_fwd(x, w, offsets, b, y, impl="tma", epi=(1, code, pre))
+    gg._launch_fwd(x, w, offsets, b, y, impl="tma", epi=epilogue("act", act, pre))
     want = gg.grouped_matmul_reference(x, w, offsets, b)
     _assert_close(pre, want, TOL[dtype], f"{case} pre")
     f = torch.nn.functional.gelu if act == "gelu" else torch.relu
@@ -105,7 +105,7 @@ def test_activation_after_the_tma_product_matches_torch(case, act):
     gen = torch.Generator().manual_seed(8)
     v, dz = _weights(G, M, N, dtype, True, gen), torch.randn(T, M, generator=gen).to(DEVICE, dtype)
     dpre = torch.full((T, N), float("nan"), device=DEVICE, dtype=dtype)
-    gg._launch_fwd(dz, v, offsets, None, dpre, impl="tma", epi=(2, code, pre))
+    gg._launch_fwd(dz, v, offsets, None, dpre, impl="tma", epi=epilogue("act_grad", act, pre))
     dact = gg.grouped_matmul_reference(dz, v, offsets).float()
     want = (torch.ops.aten.gelu_backward(dact, pre.float()) if act == "gelu"
             else torch.ops.aten.threshold_backward(dact, pre.float(), 0))

@@ -5,7 +5,6 @@ seed: the original report layout)."""
 from qbench.benches.fragmented.config import (  # noqa: F401
     BASELINES,
     BENCH,
-    EXECS,
     LAYERS,
     MODES,
     Case,

@@ -64,7 +64,7 @@ def _sources(config) -> int:
 def run(config):
     """Check every case, then time them (none when any check failed: the cases that passed are then
     recorded as skipped, with the failed ones named); yields one record per case."""
-    from qbench.units import torch_dtype
+    from qbench.dtypes import torch_dtype
 
     dtype, rows, R = torch_dtype(config.dtype), config.samples * config.top_k, _sources(config)
     device = "cuda" if config.device == "cuda" else "cpu"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.benches.switchback import peers
-from qbench.units import torch_dtype
+from qbench.dtypes import torch_dtype
 
 # The seed's totals, plus the peers' (each peer keeps the 16-bit grad-weight, as SwitchBack does).
 TOTALS = {

@@ -79,3 +79,35 @@ def run_and_store(
         report.notice(f"{report.counted(len(failed), 'configuration')} failed; see the status column", style="red")
         sys.exit(1)
     return kept
+
+
+def over_dtypes(configs: Sequence[Any], run: Callable[[Any], Iterable[dict]], count: Callable[[Any], int]
+                ) -> tuple[Any, Iterable[dict], int]:
+    """One run of a bench whose config takes one dtype, over --dtype's list: (the config env.json keeps,
+    its dtype the comma list; the records of each dtype's config in turn, each run only when the one
+    before it is done; their total count)."""
+    import dataclasses
+    import itertools
+
+    kept = dataclasses.replace(configs[0], dtype=",".join(c.dtype for c in configs))
+    return kept, itertools.chain.from_iterable(run(c) for c in configs), sum(count(c) for c in configs)
+
+
+def check_plot(plot: str | None) -> None:
+    """A --plot FILE with a bad name is refused before the sweep, not after it."""
+    from qbench.options import figure_path
+
+    if figure_path(plot):
+        from qbench.plots import check_figure_path
+
+        check_figure_path(figure_path(plot))
+
+
+def draw_figure(plot: str | None, out: str) -> None:
+    """After a run: its figure where --plot asked for one (a bare --plot: <run>/<bench>.png)."""
+    if plot is None:
+        return
+    from qbench.options import figure_path
+    from qbench.plots import plot_run
+
+    report.notice(f"figure: {plot_run([out], figure_path(plot))}", style="dim")

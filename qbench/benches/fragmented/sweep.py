@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from qbench.benches.fragmented import steps
 from qbench.benches.fragmented.config import BENCH, Case, FragmentedConfig
 from qbench.benches.fragmented.cost import UNITS, forward_cost, roofline
-from qbench.benches.fragmented.gate import TOLERANCE, gate
-from qbench.dtypes import torch_dtype
+from qbench.benches.fragmented.gate import gate
+from qbench.dtypes import tolerance, torch_dtype
 from qbench.modes import compiled
 from qbench.store import make_record
 from qbench.timing import backward_thread
@@ -81,7 +81,7 @@ def _inputs(case: Case, device: str, seed: int):
 def _mismatch(got: list, want: list, dtype: str) -> str | None:
     for i, (a, b) in enumerate(zip(got, want)):
         err = float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-        if not err <= TOLERANCE[dtype]:
+        if not err <= tolerance(dtype).layer:
             return f"tensor {i} (0: output, then gradients) differs from eager by {err:.2e}"
     return None
 

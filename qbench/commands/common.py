@@ -81,16 +81,14 @@ def run_and_store(
     return kept
 
 
-def over_dtypes(configs: Sequence[Any], run: Callable[[Any], Iterable[dict]], count: Callable[[Any], int]
-                ) -> tuple[Any, Iterable[dict], int]:
+def over_dtypes(configs: Sequence[Any], runs: Sequence[Iterable[dict]]) -> tuple[Any, Iterable[dict]]:
     """One run of a bench whose config takes one dtype, over --dtype's list: (the config env.json keeps,
-    its dtype the comma list; the records of each dtype's config in turn, each run only when the one
-    before it is done; their total count)."""
+    its dtype the comma list; the records of each dtype's config in turn). runs: each config's records,
+    not read yet (the benches' record iterators measure nothing until they are read)."""
     import dataclasses
     import itertools
 
-    kept = dataclasses.replace(configs[0], dtype=",".join(c.dtype for c in configs))
-    return kept, itertools.chain.from_iterable(run(c) for c in configs), sum(count(c) for c in configs)
+    return dataclasses.replace(configs[0], dtype=",".join(c.dtype for c in configs)), itertools.chain(*runs)
 
 
 def check_plot(plot: str | None) -> None:

@@ -54,8 +54,9 @@ def run_grouped(sizes: dict, dtypes: tuple[str, ...], *, out, append: bool, forc
     experts = experts if isinstance(experts, tuple) else (experts,)
     configs = [bench.resolve(bench.MoEBenchConfig(kernels="grouped", world_size=1, backend="auto", dtype=dtype,
                                                   num_local_experts=experts, **sizes)) for dtype in dtypes]
-    runs = [bench.run(config) for config in configs]  # each validates now: usage errors before any record
-    config, records, total = over_dtypes(configs, lambda c: runs[configs.index(c)], lambda c: len(bench.plan(c)))
+    # each validates now: usage errors before any record
+    config, records = over_dtypes(configs, [bench.run(c) for c in configs])
+    total = sum(len(bench.plan(c)) for c in configs)
     out = out or str(store.default_run_dir(BENCH))
     run_and_store(BENCH, config, records, total=total, out=out, append=append, force=force, as_json=as_json,
                   table=bench.table, notice=report.cpu_notice(config.device))
@@ -68,6 +69,5 @@ def forward_from_moe(fields: dict, plot, *, out, append: bool, force: bool, as_j
 
     check_plot(plot)
     sizes = {k: fields[k] for k in ("model_dim", "hidden_size", "num_local_experts", "samples", "top_k", "device")}
-    run = run_grouped(sizes, (fields["dtype"],) if fields["dtype"] else ("fp16",), out=out, append=append,
-                      force=force, as_json=as_json)
+    run = run_grouped(sizes, fields["dtypes"] or ("fp16",), out=out, append=append, force=force, as_json=as_json)
     draw_figure(plot, run)

@@ -18,7 +18,7 @@ Examples:
 """
 @click.command(epilog=EPILOG)
 @moe_options
-def command(fmt, plot, steps, out, append, force, as_json, resume, **fields) -> None:
+def command(fmt, plot, steps, dtypes, out, append, force, as_json, resume, **fields) -> None:
     """Distributed mixture-of-experts layer: step time (max over ranks), forward/backward and phase
     breakdown, TFLOP/s by the seeds' formula, load balance and drops, checked against a dense reference.
 
@@ -28,24 +28,27 @@ def command(fmt, plot, steps, out, append, force, as_json, resume, **fields) -> 
     the host must learn each step's split sizes)."""
     from qbench import dist, report, store
     from qbench.benches import moe as bench
-    from qbench.commands.common import draw_figure, resumed, run_and_store
+    from qbench.commands.common import draw_figure, over_dtypes, resumed, run_and_store
 
     if fields["kernels"] is not None and not resume:  # the spelling before `qbench grouped`
         from qbench.commands.grouped import forward_from_moe
 
-        return forward_from_moe(fields, plot, out=out, append=append, force=force, as_json=as_json)
-    config = bench.resolve(bench.MoEBenchConfig(num_steps=steps, **fields))
-    _check_flags(config, plot, resume)
+        return forward_from_moe({**fields, "dtypes": dtypes}, plot, out=out, append=append, force=force,
+                                as_json=as_json)
+    configs = [bench.resolve(bench.MoEBenchConfig(num_steps=steps, dtype=dtype, **fields))
+               for dtype in dtypes or (None,)]  # None: the device's default dtype
+    _check_flags(configs[0], plot, resume)
     done = resumed(bench.BENCH, out, resume, force, key=lambda record: bench.resume_id(record["params"]))
-    records = bench.run(config, done)  # validates now: usage errors before any notice or record
+    # each validates now: usage errors before any notice or record
+    config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
     if not dist.is_primary():  # ranks > 0 of a torchrun job measure but never write results
         list(records)
         return
     out = out or str(store.default_run_dir(bench.BENCH))
     try:
-        kept = run_and_store(bench.BENCH, config, records, total=len(bench.plan(config, done)), out=out,
-                             append=append or resume, force=force, as_json=as_json, table=bench.table,
-                             notice=report.cpu_notice(config.device))
+        total = sum(len(bench.plan(c, done)) for c in configs)
+        kept = run_and_store(bench.BENCH, config, records, total=total, out=out, append=append or resume, force=force,
+                             as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device))
     except dist.RankFailure as exc:
         raise click.ClickException(str(exc)) from None
     for record in [r for r in kept if r["status"] == "ok" and fmt == "seed"]:

@@ -19,7 +19,6 @@ Examples:
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager --trace runs/sb-traces  # qbench trace FILE
   qbench switchback --format seed --out runs/sb-seed    # also <run>/info.jsonl for the original plots
   qbench switchback --dims 2048 --out runs/sb --resume  # finish that run after a crash: only what it lacks
-A block stack's training step and the training check are `qbench block` and `qbench train-check`.
 """
 
 
@@ -28,7 +27,8 @@ A block stack's training step and the training check are `qbench block` and `qbe
 def command(plot, **flags) -> None:
     """Time every component of a SwitchBack training step (int8 forward and grad-input, 16-bit
     grad-weight, quantizers) against the 16-bit layer, with the original benchmark's keys and totals,
-    speed-ups, throughput, int8 errors, module-level times, and fp8 / cuBLAS int8 peers."""
+    speed-ups, throughput, int8 errors, module-level times, and fp8 / cuBLAS int8 peers. A block stack's
+    training step and the training check are `qbench block` and `qbench train-check`."""
     from qbench.commands import switchback_block as block
     from qbench.commands.common import check_plot, draw_figure
 
@@ -57,7 +57,8 @@ def _layer_bench(f: dict) -> str:
         repeat=f["steps"], device=f["device"], execs=f["execs"], backward_threads=f["backward_threads"],
         trace_dir=f["trace_dir"])) for dtype in f["dtypes"] or ("fp16",)]
     done = resumed(bench.BENCH, f["out"], f["resume"], f["force"])
-    config, records, total = over_dtypes(configs, lambda c: bench.run(c, done), lambda c: len(bench.pending(c, done)))
+    config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
+    total = sum(len(bench.pending(c, done)) for c in configs)
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:
         run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"] or f["resume"],

@@ -24,7 +24,8 @@ def run_block(f: dict) -> str:
     configs = [bench.resolve(bench.ModelConfig(models=models, batch_sizes=f["batch_sizes"], layers=f["layers"],
                                                dtype=dtype, variants=variants, execs=f["execs"], repeat=f["steps"],
                                                device=f["device"])) for dtype in f["dtypes"] or ("bf16",)]
-    config, records, total = over_dtypes(configs, model_run.run, bench.count)
+    config, records = over_dtypes(configs, [model_run.run(c) for c in configs])
+    total = sum(bench.count(c) for c in configs)
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"], force=f["force"],
                   as_json=f["as_json"], table=model_table, notice=report.cpu_notice(config.device))
@@ -50,8 +51,9 @@ def run_train(f: dict) -> str:
         for dtype in f["dtypes"] or ("bf16",)]
     preset = resolved[0][1]
     report.notice(f"{resolved[0][0].model} on {resolved[0][0].device}: {preset}", style="dim")
-    config, records, total = over_dtypes([c for c, _ in resolved], lambda c: train_loop.run(c, preset),
-                                         lambda c: len(c.variants))
+    configs = [c for c, _ in resolved]
+    config, records = over_dtypes(configs, [train_loop.run(c, preset) for c in configs])
+    total = sum(len(c.variants) for c in configs)
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"], force=f["force"],
                   as_json=f["as_json"], table=train_table, notice=report.cpu_notice(config.device))

@@ -40,6 +40,7 @@ def test_block_runs_the_block_stack_over_a_dtype_list(tmp_path):
                                   ("switchback_model", "fp16", "16bit", "eager", "ok")]
     assert all(len(r["samples"]["step_ms"]) == 2 for r in records)  # --steps: the timed repeats
     assert env["config"]["dtype"] == "bf16,fp16"
+    assert env["launch_path"] == "none"  # the CPU without the interpreter runs the kernels' torch references
 
 
 def test_train_check_trains_the_size_it_is_given(tmp_path):
@@ -60,7 +61,8 @@ def test_grouped_and_its_old_spelling_write_grouped_gemm_records(tmp_path, spell
     res = run_qbench(*spelling, "--dtype", "bf16", "--model-dim", "32", "--hidden-size", "48", "--samples", "20",
                      "--num-local-experts", "2", "--device", "cpu", "--out", str(out), cwd=tmp_path, interpret=True)
     assert res.returncode == 0, res.stderr
-    _, records = store.load_run(out)
+    env, records = store.load_run(out)
+    assert env["launch_path"] == "interpreter" and "grouped_gemm_fwd" in env["launch_paths"]
     assert [r["params"]["shape"] for r in records] == ["a fwd x@w1", "b fwd act@w2", "c dgrad dy@w2^T",
                                                        "d dgrad dpre@w1^T"]
     assert {(r["bench"], r["params"]["dtype"], r["status"]) for r in records} == {("grouped_gemm", "bf16", "ok")}

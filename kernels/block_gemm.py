@@ -32,7 +32,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from kernels._common import cdiv, dot_accumulate, dot_rows, ieee, interpreting, upcast, use_triton
+from kernels._common import ACTIVATIONS, cdiv, dot_accumulate, dot_rows, ieee, interpreting, upcast, use_triton
 
 # A program owns one block (BM = B rounded up to a power of two rows) and one N tile. Interpreter
 # runs (CPU tests) use tiny tiles to stay fast; GPU configs are the Hopper tensor-core shapes for
@@ -46,8 +46,6 @@ else:
         triton.Config({"BN": 128, "BK": 64}, num_warps=4, num_stages=4),
     ]
     _COPY_CONFIGS = [triton.Config({"BK": 256}, num_warps=4), triton.Config({"BK": 512}, num_warps=8)]
-
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._common import ACTIVATIONS, interpreting, is_compiling, register_op, use_triton
+from kernels._common import PRODUCT, Epilogue, epilogue, interpreting, is_compiling, register_op, use_triton
 from kernels.grouped_gemm_pointer import pointer_fwd
 from kernels.grouped_gemm_wgrad import grouped_bias_reference, grouped_wgrad_reference, launch_wgrad
 
@@ -60,10 +60,10 @@ def segments_per_group(offsets, num_groups: int) -> int:
     return (offsets.numel() - 1) // num_groups if num_groups else 1
 
 
-def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto", epi: tuple = (0, 0, None)):
+def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto", epi: Epilogue = PRODUCT):
     """Triton forward launch; w may be any strided view (the input gradient passes w^T); `out` (a
-    row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward; epi = (EPI,
-    ACT, pre) of kernels._common.activation_epilogue (pre [T, N] with y's row stride, or None).
+    row-contiguous [T, N] view) receives y when given; impl: see grouped_matmul_forward; epi: the
+    kernels._common.Epilogue around the product (its pre [T, N] with y's row stride).
     The pointer kernel applies the activation in its epilogue. The persistent TMA kernel does not: it
     runs a tile's epilogue after the tile's K loop, not beside the next one, and on an H200 at the moe
     seed shapes (16384 rows, 1024 <-> 4096, 8 experts, fp16) its GELU epilogue cost more than torch's
@@ -73,9 +73,9 @@ def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto", epi: tuple = 
     y = torch.empty((T, N), dtype=x.dtype, device=x.device) if out is None else out
     if T == 0 or N == 0:
         return y
-    if epi[2] is not None and epi[2].stride() != y.stride():
-        raise ValueError(f"pre {tuple(epi[2].stride())} and y {tuple(y.stride())} must share their strides")
-    product = epi[2] if epi[0] == 1 else y  # EPI 1 keeps the product as pre
+    if epi.pre is not None and epi.pre.stride() != y.stride():
+        raise ValueError(f"pre {tuple(epi.pre.stride())} and y {tuple(y.stride())} must share their strides")
+    product = epi.pre if epi.kind == "act" else y  # the activation epilogue keeps the product as pre
     if K == 0 or G == 0:
         product.zero_() if bias is None else product.copy_(_bias_rows(bias, offsets, T))
         return _activation_after(y, epi)
@@ -89,14 +89,13 @@ def _launch_fwd(x, w, offsets, bias, out=None, impl: str = "auto", epi: tuple = 
     return pointer_fwd(x, w, offsets, bias, y, epi)
 
 
-def _activation_after(y, epi: tuple):
-    """The activation epilogue as torch's elementwise kernels after the product: EPI 1: y = act(pre)
-    (the product is in pre); 2: y = y * act'(pre), in place; 0: y as it is."""
-    code, act, pre = epi
-    if code == 1:
-        return _act_torch(pre, act, out=y)
-    if code == 2:
-        return _act_grad_torch(y, pre, act, out=y)
+def _activation_after(y, epi: Epilogue):
+    """The epilogue as torch's elementwise kernels after the product: "act": y = act(pre) (the product
+    is in pre); "act_grad": y = y * act'(pre), in place; none: y as it is."""
+    if epi.kind == "act":
+        return _act_torch(epi.pre, epi.activation, out=y)
+    if epi.kind == "act_grad":
+        return _act_grad_torch(y, epi.pre, epi.activation, out=y)
     return y
 
 
@@ -148,16 +147,16 @@ def _forward(x, w, offsets, bias, backend: str, out, impl: str):
     return y if out is None else out.copy_(y)
 
 
-def _act_torch(t, act: int, out=None):
-    """relu (1) or erf GELU (2) of t, in t.dtype (the unfused activation), into out when given."""
-    f = torch.ops.aten.relu if act == 1 else torch.ops.aten.gelu
+def _act_torch(t, activation: str, out=None):
+    """relu or erf GELU of t, in t.dtype (the unfused activation), into out when given."""
+    f = torch.ops.aten.relu if activation == "relu" else torch.ops.aten.gelu
     return f(t) if out is None else f.out(t, out=out)
 
 
-def _act_grad_torch(grad, pre, act: int, out=None):
+def _act_grad_torch(grad, pre, activation: str, out=None):
     """The unfused activation backward: grad * act'(pre), in grad.dtype, into out when given (which may
     be grad itself)."""
-    if act == 1:
+    if activation == "relu":
         f = torch.ops.aten.threshold_backward
         return f(grad, pre, 0) if out is None else f.grad_input(grad, pre, 0, grad_input=out)
     f = torch.ops.aten.gelu_backward
@@ -170,18 +169,18 @@ def _forward_act(x, w, offsets, bias, activation: str, backend: str, out):
     pre_o, act_o = out if out is not None else (None, None)
     if backend in ("auto", "triton") and use_triton(x, w):
         pre = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device) if pre_o is None else pre_o
-        act = _launch_fwd(x, w, offsets, bias, act_o, "auto", (1, ACTIVATIONS[activation], pre))
+        act = _launch_fwd(x, w, offsets, bias, act_o, "auto", epilogue("act", activation, pre))
         return pre, act
     pre = _forward(x, w, offsets, bias, backend, pre_o, "auto")
-    return pre, _act_torch(pre, ACTIVATIONS[activation], act_o)
+    return pre, _act_torch(pre, activation, act_o)
 
 
 def _forward_act_grad(dy, w, offsets, pre, activation: str, backend: str, out):
     """dpre on the eager path (see grouped_matmul_act_grad)."""
     if backend in ("auto", "triton") and use_triton(dy, w):
-        return _launch_fwd(dy, w, offsets, None, out, "auto", (2, ACTIVATIONS[activation], pre))
+        return _launch_fwd(dy, w, offsets, None, out, "auto", epilogue("act_grad", activation, pre))
     dact = _forward(dy, w, offsets, None, backend, out, "auto")
-    return _activation_after(dact, (2, ACTIVATIONS[activation], pre))  # in place: no buffer of its own
+    return _activation_after(dact, epilogue("act_grad", activation, pre))  # in place: no buffer of its own
 
 
 def _per_segment(t, offsets):

@@ -15,7 +15,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels._common import activation_epilogue, cdiv, dot_accumulate, ieee, interpreting, next_power_of_2, upcast
+from kernels._common import (
+    Epilogue,
+    activation_epilogue,
+    cdiv,
+    dot_accumulate,
+    ieee,
+    interpreting,
+    next_power_of_2,
+    upcast,
+)
 from kernels._common.launch import LaunchCache, aligned, config_dict, specialization
 
 # Interpreter runs (CPU tests) use one tiny tile so that they stay fast; GPU configs are the usual
@@ -91,21 +100,21 @@ def _grouped_fwd_kernel(
 _FWD = LaunchCache("grouped_gemm_fwd")
 
 
-def pointer_fwd(x, w, offsets, bias, y, epi: tuple):
-    """y <- the grouped product with its epilogue, epi = (EPI, ACT, pre or None); the caller handled
+def pointer_fwd(x, w, offsets, bias, y, epi: Epilogue):
+    """y <- the grouped product with its epilogue (a kernels._common.Epilogue); the caller handled
     empty shapes and int64 contiguous offsets on x's device."""
     T, K = x.shape
     G, _, N = w.shape
     S = offsets.numel() - 1
     b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is false
-    pre = epi[2] if epi[2] is not None else y  # dummy pointer when EPI is 0
+    pre = epi.pre if epi.pre is not None else y  # dummy pointer without an activation epilogue
     args = (x, w, b, y, pre, offsets, T, N, K, S, G, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
             w.stride(2), b.stride(0) if bias is not None else 0, y.stride(0))
-    key = (specialization(T), N, K, S, G, args[11:], x.dtype, bias is not None, epi[:2],
+    key = (specialization(T), N, K, S, G, args[11:], x.dtype, bias is not None, epi.codes,
            aligned(x, w, b, y, pre, offsets), x.device)
     entry = _FWD.entry(key)
     if entry is None:
-        flags = (bias is not None, epi[0], epi[1], ieee(x.dtype), upcast(x.dtype), next_power_of_2(S + 1))
+        flags = (bias is not None, *epi.codes, ieee(x.dtype), upcast(x.dtype), next_power_of_2(S + 1))
         compiled = _grouped_fwd_kernel[lambda meta: (_fwd_programs(T, S, N, meta["BM"], meta["BN"]),)](
             *args, HAS_BIAS=flags[0], EPI=flags[1], ACT=flags[2], IEEE=flags[3], UPCAST=flags[4], BLOCK_G=flags[5])
         best = _grouped_fwd_kernel.best_config

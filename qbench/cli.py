@@ -21,8 +21,11 @@ from qbench.errors import QbenchUsageError, QbenchWarning
 # name -> module under qbench.commands that defines `command`
 COMMANDS = {
     "switchback": "switchback",
+    "block": "block",
+    "train-check": "train_check",
     "fragmented": "fragmented",
     "moe": "moe",
+    "grouped": "grouped",
     "model": "model",
     "compare": "compare",
     "summary": "summary",
@@ -37,6 +40,7 @@ COMMANDS = {
 EPILOG = """\b
 Examples:
   qbench switchback --dims 1024,4096
+  qbench block --preset vit-h --exec compile
   qbench fragmented --sizes 2048,4096
   qbench moe --world-size 4
   qbench model lstm --config deepflow

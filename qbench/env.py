@@ -5,7 +5,8 @@ and power limit (when nvidia-smi answers), driver, CUDA, torch, triton, python, 
 line and the UTC time, the versions of the optional peers a bench times when they are installed (torchao);
 and what code produced the numbers (provenance()): the qbench version, a hash
 of the package's own source (traceable without .git) and, in a checkout, the git commit and dirty flag.
-Autotuner picks noted during a run (note_autotune) are added under "autotune" when the run closes.
+Autotuner picks noted during a run (note_autotune) are added under "autotune", and the path each kernel's
+launches took under "launch_paths" (summed up in "launch_path"), as the run's records are written.
 The device a command runs on is resolved here too (resolve_device, usable_device).
 """
 
@@ -174,6 +175,22 @@ def autotune_picks(since: int = 0) -> list[dict[str, Any]]:
     return [json.loads(json.dumps(p, default=str)) for p in log.since(since)] if log is not None else []
 
 
+def launch_paths(since: int = 0) -> dict[str, str]:
+    """{kernel: "replay" | "plain" | "interpreter" | "mixed"} noted after the mark `since` (an autotune_mark):
+    how each kernel's launches ran (kernels._common.launch: replay needs a Triton in REPLAY_TRITON)."""
+    log = _pick_log()
+    return log.paths_since(since) if log is not None else {}
+
+
+def launch_summary(paths: Mapping[str, str]) -> str:
+    """A run's launch_path: the path every kernel took, "mixed" where they differ, "none" where no Triton
+    kernel launched through the launch cache (torch code only)."""
+    kinds = set(paths.values())
+    if not kinds:
+        return "none"
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
 def command_line(argv: list[str]) -> str:
     """The command as a user would retype it: 'python -m qbench' and the script path read as 'qbench'."""
     words = list(argv)
@@ -195,6 +212,7 @@ def capture_env(argv: list[str] | None = None, config: Any = None) -> dict[str, 
     }
     env.update(torch_info())
     env["triton"] = triton_version()
+    env["launch_path"] = launch_summary({})  # until a kernel launches (the run writer updates it)
     env["peers"] = peer_versions()
     env.update(nvidia_smi())
     env.update(provenance())

@@ -6,12 +6,14 @@ it into one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import click
 
-from qbench.units import ACTIVATION_DTYPES as DTYPES
-from qbench.units import canonical_dtype
+from qbench.dtypes import ACTIVATION_DTYPES as DTYPES
+from qbench.dtypes import canonical_dtype
+from qbench.modes import EXECS
 
 # Largest size a list option takes: kernels index a dimension with 32-bit integers, and anything larger
 # would overflow a seed or a tensor shape long before it could fit in memory.
@@ -171,15 +173,6 @@ def dtype_option(default: str | None = "fp16", choices: tuple[str, ...] = DTYPES
     )
 
 
-def repeat_option(fn):
-    return click.option(
-        "--repeat",
-        type=STEPS,
-        default=None,
-        help="Timed repeats per configuration (default: as many as fit a 250 ms budget).",
-    )(fn)
-
-
 def device_option(fn):
     return click.option(
         "--device",
@@ -188,9 +181,6 @@ def device_option(fn):
         show_default=True,
         help="Where to run: a CUDA GPU when present, otherwise the CPU.",
     )(fn)
-
-
-EXECS = ("eager", "compile", "graph")
 
 
 def exec_option(fn=None, *, default: str = "all the device supports (GPU: all three; CPU: eager)"):
@@ -235,3 +225,58 @@ def strict_option(fn):
     return click.option("--strict", is_flag=True,
                         help="Refuse a run with lines that are not valid records (default: leave them out and "
                              "name them on stderr).")(run)
+
+
+# ------------------------------------------------------------------------------ the shared dialect
+# Every bench command spells these alike; the spellings of earlier qbench versions and of the seeds stay
+# accepted as aliases (`--repeat`, `--num-steps`, `--seed-format`, a bare `--plot`).
+
+RUN_FIGURE = "-"  # what a bare --plot stands for: the run's own figure, <run>/<bench>.png
+
+
+def plot_option(fn):
+    """--plot [FILE]: draw the run's figure into FILE (.png, .svg, .pdf) after the run; a bare --plot
+    draws <run>/<bench>.png. figure_path(value) turns the value into plot_run's out_path."""
+    return click.option(
+        "--plot", is_flag=False, flag_value=RUN_FIGURE, default=None, metavar="[FILE]",
+        help="Draw the run's figure afterwards into FILE (.png, .svg, .pdf); alone: <run>/<bench>.png.")(fn)
+
+
+def figure_path(plot: str | None) -> str | None:
+    """plot_run's out_path for a --plot value (None: the run's default figure file)."""
+    return None if plot in (None, RUN_FIGURE) else plot
+
+
+FORMATS = ("table", "seed")
+
+
+def format_option(help: str):
+    """--format table|seed (the value reaches the command as `fmt`), with the hidden flag --seed-format
+    as an alias of --format seed."""
+
+    def add(fn):
+        @functools.wraps(fn)
+        def command(*args, fmt: str, seed_format: bool, **kwargs):
+            return fn(*args, fmt="seed" if seed_format else fmt, **kwargs)
+
+        command = click.option("--seed-format", is_flag=True, hidden=True, help="Same as --format seed.")(command)
+        return click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+                            help=help)(command)
+
+    return add
+
+
+def steps_option(help: str, *aliases: str, default: int | None = None):
+    """--steps N (the value reaches the command as `steps`): timed steps or repeats per configuration;
+    aliases: the spellings a command took before (--repeat, --num-steps)."""
+    return click.option("--steps", *aliases, "steps", type=STEPS, default=default,
+                        help=help)
+
+
+def dtypes_option(default: str | None, choices: tuple[str, ...] = DTYPES, help: str = "Data types of activations."):
+    """--dtype as a comma list (the value reaches the command as `dtypes`, a tuple of canonical names)."""
+    return click.option(
+        "--dtype", "dtypes", default=default, show_default=default is not None,
+        callback=callback(parse_dtype_list(choices)), metavar="|".join(choices),
+        help=f"{help} One or more, e.g. {','.join(choices[:2])} ({', '.join(choices)}; aliases like float16 "
+             "accepted).")

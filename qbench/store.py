@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from qbench import record_schema, run_claim
-from qbench.env import COMPARABILITY_KEYS, autotune_mark, autotune_picks, own_source_hash
+from qbench.env import (
+    COMPARABILITY_KEYS,
+    autotune_mark,
+    autotune_picks,
+    launch_paths,
+    launch_summary,
+    own_source_hash,
+)
 from qbench.errors import QbenchUsageError, QbenchWarning, read_text
 from qbench.paths import check_name, name_problem
 from qbench.record_schema import SCHEMA_VERSION, STATUSES
@@ -245,7 +252,7 @@ class RunWriter:
         (SIGKILL, the OOM killer) still names the configs its records ran with."""
         mark = autotune_mark()
         if mark != self._stored_mark:
-            _store_autotune(self.path / ENV_FILE, autotune_picks(self._autotune_mark))
+            _store_autotune(self.path / ENV_FILE, self._autotune_mark)
             self._stored_mark = mark
 
     def close(self) -> None:
@@ -263,7 +270,7 @@ class RunWriter:
         if self._fh is not None and not self._fh.closed:
             self._fh.close()
             export_csv(self.path)
-            _store_autotune(self.path / ENV_FILE, autotune_picks(self._autotune_mark))
+            _store_autotune(self.path / ENV_FILE, self._autotune_mark)
         elif self._fh is None and self._claimed is not None:
             (self.path / ENV_FILE).unlink(missing_ok=True)
             if self._claimed == "dir":
@@ -327,14 +334,18 @@ def _rewrite_records(path: Path, drop: set[tuple[str, str]]) -> None:
     tmp.replace(file)  # atomic: a crash leaves either the old file or the new one
 
 
-def _store_autotune(env_file: Path, picks: list[dict[str, Any]]) -> None:
-    """Add the autotuner picks noted during the run to env.json["autotune"] (a pick for a kernel and key
-    already there, from an earlier run appended to, is replaced)."""
-    if not picks or not env_file.exists():
+def _store_autotune(env_file: Path, since: int) -> None:
+    """Add the autotuner picks noted since the mark to env.json["autotune"] (a pick for a kernel and key
+    already there, from an earlier run appended to, is replaced), and the kernels' launch paths to
+    env.json["launch_paths"], summed up in env.json["launch_path"]."""
+    picks, paths = autotune_picks(since), launch_paths(since)
+    if not (picks or paths) or not env_file.exists():
         return
     env = json.loads(env_file.read_text(encoding="utf-8"))
     merged = {(p["kernel"], json.dumps(p["key"], sort_keys=True)): p for p in [*env.get("autotune", []), *picks]}
     env["autotune"] = [merged[k] for k in sorted(merged)]
+    env["launch_paths"] = dict(sorted({**env.get("launch_paths", {}), **paths}.items()))
+    env["launch_path"] = launch_summary(env["launch_paths"])
     _write_json(env_file, env)
 
 

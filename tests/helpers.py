@@ -29,3 +29,26 @@ def timed_record(case_params: dict, time_samples: list[float], tflops: float | N
     return store.make_record(
         kw.pop("bench", "toy"), case_params, metrics, units=unit_map, samples={"time": time_samples}, **kw
     )
+
+
+def assert_close(got, want, tol: float, what: str, first: int = 5) -> None:
+    """got within tol of want, relative to the largest |want| (the measure of qbench.dtypes' gemm and
+    layer_peak tolerances); on failure: how many entries differ, the largest relative error, and the first
+    mismatches with their indices and both values."""
+    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    err = (got - want).abs()
+    scale = want.abs().max().clamp_min(1e-6) if want.numel() else 1.0
+    bad = ~(err <= tol * scale)  # NaN counts as a mismatch
+    if bad.any():
+        idx = [tuple(i) for i in bad.nonzero()[:first].tolist()]
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.numel()} mismatches (max rel {float(err.max() / scale):.2e} > {tol}); "
+            f"first (index, got, want): {[(i, float(got[i]), float(want[i])) for i in idx]}")
+
+
+def gemm_tol(dtype) -> float:
+    """The gemm tolerance (qbench.dtypes.TOLERANCE) of a torch dtype or dtype name."""
+    from qbench.dtypes import tolerance
+
+    return tolerance(dtype).gemm

@@ -13,27 +13,18 @@ from kernels import block_gemm as bg
 from kernels import grouped_gemm as gg
 from kernels._common import use_triton
 from qbench.layers.moe.blocks import reference_plan  # the block plan by plain loops
+from tests.helpers import assert_close, gemm_tol
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # fp32: IEEE products, only the summation order differs; 16-bit: both round one fp32 accumulator
 # to the output dtype, so an order difference can flip the last bit (2 ulps of slack).
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 # counts_all[s, e]: rows rank s sends to global expert e (W = 3 ranks, L = 2 local experts, E = 6).
 # Owner 1 owns experts 2 and 3: expert 2 gets 1 row from rank 0, 11 from rank 1 (3 blocks of B = 5:
 # 5, 5, 1), none from rank 2 (which sends nothing at all); expert 3 gets 7 rows from rank 0 (5, 2).
 COUNTS = torch.tensor([[2, 0, 1, 7, 3, 4], [0, 3, 11, 0, 2, 1], [0, 0, 0, 0, 0, 0]])
 EMPTY_EXPERT = torch.tensor([[1, 2, 0, 0], [3, 0, 0, 0]])  # owner 1 (L = 2): both experts empty
-
-
-def _assert_close(got, want, tol, what):
-    got, want = got.float().cpu(), want.float().cpu()
-    bad = ~torch.isclose(got, want, rtol=tol, atol=tol)
-    if bad.any():
-        idx = bad.nonzero()[:5].tolist()
-        pairs = [(i, float(got[tuple(i)]), float(want[tuple(i)])) for i in idx]
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} differ; first (index, got, want): {pairs}")
 
 
 def _sources(counts, K, dtype, gen):
@@ -65,7 +56,7 @@ def test_gather_matmul_matches_reference(dtype, transposed, with_bias):
     out, gathered = bg.gather_matmul(srcs, plan, w, bias)
     want_out, want_g = bg.gather_matmul_reference(srcs, plan, w, bias)
     assert torch.equal(gathered.cpu(), want_g.cpu()), "gathered rows are copies: they must be exact"
-    _assert_close(out, want_out, TOL[dtype], f"gather_matmul {dtype}")
+    assert_close(out, want_out, gemm_tol(dtype), f"gather_matmul {dtype}")
 
 
 def test_gathered_rows_are_the_source_rows_packed():
@@ -92,8 +83,8 @@ def test_fused_activation_stores_pre_and_act(activation):
     out, _ = bg.gather_matmul(srcs, plan, w, bias, activation=activation, pre=pre)
     want_pre = torch.empty_like(pre)
     want, _ = bg.gather_matmul_reference(srcs, plan, w, bias, activation=activation, pre=want_pre)
-    _assert_close(pre, want_pre, TOL[torch.float32], "pre-activation")
-    _assert_close(out, want, 1e-5, f"{activation}(pre)")  # erf in fp32 on both sides
+    assert_close(pre, want_pre, gemm_tol(torch.float32), "pre-activation")
+    assert_close(out, want, 1e-5, f"{activation}(pre)")  # erf in fp32 on both sides
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -111,7 +102,7 @@ def test_matmul_scatter_matches_reference_and_writes_only_its_rows(dtype, transp
     bg.matmul_scatter(a, w, bias, got, plan)
     bg.matmul_scatter_reference(a, w, bias, want, plan)
     for s in range(len(got)):
-        _assert_close(got[s], want[s], TOL[dtype], f"rank {s} rows after matmul_scatter {dtype}")
+        assert_close(got[s], want[s], gemm_tol(dtype), f"rank {s} rows after matmul_scatter {dtype}")
     targeted = sum(plan.block_rows.tolist())
     untouched = sum(int((t == sentinel).all(1).sum()) for t in want)
     assert targeted + untouched == int(COUNTS.sum()) and targeted == 19
@@ -168,7 +159,7 @@ def test_unaligned_peers_take_the_unhinted_path_and_stay_exact():
     out, gathered = bg.gather_matmul(srcs, plan, w)
     want, want_g = bg.gather_matmul_reference(srcs, plan, w)
     assert torch.equal(gathered.cpu(), want_g.cpu())
-    _assert_close(out, want, TOL[torch.float16], "gather_matmul from unaligned peers")
+    assert_close(out, want, gemm_tol(torch.float16), "gather_matmul from unaligned peers")
 
 
 def test_reference_plan_layout():
@@ -289,15 +280,15 @@ def test_symm_transport_protocol_matches_references(world_size, mode, monkeypatc
     srcs, dys = [d["src"] for d in ins], [d["dy"] for d in ins]
     for r, d in enumerate(ins):
         want, want_g = bg.gather_matmul_reference(srcs, d["plan"], d["w1"], d["b1"])
-        _assert_close(out[r]["pre"][0], want, 1e-5, f"rank {r} pull_matmul")
+        assert_close(out[r]["pre"][0], want, 1e-5, f"rank {r} pull_matmul")
         assert torch.equal(out[r]["pre"][1], want_g), f"rank {r} gathered rows"
         back, _ = bg.gather_matmul_reference(dys, d["plan"], d["w1"].transpose(1, 2), None)
-        _assert_close(out[r]["back"][0], back, 1e-5, f"rank {r} pull_matmul with w^T")
+        assert_close(out[r]["back"][0], back, 1e-5, f"rank {r} pull_matmul with w^T")
     for key, bias in (("y", None), ("dx", [d["b1"][:, :9] for d in ins])):
         dst = [torch.full((int(c.sum()), 9), float("nan")) for c in counts]
         for r, d in enumerate(ins):
             bg.matmul_scatter_reference(d["a"], d["w2"], None if bias is None else bias[r], dst, d["plan"])
         for s in range(world_size):
-            _assert_close(out[s][key], dst[s], 1e-5, f"rank {s} rows after matmul_push ({key})")
+            assert_close(out[s][key], dst[s], 1e-5, f"rank {s} rows after matmul_push ({key})")
     # one barrier per call, plus one for the second pull in a row (its buffer was just read)
     assert [o["epoch"] for o in out.values()] == [6] * world_size and world.barriers == [6] * world_size

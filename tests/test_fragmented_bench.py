@@ -7,6 +7,7 @@ import pytest
 
 from qbench.benches import fragmented as bench
 from qbench.cli import main
+from qbench.dtypes import tolerance
 from qbench.store import load_run
 
 PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragments", "dtype", "exec",
@@ -63,7 +64,7 @@ def test_cpu_run_writes_complete_records(tmp_path, capsys):
             assert m["host_step_ms"] > 0 and m["host_fwd_bwd_ms"] > 0
         assert rec["params"]["exec"] == "eager"  # the CPU default
     frag = [r for r in records if r["params"]["layer"] == "fragmented"]
-    assert all(r["metrics"]["rel_error_train"] <= bench.TOLERANCE[r["params"]["dtype"]] for r in frag)
+    assert all(r["metrics"]["rel_error_train"] <= tolerance(r["params"]["dtype"]).layer for r in frag)
     counts = {r["params"]["layer"]: r["metrics"]["parameters"] for r in records if r["params"]["fragments"] in (0, 3)}
     assert counts == {"linear": 96 * 96, "lowrank": 2 * 96 * 3, "blockdiag": 96 * 96 // 3,
                       "fragmented": 96 + 96 * 96 + 2 * 96 * 3}

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from kernels import grouped_gemm as gg
+from tests.helpers import assert_close, gemm_tol
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 runs with IEEE products in the kernel; 16-bit inputs are multiplied exactly and summed in fp32
 # by both sides, so the gap is the final rounding to 16 bits (bf16 has 8 mantissa bits).
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-DTYPES = list(TOL)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (group sizes, K, N): empty groups, a single row, non-power-of-two everything, one group
 SHAPES = [
     ([5, 0, 1, 13, 0, 18], 19, 23),
@@ -33,18 +33,6 @@ def _inputs(sizes, K, N, dtype, seed):
     return x, w, b
 
 
-def _assert_close(got, want, tol, what):
-    err = (got.float() - want.float()).abs()
-    scale = want.float().abs().max().clamp_min(1e-6)
-    bad = (err > tol * scale).nonzero()
-    if bad.numel():
-        first = [tuple(i.tolist()) for i in bad[:5]]
-        raise AssertionError(
-            f"{what}: {bad.shape[0]} mismatches (max rel {float(err.max() / scale):.2e} > {tol}); "
-            f"first at {first}: got {[float(got[i]) for i in first]} want {[float(want[i]) for i in first]}"
-        )
-
-
 def _dense(x, w, offsets, b):
     """Independent check of the reference itself: a per-row loop over the group index."""
     rows = []
@@ -65,9 +53,9 @@ def test_forward_matches_reference(shape, dtype):
         got = gg.grouped_matmul(x, w, offsets, bias)
         want = gg.grouped_matmul_reference(x, w, offsets, bias)
         assert got.dtype == x.dtype and got.shape == (sum(sizes), N)
-        _assert_close(got, want, TOL[dtype], f"forward bias={bias is not None}")
-        _assert_close(want.cpu(), _dense(x.cpu(), w.cpu(), offsets.cpu(), None if bias is None else b.cpu()),
-                      TOL[dtype], "reference vs per-row loop")
+        assert_close(got, want, gemm_tol(dtype), f"forward bias={bias is not None}")
+        assert_close(want.cpu(), _dense(x.cpu(), w.cpu(), offsets.cpu(), None if bias is None else b.cpu()),
+                      gemm_tol(dtype), "reference vs per-row loop")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -91,7 +79,7 @@ def test_backward_matches_reference(dtype):
             grads.append([t.grad for t in leaves])
     for name, got, want in zip(("dx", "dw", "db"), *grads):
         assert got.dtype == dtype
-        _assert_close(got, want, TOL[dtype], name)
+        assert_close(got, want, gemm_tol(dtype), name)
 
 
 def test_wgrad_empty_groups_are_zero():
@@ -100,7 +88,7 @@ def test_wgrad_empty_groups_are_zero():
     dy = torch.randn(4, N, device=DEVICE)
     dw = gg.grouped_matmul_wgrad(x, dy, _offsets(sizes), 3)
     assert dw[0].abs().max() == 0 and dw[2].abs().max() == 0
-    _assert_close(dw[1], x.t() @ dy, TOL[torch.float32], "wgrad group 1")
+    assert_close(dw[1], x.t() @ dy, gemm_tol(torch.float32), "wgrad group 1")
 
 
 def test_bad_shapes_are_rejected():
@@ -129,24 +117,24 @@ def test_segments_share_their_group_weights(dtype):
     w, b = w[:G].contiguous(), b[:G].contiguous()
     offsets = _offsets(sizes)
     want = _segment_dense(x.cpu(), w.cpu(), offsets.cpu(), b.cpu())
-    _assert_close(gg.grouped_matmul_forward(x, w, offsets, b).cpu(), want, TOL[dtype], "segment forward")
-    _assert_close(gg.grouped_matmul_reference(x, w, offsets, b).cpu(), want, TOL[dtype], "segment reference")
+    assert_close(gg.grouped_matmul_forward(x, w, offsets, b).cpu(), want, gemm_tol(dtype), "segment forward")
+    assert_close(gg.grouped_matmul_reference(x, w, offsets, b).cpu(), want, gemm_tol(dtype), "segment reference")
     out = torch.full((sum(sizes) + 4, N), float("nan"), device=DEVICE).to(dtype)
     gg.grouped_matmul_forward(x, w, offsets, b, out=out[2:2 + sum(sizes)])
-    _assert_close(out[2:2 + sum(sizes)].cpu(), want, TOL[dtype], "forward into out=")
+    assert_close(out[2:2 + sum(sizes)].cpu(), want, gemm_tol(dtype), "forward into out=")
     assert out[:2].isnan().all() and out[-2:].isnan().all(), "out= wrote outside its view"
     dy = torch.randn(sum(sizes), N, device=DEVICE).to(dtype)
     ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)) % G
     dw_want = torch.stack([x.cpu()[ids == g].double().t() @ dy.cpu()[ids == g].double() for g in range(G)])
     db_want = torch.stack([dy.cpu()[ids == g].double().sum(0) for g in range(G)])
-    _assert_close(gg.grouped_matmul_wgrad(x, dy, offsets, G).cpu(), dw_want, TOL[dtype], "segment wgrad")
-    _assert_close(gg.grouped_wgrad_reference(x, dy, offsets, G).cpu(), dw_want, TOL[dtype], "segment wgrad ref")
-    _assert_close(gg.grouped_bias_grad(dy, offsets, G).cpu(), db_want, TOL[dtype], "segment bias grad")
+    assert_close(gg.grouped_matmul_wgrad(x, dy, offsets, G).cpu(), dw_want, gemm_tol(dtype), "segment wgrad")
+    assert_close(gg.grouped_wgrad_reference(x, dy, offsets, G).cpu(), dw_want, gemm_tol(dtype), "segment wgrad ref")
+    assert_close(gg.grouped_bias_grad(dy, offsets, G).cpu(), db_want, gemm_tol(dtype), "segment bias grad")
     for backend in ("auto", "reference"):  # one launch on the kernel path, the two references otherwise
         dw, db = gg.grouped_wgrad_bias(x, dy, offsets, G, backend=backend)
         assert dw.dtype == x.dtype and db.dtype == dy.dtype and db.shape == (G, N)
-        _assert_close(dw.cpu(), dw_want, TOL[dtype], f"fused wgrad ({backend})")
-        _assert_close(db.cpu(), db_want, TOL[dtype], f"fused bias grad ({backend})")
+        assert_close(dw.cpu(), dw_want, gemm_tol(dtype), f"fused wgrad ({backend})")
+        assert_close(db.cpu(), db_want, gemm_tol(dtype), f"fused bias grad ({backend})")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -159,8 +147,8 @@ def test_fused_bias_gradient_matches_the_row_sums(shape, dtype):
     dw, db = gg.grouped_wgrad_bias(x, dy, _offsets(sizes), len(sizes))
     ids = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     db_want = torch.stack([dy.cpu()[ids == g].double().sum(0) for g in range(len(sizes))])
-    _assert_close(db.cpu(), db_want, TOL[dtype], "fused bias grad")
-    _assert_close(dw.cpu(), gg.grouped_wgrad_reference(x, dy, _offsets(sizes), len(sizes)).cpu(), TOL[dtype],
+    assert_close(db.cpu(), db_want, gemm_tol(dtype), "fused bias grad")
+    assert_close(dw.cpu(), gg.grouped_wgrad_reference(x, dy, _offsets(sizes), len(sizes)).cpu(), gemm_tol(dtype),
                   "fused wgrad")
 
 
@@ -170,8 +158,8 @@ def test_large_groups_on_gpu(dtype):
     sizes, K, N = [2048, 0, 1, 3001, 777], 1024, 4096
     x, w, b = _inputs(sizes, K, N, dtype, seed=11)
     offsets = _offsets(sizes)
-    _assert_close(gg.grouped_matmul(x, w, offsets, b), gg.grouped_matmul_reference(x, w, offsets, b),
-                  TOL[dtype], "large forward")
+    assert_close(gg.grouped_matmul(x, w, offsets, b), gg.grouped_matmul_reference(x, w, offsets, b),
+                  gemm_tol(dtype), "large forward")
 
 
 @pytest.mark.parametrize("backend", ["auto", "reference"])
@@ -186,9 +174,9 @@ def test_activation_in_the_epilogue_matches_torch(shape, dtype, act, backend):
     offsets, T = _offsets(sizes), sum(sizes)
     pre, out = gg.grouped_matmul_act(x, w, offsets, b, act, backend=backend)
     want = gg.grouped_matmul_reference(x, w, offsets, b)
-    _assert_close(pre.cpu(), want.cpu(), TOL[dtype], f"{act} pre")
+    assert_close(pre.cpu(), want.cpu(), gemm_tol(dtype), f"{act} pre")
     f = torch.nn.functional.gelu if act == "gelu" else torch.relu
-    _assert_close(out.cpu(), f(pre.float()).cpu(), TOL[dtype], f"{act}(pre)")
+    assert_close(out.cpu(), f(pre.float()).cpu(), gemm_tol(dtype), f"{act}(pre)")
     gen = torch.Generator().manual_seed(22)
     M = 11  # the product back to N columns: dz [T, M] @ v, v [G, M, N] seen through a transpose
     v = torch.randn(len(sizes), N, M, generator=gen).to(DEVICE, dtype).transpose(1, 2)
@@ -197,7 +185,7 @@ def test_activation_in_the_epilogue_matches_torch(shape, dtype, act, backend):
     dact = gg.grouped_matmul_reference(dz, v, offsets).float()
     grad = (torch.ops.aten.gelu_backward(dact, pre.float()) if act == "gelu"
             else torch.ops.aten.threshold_backward(dact, pre.float(), 0))
-    _assert_close(dpre.cpu(), grad.cpu(), TOL[dtype] * 2, f"{act} backward")  # dact rounded once more
+    assert_close(dpre.cpu(), grad.cpu(), gemm_tol(dtype) * 2, f"{act} backward")  # dact rounded once more
 
 
 def compile_wgrad_for_sm90() -> None:
@@ -289,6 +277,6 @@ def test_every_wgrad_config_on_gpu():
             for with_bias in (False, True):
                 dw, db = _forced_wgrad(cfg, x, dy, offsets, G, with_bias)
                 what = f"{cfg.kwargs} warps {cfg.num_warps} stages {cfg.num_stages} R {R} bias {with_bias}"
-                _assert_close(dw, want_dw, TOL[dtype], f"{what}: dw")
+                assert_close(dw, want_dw, gemm_tol(dtype), f"{what}: dw")
                 if with_bias:
-                    _assert_close(db, want_db, TOL[dtype], f"{what}: db")
+                    assert_close(db, want_db, gemm_tol(dtype), f"{what}: db")

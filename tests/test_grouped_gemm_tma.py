@@ -16,14 +16,13 @@ import torch
 
 from kernels import grouped_gemm as gg
 from kernels import grouped_gemm_tma as tma
-from kernels._common import interpreting
-from tests.test_grouped_gemm import _assert_close  # one mismatch report for both grouped GEMM kernels
+from kernels._common import epilogue, interpreting
+from tests.helpers import assert_close, gemm_tol
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Both sides sum exact 16-bit products in fp32; the gap is the final rounding to 16 bits
 # (fp16: 11 mantissa bits, bf16: 8), relative to the largest output.
-TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-DTYPES = list(TOL)
+DTYPES = [torch.float16, torch.bfloat16]  # what the TMA kernel takes
 # (segment sizes, G, K for plain w, K for transposed w, N): R = S / G segments per group.
 # Plain w needs K % 64 == 0 (the Hopper K tile; the interpreter's is 16); transposed w only K % 8,
 # so its K tail is exercised. N = 24 and 40 leave partial N tiles (transposed: rows of group g + 1
@@ -78,7 +77,7 @@ def test_kernel_matches_reference(case, transposed, dtype):
         y = buf[2:2 + T]
         assert tma.shapes_supported(x, w, offsets, y, bias), "test shape should suit the kernel"
         tma.launch_fwd(x, w, offsets, bias, y)
-        _assert_close(y, gg.grouped_matmul_reference(x, w, offsets, bias), TOL[dtype],
+        assert_close(y, gg.grouped_matmul_reference(x, w, offsets, bias), gemm_tol(dtype),
                       f"{case} {tma.weight_layout(w)} bias={bias is not None}")
         assert buf[:2].isnan().all() and buf[-2:].isnan().all(), "the kernel wrote outside its rows"
 
@@ -91,25 +90,25 @@ def test_activation_after_the_tma_product_matches_torch(case, act):
     product in pre and act(pre) in y; backward (w transposed), y = (dy @ w) * act'(pre) in place."""
     dtype = torch.float16
     x, w, b = _inputs(case, dtype, False, seed=7)
-    offsets, code = _offsets(CASES[case][0]), {"relu": 1, "gelu": 2}[act]
+    offsets = _offsets(CASES[case][0])
     T, N = x.shape[0], w.shape[2]
     pre, y = (torch.full((T, N), float("nan"), device=DEVICE, dtype=dtype) for _ in range(2))
-    gg._launch_fwd(x, w, offsets, b, y, impl="tma", epi=(1, code, pre))
+    gg._launch_fwd(x, w, offsets, b, y, impl="tma", epi=epilogue("act", act, pre))
     want = gg.grouped_matmul_reference(x, w, offsets, b)
-    _assert_close(pre, want, TOL[dtype], f"{case} pre")
+    assert_close(pre, want, gemm_tol(dtype), f"{case} pre")
     f = torch.nn.functional.gelu if act == "gelu" else torch.relu
-    _assert_close(y, f(pre.float()), TOL[dtype], f"{case} {act}(pre)")
+    assert_close(y, f(pre.float()), gemm_tol(dtype), f"{case} {act}(pre)")
     # backward: dpre = (dz @ v^T) * act'(pre), v [G, N, M] contiguous passed as its transpose (the layout
     # of an input gradient's weights), dz [T, M]
     G, M = w.shape[0], CASES[case][3]
     gen = torch.Generator().manual_seed(8)
     v, dz = _weights(G, M, N, dtype, True, gen), torch.randn(T, M, generator=gen).to(DEVICE, dtype)
     dpre = torch.full((T, N), float("nan"), device=DEVICE, dtype=dtype)
-    gg._launch_fwd(dz, v, offsets, None, dpre, impl="tma", epi=(2, code, pre))
+    gg._launch_fwd(dz, v, offsets, None, dpre, impl="tma", epi=epilogue("act_grad", act, pre))
     dact = gg.grouped_matmul_reference(dz, v, offsets).float()
     want = (torch.ops.aten.gelu_backward(dact, pre.float()) if act == "gelu"
             else torch.ops.aten.threshold_backward(dact, pre.float(), 0))
-    _assert_close(dpre, want, TOL[dtype], f"{case} {act} backward")
+    assert_close(dpre, want, gemm_tol(dtype), f"{case} {act} backward")
 
 
 def test_weight_layouts_are_told_apart():
@@ -159,7 +158,7 @@ def test_dispatch_and_opt_out(monkeypatch):
         calls.clear()
         got = gg.grouped_matmul_forward(x, w, offsets, b, backend="triton", impl=impl)
         assert bool(calls) == expect_tma, f"impl={impl}: TMA kernel used = {bool(calls)}"
-        _assert_close(got, want, TOL[torch.float16], f"dispatch impl={impl}")
+        assert_close(got, want, gemm_tol(torch.float16), f"dispatch impl={impl}")
     with pytest.raises(ValueError, match="impl must be one of"):
         gg.grouped_matmul_forward(x, w, offsets, b, backend="triton", impl="fast")
 
@@ -181,7 +180,7 @@ def test_real_size_on_gpu(dtype, transposed):
     y = torch.empty(x.shape[0], N, device=DEVICE, dtype=dtype)
     assert tma.supported(x, w, offsets, y, b)
     got = gg.grouped_matmul_forward(x, w, offsets, b)
-    _assert_close(got, gg.grouped_matmul_reference(x, w, offsets, b), TOL[dtype], "real size")
+    assert_close(got, gg.grouped_matmul_reference(x, w, offsets, b), gemm_tol(dtype), "real size")
 
 
 def compile_for_sm90() -> None:

@@ -148,7 +148,7 @@ def test_appending_to_a_read_only_run_is_named_before_anything_runs(errno_name, 
 
 
 def test_plot_of_a_run_writes_beside_the_runs_not_into_the_run(tmp_path, capsys, monkeypatch):
-    run = ROOT / "results" / "fragmented-h200-modes" / "run1"
+    run = ROOT / "results" / "fragmented-h200-clocks-797e89f" / "run1"
     before = sorted(p.name for p in run.iterdir())
     monkeypatch.chdir(tmp_path)
     code, _, err = qbench(capsys, ["plot", run])

@@ -97,3 +97,41 @@ def test_autograd_functions_are_module_level_classes():
                 if any(b.endswith("autograd.Function") or b == "Function" for b in bases):
                     nested.append(f"{name}.{node.name}")
     assert not nested, "autograd Functions built inside functions: " + ", ".join(nested)
+
+
+def _literals(kind):
+    """(module, node) of every literal of an AST kind in qbench/ and kernels/."""
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, kind):
+                yield name, node
+
+
+def test_the_execution_modes_are_listed_once():
+    """("eager", "compile", "graph") is written in qbench/modes.py only; every family imports it."""
+    from qbench.modes import EXECS
+
+    found = [name for name, node in _literals(ast.Tuple)
+             if all(isinstance(e, ast.Constant) for e in node.elts) and tuple(e.value for e in node.elts) == EXECS]
+    assert found == ["qbench.modes"]
+
+
+def _is_dtype_key(node) -> bool:
+    from qbench.dtypes import DTYPE_ALIASES
+
+    if isinstance(node, ast.Constant):
+        return node.value in DTYPE_ALIASES
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
+
+
+def test_the_tolerance_table_is_defined_once():
+    """No table of relative bounds (floats below 1) keyed by dtype (a name or a torch dtype) outside
+    qbench/dtypes.py, whose TOLERANCE has an entry for every activation dtype and 8-bit format."""
+    from qbench.dtypes import ACTIVATION_DTYPES, TOLERANCE
+
+    found = [name for name, node in _literals(ast.Dict)
+             if len(node.keys) > 1 and all(k is not None and _is_dtype_key(k) for k in node.keys)
+             and all(isinstance(v, ast.Constant) and isinstance(v.value, float) and 0 < v.value < 1
+                     for v in node.values)]
+    assert found == []
+    assert set(TOLERANCE) == {*ACTIVATION_DTYPES, "int8", "fp8"}

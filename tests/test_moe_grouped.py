@@ -8,6 +8,7 @@ import pytest
 from kernels._common import interpreting
 from qbench.benches import moe as bench
 from qbench.benches.moe import grouped
+from qbench.dtypes import tolerance
 from qbench.errors import QbenchUsageError
 
 # d and h multiples of the interpreter's 16-wide K tile (plain w needs K % BK == 0); 40 routed rows
@@ -27,7 +28,7 @@ def test_every_case_is_checked_then_timed():
         m = r["metrics"]
         assert r["bench"] == "grouped_gemm" and r["params"]["dtype"] == "bf16" and r["params"]["rows"] == 40
         assert m["tma_ms"] > 0 and m["pointer_ms"] > 0 and m["dense_ms"] > 0 and len(r["samples"]["tma_ms"]) == 2
-        assert max(m["tma_rel_err"], m["pointer_rel_err"]) <= grouped.TOLERANCE["bf16"], m
+        assert max(m["tma_rel_err"], m["pointer_rel_err"]) <= tolerance("bf16").gemm, m
 
 
 @pytest.mark.skipif(not interpreting(), reason="tiny shapes for the interpreter; a GPU runs the command's sizes")

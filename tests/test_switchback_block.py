@@ -1,5 +1,6 @@
-"""`qbench switchback --model` and `--train-check` end to end on the CPU at tiny sizes (records,
-metrics, table, figure), a diverged training run recorded as an error, and one-line usage errors."""
+"""`qbench switchback --model` and `--train-check` (the spellings `qbench block` and `qbench train-check`
+had before those commands, kept as hidden aliases) end to end on the CPU at tiny sizes (records, metrics,
+table, figure), a diverged training run recorded as an error, and one-line usage errors."""
 
 from __future__ import annotations
 
@@ -86,8 +87,7 @@ def test_diverged_run_is_an_error_record():
 @pytest.mark.parametrize("args,message", [
     (["--model", "vit-x"], "unknown vit-x"),
     (["--model", "vit-h", "--dims", "64"], "--dims/--pairs size the layer bench"),
-    (["--layers", "2"], "--layers and --steps apply to --model or --train-check"),
-    (["--model", "tiny", "--steps", "5"], "--steps applies to --train-check"),
+    (["--layers", "2"], "--layers sizes a block stack"),
     (["--model", "tiny", "--variants", "global"], "unknown global"),
     (["--train-check", "--exec", "compile"], "--train-check trains eagerly"),
     (["--train-check", "--model", "vit-h"], "unknown vit-h"),

@@ -8,6 +8,7 @@ families form no import loop.
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 import triton
 import triton.language as tl
@@ -80,8 +81,36 @@ def activation_epilogue(acc, pre_ptrs, mask, EPI: tl.constexpr, ACT: tl.constexp
     return v * (0.5 * (1.0 + tl.math.erf(p * _SQRT_HALF)) + p * tl.exp(-0.5 * p * p) * _INV_SQRT_2PI)
 
 
-ACTIVATIONS = {"relu": 1, "gelu": 2}  # the ACT codes of activation_epilogue
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2}  # the ACT codes of activation_epilogue (None: no activation)
 EPILOGUES = {None: 0, "act": 1, "act_grad": 2}  # its EPI codes
+
+
+class Epilogue(NamedTuple):
+    """What a GEMM does to its product, chosen by name (build one with `epilogue`): kind None (the product
+    as is), "act" (store the product as the pre-activation `pre`, return activation(pre)) or "act_grad"
+    (the product is the gradient of the activation's output: return it times activation'(pre));
+    activation "relu" or "gelu"; pre [T, N] with the output's strides, or None. codes: the (EPI, ACT)
+    constexprs of activation_epilogue, looked up once here rather than on every launch."""
+
+    kind: str | None
+    activation: str | None
+    pre: Any
+    codes: tuple[int, int]
+
+
+def epilogue(kind: str | None = None, activation: str | None = None, pre=None) -> Epilogue:
+    """The Epilogue of that name; ValueError naming the choices for an unknown kind or activation, or an
+    activation epilogue without its activation or pre-activation tensor."""
+    if kind not in EPILOGUES:
+        raise ValueError(f"unknown epilogue {kind!r}; choose from {', '.join(map(str, EPILOGUES))}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose from relu, gelu")
+    if kind is not None and (activation is None or pre is None):
+        raise ValueError(f"epilogue {kind!r} needs an activation and its pre-activation tensor")
+    return Epilogue(kind, activation, pre, (EPILOGUES[kind], ACTIVATIONS[activation]))
+
+
+PRODUCT = epilogue()  # the product as it is
 
 
 _INV_QMAX_SQUARED = tl.constexpr(1.0 / (127.0 * 127.0))

@@ -1,6 +1,12 @@
 """Launch machinery shared by the kernel families: replaying compiled kernels when a launch repeats
-(LaunchCache, host TMA descriptors encoded once), the autotuner picks every run records, and
-cooperative launches of kernels with a grid barrier.
+(LaunchCache, host TMA descriptors encoded once), the autotuner picks and launch paths every run
+records, and cooperative launches of kernels with a grid barrier.
+
+The replay calls Triton's generated launcher directly, so it depends on how that launcher is laid out:
+REPLAY_TRITON names the Triton versions whose layout it was written against, and on any other version
+every launch goes through Triton (the plain path). Each kernel's path (replay, plain, interpreter) is
+noted when its first launch is cached and stored in the run's env.json (launch_path, launch_paths), so
+a Triton upgrade that changes host times shows in the record.
 """
 
 from __future__ import annotations
@@ -11,6 +17,38 @@ import triton
 import triton.language as tl
 
 from kernels._common import cdiv, device_properties, interpreting
+
+# ------------------------------------------------------------------------------ Triton's launcher
+
+# Triton versions (major.minor) whose generated launcher the replay calls directly: CompiledKernel.run
+# taking (grid x3, stream, function, packed metadata, launch metadata, enter hook, exit hook, *args), and
+# the tensor-descriptor wrapper a closure over (launcher, tensordesc_indices, tensordesc_meta) in a module
+# with _BASE_ARGS_FORMAT_LEN == 13 and make_tensordesc_arg (launcher_layout). Add a version only after
+# tests/test_launch.py passes on a GPU with it.
+REPLAY_TRITON = ("3.6",)
+REPLAY, PLAIN, INTERPRETER = "replay", "plain", "interpreter"  # how a kernel's launches ran (launch paths)
+
+
+def replay_known(version: str | None = None) -> bool:
+    """Whether the Triton version (the installed one by default) is in REPLAY_TRITON."""
+    major_minor = ".".join((version or triton.__version__).split(".")[:2])
+    return major_minor in REPLAY_TRITON
+
+
+def launcher_layout(inner) -> tuple[dict, dict] | None:
+    """(closure cells by name, module globals) of the descriptor wrapper Triton 3.6 puts around its raw
+    launcher (CompiledKernel.run.launch), or None where `inner` is not laid out that way (another Triton,
+    or a kernel without descriptors, whose launch is the raw launcher itself)."""
+    code, closure = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
+    if code is None or closure is None:
+        return None
+    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure)))
+    names = inner.__globals__
+    if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys() or \
+            names.get("_BASE_ARGS_FORMAT_LEN") != 13 or "make_tensordesc_arg" not in names:
+        return None
+    return cells, names
+
 
 # ------------------------------------------------------------------------------ repeated launches
 
@@ -51,11 +89,16 @@ class LaunchCache:
         return self._entries.get(key)
 
     def store(self, key: tuple, compiled, grid: tuple, constexprs: tuple, config: dict, extra=None) -> None:
-        """Remember a first launch's compiled kernel (never under the interpreter, which has none)."""
-        if compiled is not None and not interpreting():
-            grid = tuple(grid) + (1,) * (3 - len(grid))  # the launcher takes three grid sizes
-            self._entries[key] = (_replay(compiled, grid, tuple(constexprs)), grid, tuple(constexprs), extra)
-            record_pick(self.name, key, config)
+        """Remember a first launch's compiled kernel (never under the interpreter, which has none) and note
+        the path its launches take."""
+        if interpreting() or compiled is None:
+            PICKS.note_path(self.name, INTERPRETER if interpreting() else PLAIN)
+            return
+        grid = tuple(grid) + (1,) * (3 - len(grid))  # the launcher takes three grid sizes
+        replay, path = _replay(compiled, grid, tuple(constexprs))
+        self._entries[key] = (replay, grid, tuple(constexprs), extra)
+        PICKS.note_path(self.name, path)
+        record_pick(self.name, key, config)
 
 
 class HostDescriptor(NamedTuple):
@@ -77,10 +120,11 @@ def tensor_descriptor(d: HostDescriptor):
 
 
 def _replay(compiled, grid: tuple, constexprs: tuple):
-    """replay(*args): the compiled kernel's own launcher on the current stream, with the arguments Triton's
-    JIT passes it (runtime args, then constexprs), skipping its per-call device, stream and metadata
-    lookups; launch hooks (profilers) still get the path through Triton. Descriptor arguments come as
-    HostDescriptor."""
+    """(replay(*args), path): the compiled kernel's own launcher on the current stream, with the arguments
+    Triton's JIT passes it (runtime args, then constexprs), skipping its per-call device, stream and
+    metadata lookups (path REPLAY); launch hooks (profilers) still get the path through Triton. Descriptor
+    arguments come as HostDescriptor. On a Triton not in REPLAY_TRITON, and for descriptor kernels whose
+    launcher cannot be read, every launch goes through Triton (path PLAIN)."""
     import torch
     from triton import knobs
 
@@ -89,26 +133,26 @@ def _replay(compiled, grid: tuple, constexprs: tuple):
     device = torch.cuda.current_device()
     raw_stream = torch._C._cuda_getCurrentRawStream
     g0, g1, g2 = grid
-    encoded = _descriptor_launcher(compiled)
+    known = replay_known()
+    encoded = _descriptor_launcher(compiled) if known else None
     described = _takes_descriptors(compiled)  # then only Triton's path turns HostDescriptors into arguments
+    plain = not known or (described and encoded is None)
 
     def through_triton(args, grid):
         args = tuple(tensor_descriptor(a) if isinstance(a, HostDescriptor) else a for a in args)
         return compiled[grid or (g0, g1, g2)](*args, *constexprs)
 
     def replay(*args, grid=None):
-        if _hooked(knobs.runtime):
+        if plain or _hooked(knobs.runtime):
             return through_triton(args, grid)
         if encoded is not None:
             return encoded(grid or (g0, g1, g2), raw_stream(device), args, constexprs)
-        if described:
-            return through_triton(args, grid)
         if grid is None:
             run(g0, g1, g2, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
         else:
             run(*grid, raw_stream(device), function, meta, None, None, None, *args, *constexprs)
 
-    return replay
+    return replay, PLAIN if plain else REPLAY
 
 
 def _takes_descriptors(compiled) -> bool:
@@ -130,16 +174,11 @@ def _descriptor_launcher(compiled):
     launch (a driver call and Python per descriptor: on an H200 host the int8 TMA matmul cost 25 us more
     host time per launch than the pointer kernel). The encoding depends on nothing else, so a cached one
     equals a fresh one; a training loop's tensors come back at the same addresses. None where the
-    launcher is not laid out as triton 3.6 lays it out (other versions keep the path through Triton)."""
-    inner = getattr(compiled.run, "launch", None)
-    code, closure = getattr(inner, "__code__", None), getattr(inner, "__closure__", None)
-    if code is None or closure is None:
+    launcher is not laid out as triton 3.6 lays it out (launcher_layout; the path through Triton then)."""
+    layout = launcher_layout(getattr(compiled.run, "launch", None))
+    if layout is None:
         return None
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure)))
-    names = inner.__globals__
-    if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys() or \
-            names.get("_BASE_ARGS_FORMAT_LEN") != 13 or "make_tensordesc_arg" not in names:
-        return None
+    cells, names = layout
     count, metas = len(cells["tensordesc_indices"]), cells["tensordesc_meta"]
     run = compiled.run
     if (cells["tensordesc_indices"] != set(range(count)) or not metas or None in metas
@@ -199,6 +238,7 @@ class _PickLog:
     def __init__(self) -> None:
         self.seq = 0
         self.picks: dict[tuple[str, str], tuple[int, dict]] = {}
+        self.paths: dict[str, tuple[int, str]] = {}  # kernel -> (seq, REPLAY | PLAIN | INTERPRETER | "mixed")
 
     def note(self, kernel: str, key, config: dict) -> None:
         key = [str(v) for v in key] if isinstance(key, tuple) else key
@@ -207,6 +247,17 @@ class _PickLog:
 
     def since(self, mark: int) -> list[dict]:
         return [pick for ident, (seq, pick) in sorted(self.picks.items()) if seq > mark]
+
+    def note_path(self, kernel: str, path: str) -> None:
+        """Note the path a kernel's launches take ("mixed" once two launch keys of it took different ones).
+        Noted when a launch key is first cached (as its pick), and on every launch under the interpreter,
+        which caches nothing; a run writer stores the paths noted while it is open."""
+        seen = self.paths.get(kernel)
+        self.seq += 1
+        self.paths[kernel] = (self.seq, path if seen is None or seen[1] == path else "mixed")
+
+    def paths_since(self, mark: int) -> dict[str, str]:
+        return {kernel: path for kernel, (seq, path) in sorted(self.paths.items()) if seq > mark}
 
 
 PICKS = _PickLog()

@@ -85,3 +85,36 @@ def run_and_store(
         report.notice(f"{report.counted(len(failed), 'configuration')} failed; see the status column", style="red")
         sys.exit(1)
     return kept
+
+
+def over_dtypes(configs: Sequence[Any], runs: Sequence[Iterable[dict]]) -> tuple[Any, Iterable[dict]]:
+    """One run of a bench whose config takes one dtype, over --dtype's list: (the config env.json keeps,
+    its dtype the comma list; the records of each dtype's config in turn). runs: each config's records,
+    not read yet (the benches' record iterators measure nothing until they are read)."""
+    import dataclasses
+    import itertools
+
+    return dataclasses.replace(configs[0], dtype=",".join(c.dtype for c in configs)), itertools.chain(*runs)
+
+
+def check_plot(plot: str | None) -> None:
+    """A --plot FILE with a bad name is refused before the sweep, not after it."""
+    from qbench.options import figure_path
+
+    if figure_path(plot):
+        from qbench.plots import check_figure_path
+
+        check_figure_path(figure_path(plot))
+
+
+def draw_figure(plot: str | None, out: str) -> None:
+    """After a run: its figure where --plot asked for one (a bare --plot: <run>/<bench>.png)."""
+    if plot is None:
+        return
+    from qbench.options import figure_path
+    from qbench.plots import plot_run
+
+    # a bare --plot draws into the run this command just wrote (the user's own); `qbench plot RUN` of an
+    # existing run writes beside the user's runs instead, never into a committed one
+    target = figure_path(plot) or Path(out) / f"{store.read_records(out)[0]['bench']}.png"
+    report.notice(f"figure: {plot_run([out], target)}", style="dim")

@@ -5,17 +5,19 @@ from __future__ import annotations
 import click
 
 from qbench.options import (
-    STEPS,
     WARMUP_STEPS,
     backward_thread_option,
     callback,
     device_option,
+    dtypes_option,
     exec_option,
+    format_option,
     out_options,
-    parse_dtype_list,
     parse_names,
     parse_positive_ints,
+    plot_option,
     resume_option,
+    steps_option,
 )
 
 EPILOG = """\b
@@ -40,18 +42,15 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
               callback=callback(parse_names(("train", "eval", "inference"))))
 @click.option("--baselines", default="linear,blockdiag,lowrank", show_default=True,
               callback=callback(parse_names(LAYER_NAMES + ("none",))), help="Baselines, or 'none'.")
-@click.option("--dtype", "dtypes", default="fp32", show_default=True,
-              callback=callback(parse_dtype_list()), help="One or more, e.g. fp32,bf16 (float16 etc. accepted).")
+@dtypes_option("fp32")
 @click.option("--bias", is_flag=True, help="Give every layer biases (the seed's layer had none).")
-@click.option("--steps", type=STEPS, help="Timed steps per configuration. [default: 50; CPU: 3]")
+@steps_option("Timed steps per configuration. [default: 50; CPU: 3]")
 @click.option("--warmup", type=WARMUP_STEPS, help="Untimed steps first. [default: 10; CPU: 1]")
 @click.option("--no-graph", is_flag=True, help="Skip the CUDA-graph replay of the forward.")
-@click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
-              help="'seed' prints the original report layout (Forward time / Backward time / ...).")
+@format_option("'seed' prints the original report layout (Forward time / Backward time / ...).")
 @exec_option
 @backward_thread_option
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="Also draw the standard figure of the run into this file (.png, .svg, .pdf).")
+@plot_option
 @click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
               help="After timing, profile 3 more forward + backward steps of each eager configuration: Chrome "
                    "traces and kernel CSVs here (print one with `qbench trace FILE.csv`).")
@@ -59,13 +58,13 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @out_options
 @resume_option
 def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
-            execs, backward_threads, plot_path, trace_dir, device, out, append, force, as_json, resume) -> None:
+            execs, backward_threads, plot, trace_dir, device, out, append, force, as_json, resume) -> None:
     """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
     selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
-    from qbench import plots, report, store
+    from qbench import report, store
     from qbench.benches import fragmented as bench
-    from qbench.commands.common import resumed, run_and_store
+    from qbench.commands.common import check_plot, draw_figure, resumed, run_and_store
     from qbench.commands.limits import check_fragmented
 
     check_baselines(baselines)
@@ -74,15 +73,13 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
         steps, warmup, not no_graph, device, execs=execs,
         backward_threads=backward_threads, trace_dir=trace_dir))
     check_fragmented(config)
-    if plot_path:
-        plots.check_figure_path(plot_path)  # a bad figure name is found before the sweep, not after it
+    check_plot(plot)
     done = resumed(bench.BENCH, out, resume, force)
     out = out or str(store.default_run_dir(bench.BENCH))
     run_and_store(bench.BENCH, config, bench.run(config, done), total=len(bench.pending(config, done)), out=out,
                   append=append or resume, force=force, as_json=as_json, table=bench.table(fmt),
                   notice=report.cpu_notice(config.device))
-    if plot_path:
-        report.notice(f"figure: {plots.plot_run([out], plot_path)}", style="dim")
+    draw_figure(plot, out)
 
 
 

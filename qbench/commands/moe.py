@@ -11,15 +11,14 @@ Examples:
   qbench moe --world-size 4                              # 4 GPUs (NCCL), or 4 CPU ranks (gloo)
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4 --trace runs/moe-traces
-  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --seed-format
-  qbench moe --kernels grouped --dtype bf16              # a GPU: the grouped GEMM kernels alone, TMA vs pointer
+  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --format seed
   qbench moe --world-size 1 --capacity-factor 1.0 --exec eager,compile,graph   # one GPU, the three modes
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --out runs/moe-e --resume   # finish a cut sweep
   torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe   # 2 GPU nodes
 """
 @click.command(epilog=EPILOG)
 @moe_options
-def command(seed_format, plot, out, append, force, as_json, resume, **fields) -> None:
+def command(fmt, plot, steps, dtypes, out, append, force, as_json, resume, **fields) -> None:
     """Distributed mixture-of-experts layer: step time (max over ranks), forward/backward and phase
     breakdown, TFLOP/s by the seeds' formula, load balance and drops, checked against a dense reference.
 
@@ -29,28 +28,32 @@ def command(seed_format, plot, out, append, force, as_json, resume, **fields) ->
     the host must learn each step's split sizes)."""
     from qbench import dist, report, store
     from qbench.benches import moe as bench
-    from qbench.commands.common import resumed, run_and_store
+    from qbench.commands.common import draw_figure, over_dtypes, resumed, run_and_store
 
-    config = bench.resolve(bench.MoEBenchConfig(**fields))
-    _check_flags(config, plot, resume)
+    if fields["kernels"] is not None and not resume:  # the spelling before `qbench grouped`
+        from qbench.commands.grouped import forward_from_moe
+
+        return forward_from_moe({**fields, "dtypes": dtypes}, plot, out=out, append=append, force=force,
+                                as_json=as_json)
+    configs = [bench.resolve(bench.MoEBenchConfig(num_steps=steps, dtype=dtype, **fields))
+               for dtype in dtypes or (None,)]  # None: the device's default dtype
+    _check_flags(configs[0], plot, resume)
     done = resumed(bench.BENCH, out, resume, force, key=lambda record: bench.resume_id(record["params"]))
-    records = bench.run(config, done)  # validates now: usage errors before any notice or record
+    # each validates now: usage errors before any notice or record
+    config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
     if not dist.is_primary():  # ranks > 0 of a torchrun job measure but never write results
         list(records)
         return
     out = out or str(store.default_run_dir(bench.BENCH))
     try:
-        kept = run_and_store(bench.BENCH, config, records, total=len(bench.plan(config, done)), out=out,
-                             append=append or resume, force=force, as_json=as_json, table=bench.table,
-                             notice=report.cpu_notice(config.device))
+        total = sum(len(bench.plan(c, done)) for c in configs)
+        kept = run_and_store(bench.BENCH, config, records, total=total, out=out, append=append or resume, force=force,
+                             as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device))
     except dist.RankFailure as exc:
         raise click.ClickException(str(exc)) from None
-    for record in [r for r in kept if r["status"] == "ok" and seed_format]:
+    for record in [r for r in kept if r["status"] == "ok" and fmt == "seed"]:
         click.echo("\n".join(bench.seed_lines(record)))
-    if plot:
-        from qbench.plots import plot_run
-
-        plot_run([out], plot)
+    draw_figure(plot, out)
 
 
 def _check_flags(config, plot, resume) -> None:
@@ -59,10 +62,10 @@ def _check_flags(config, plot, resume) -> None:
     from qbench import dist
     from qbench.errors import QbenchUsageError
 
-    if plot and dist.is_primary():
-        from qbench.plots import check_figure_path
+    if dist.is_primary():
+        from qbench.commands.common import check_plot
 
-        check_figure_path(plot)
+        check_plot(plot)
     if resume and (dist.torchrun_env() is not None or config.kernels is not None):
         raise QbenchUsageError("--resume finishes a layer run that qbench started itself: not under torchrun, "
                                "not with --kernels")

@@ -7,18 +7,20 @@ import click
 from qbench.benches.moe.config import GEMMS, KERNEL_BENCHES, SYSTEMS, TRANSPORTS
 from qbench.options import (
     MAX_SIZE,
-    STEPS,
     WARMUP_STEPS,
     FiniteFloat,
     backward_thread_option,
     callback,
     device_option,
-    dtype_option,
+    dtypes_option,
     exec_option,
+    format_option,
     out_options,
     parse_names,
     parse_number_list,
+    plot_option,
     resume_option,
+    steps_option,
 )
 from qbench.options import parse_positive_ints as _sizes
 
@@ -43,7 +45,8 @@ OPTIONS = [
     _opt("--model-dim", type=_INT, help="d (1024; CPU: 64)."),
     _opt("--hidden-size", type=_INT, help="h of the expert FFN (4096; CPU: 128)."),
     _opt("--num-local-experts", parser=_sizes, default="8", help="Experts per rank (a list sweeps)."),
-    _opt("--top-k", type=_INT, default=2), dtype_option(None, help="Default fp16; CPU: fp32."),
+    _opt("--top-k", type=_INT, default=2),
+    dtypes_option(None, help="Data types of activations [default: fp16; CPU: fp32]."),
     _opt("--activation", type=click.Choice(("gelu", "relu")), default="gelu"),
     _opt("--capacity-factor", type=FiniteFloat(), default=0.0,
          help="x > 0: capacity x*k*T/E, padded; 0: dropless; x < 0: capped at -x, no padding."),
@@ -60,17 +63,17 @@ OPTIONS = [
     _opt("--transport", type=click.Choice(TRANSPORTS), default="auto",
          help="--system blocks: symmetric memory where available (auto), or force one."),
     _opt("--model", type=click.Choice(("layer", "attn-moe")), default="layer"),
-    _opt("--num-steps", type=STEPS, help="Timed steps (100; CPU: 10)."),
+    steps_option("Timed steps (100; CPU: 10).", "--num-steps"),
     _opt("--warmup", type=WARMUP_STEPS, help="Untimed steps (10; CPU: 2)."), device_option,
     _opt("--backend", type=click.Choice(("auto", "nccl", "gloo")), default="auto"),
     _opt("--timeout", "timeout_s", type=FiniteFloat(min=0, min_open=True), default=600.0, metavar="S",
          help="Seconds a rank waits in a collective before the run fails (a frozen or lost rank)."),
     _opt("--eval", "eval", is_flag=True, help="Forward only, under no_grad."),
-    _opt("--seed-format", is_flag=True, help="Also print the seeds' [Benchmark]/STEP/[Summary] lines."),
-    _opt("--plot", type=click.Path(dir_okay=False), help="Draw the run's figure here."),
+    format_option("'seed' also prints the seeds' [Benchmark]/STEP/[Summary] lines."),
+    plot_option,
     _opt("--trace", "trace_dir", type=click.Path(file_okay=False),
          help="After timing, profile 3 more steps per configuration: per-rank traces and kernel CSVs here."),
-    _opt("--kernels", type=click.Choice(KERNEL_BENCHES), help="Time the grouped GEMM kernels instead of the layer."),
+    _opt("--kernels", type=click.Choice(KERNEL_BENCHES), hidden=True, help="Same as `qbench grouped`."),
 ]
 
 

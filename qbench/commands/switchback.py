@@ -1,5 +1,6 @@
-"""`qbench switchback`: int8 SwitchBack layers against the 16-bit linear layer (seed-compatible), and
-with --model / --train-check the same layers inside a transformer block stack (switchback_block.py)."""
+"""`qbench switchback`: int8 SwitchBack layers against the 16-bit linear layer (seed-compatible). Its
+hidden --model and --train-check, the spellings before `qbench block` and `qbench train-check`, forward
+to those benches (switchback_block.py)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,12 @@ Examples:
   qbench switchback                                # the original's 18 pairs, M = 1024 ... 131072
   qbench switchback --dims 1024,4096               # dim -> 4*dim and back, for dim 1024 and 4096
   qbench switchback --pairs 1408x6144,6144x1408 --batch-sizes 8192,32768 --dtype bf16
-  qbench switchback --dims 2048 --variants global,fp8 --repeat 20 --out runs/sb --plot
+  qbench switchback --dims 2048 --variants global,fp8 --steps 20 --out runs/sb --plot
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager,graph   # a GPU: module eager vs CUDA graph
   qbench switchback --pairs 1024x4096 --variants global,module --backward-thread device,calling
   qbench switchback --pairs 1024x4096 --batch-sizes 8192 --exec eager --trace runs/sb-traces  # qbench trace FILE
   qbench switchback --format seed --out runs/sb-seed    # also <run>/info.jsonl for the original plots
   qbench switchback --dims 2048 --out runs/sb --resume  # finish that run after a crash: only what it lacks
-  qbench switchback --model vit-h --batch-sizes 256 --exec compile   # 4-block CLIP ViT-H training step
-  qbench switchback --model vit-l,gpt2-xl --variants 16bit,switchback,fp8 --layers 2
-  qbench switchback --train-check --plot                  # loss curves per variant on a Markov chain
 """
 
 
@@ -29,44 +27,45 @@ Examples:
 def command(plot, **flags) -> None:
     """Time every component of a SwitchBack training step (int8 forward and grad-input, 16-bit
     grad-weight, quantizers) against the 16-bit layer, with the original benchmark's keys and totals,
-    speed-ups, throughput, int8 errors, module-level times, and fp8 / cuBLAS int8 peers; or, with
-    --model, a training step of a transformer block stack per variant; or, with --train-check,
-    whether that stack still trains."""
+    speed-ups, throughput, int8 errors, module-level times, and fp8 / cuBLAS int8 peers. A block stack's
+    training step and the training check are `qbench block` and `qbench train-check`."""
     from qbench.commands import switchback_block as block
+    from qbench.commands.common import check_plot, draw_figure
 
     check_flags(flags)
-    if flags["train_check"]:
-        out = block.run_train(flags)
+    check_plot(plot)
+    if flags["train_check"]:  # the spellings before `qbench train-check` and `qbench block`
+        out = block.run_train({**flags, "presets": flags["models"]})
     elif flags["models"]:
-        out = block.run_model(flags)
+        out = block.run_block({**flags, "presets": flags["models"]})
     else:
         out = _layer_bench(flags)
-    if plot:
-        from qbench import report
-        from qbench.plots import plot_run
-
-        report.notice(f"figure: {plot_run([out])}", style="dim")
+    draw_figure(plot, out)
 
 
 def _layer_bench(f: dict) -> str:
     from qbench import report, store
     from qbench.benches import switchback as bench
-    from qbench.commands.common import resumed, run_and_store
+    from qbench.commands.common import over_dtypes, resumed, run_and_store
     from qbench.commands.limits import check_switchback
     from qbench.commands.switchback_block import write_seed
 
     if f["dims"] and f["pairs"]:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
-    config = bench.resolve(bench.SwitchbackConfig(
-        f["dims"], f["pairs"], f["wm"], f["batch_sizes"], f["dtype"] or "fp16",
-        variants_of(f["variants"], KERNEL_VARIANTS), f["repeat"], f["device"], f["execs"], f["backward_threads"],
-        f["trace_dir"]))
-    check_switchback(config, bench.plan(config))
+    variants = variants_of(f["variants"], KERNEL_VARIANTS)
+    configs = [bench.resolve(bench.SwitchbackConfig(
+        dims=f["dims"], pairs=f["pairs"], wm=f["wm"], batch_sizes=f["batch_sizes"], dtype=dtype, variants=variants,
+        repeat=f["steps"], device=f["device"], execs=f["execs"], backward_threads=f["backward_threads"],
+        trace_dir=f["trace_dir"])) for dtype in f["dtypes"] or ("fp16",)]
+    for c in configs:
+        check_switchback(c, bench.plan(c))
     done = resumed(bench.BENCH, f["out"], f["resume"], f["force"])
+    config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
+    total = sum(len(bench.pending(c, done)) for c in configs)
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:
-        run_and_store(bench.BENCH, config, bench.run(config, done), total=len(bench.pending(config, done)), out=out,
-                      append=f["append"] or f["resume"], force=f["force"], as_json=f["as_json"], table=bench.table,
+        run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"] or f["resume"],
+                      force=f["force"], as_json=f["as_json"], table=bench.table,
                       notice=report.cpu_notice(config.device))
     finally:  # a failed configuration exits 1: the ok ones still get their seed lines
         if f["fmt"] == "seed":

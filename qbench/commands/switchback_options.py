@@ -1,24 +1,25 @@
-"""The options of `qbench switchback` (the layer bench, --model and --train-check share them), and the
-checks that keep the layer bench's flags and the block paths' apart."""
+"""The options of `qbench switchback` (the layer bench; the hidden --model and --train-check forward to
+`qbench block` and `qbench train-check`), and the checks that keep the layer bench's flags and theirs apart."""
 
 from __future__ import annotations
 
 import click
 
 from qbench.options import (
-    STEPS,
     FiniteFloat,
     backward_thread_option,
     callback,
     device_option,
-    dtype_option,
+    dtypes_option,
     exec_option,
+    format_option,
     out_options,
     parse_names,
     parse_pairs,
     parse_positive_ints,
-    repeat_option,
+    plot_option,
     resume_option,
+    steps_option,
 )
 
 # = sweep.VARIANTS
@@ -29,27 +30,19 @@ TRAIN_SIZES = ("lm-small", "lm-tiny")
 
 
 def block_options(fn):
-    """--model, --layers, --train-check, --steps, --format."""
+    """--model, --layers, --train-check: the spellings that ran the block-stack benches before they got
+    their own commands (`qbench block`, `qbench train-check`); hidden, and forwarded to those."""
     for option in reversed((
-        click.option("--model", "models", callback=callback(_split_names),
-                     help=f"Time a training step of a block stack instead of one layer: {', '.join(MODEL_PRESETS)} "
-                          f"(comma list). With --train-check: {', '.join(TRAIN_SIZES)}."),
-        click.option("--layers", type=click.IntRange(min=1),
-                     help="Blocks in the stack. [default: 4 on a GPU (fits, compiles in about a minute), 1 on "
-                          "the CPU; --train-check: the size's own]"),
-        click.option("--train-check", is_flag=True,
-                     help="Train a tiny decoder on a synthetic Markov chain with each variant; report loss curves "
-                          "and the final-loss gap to 16-bit and to the chain's entropy."),
-        click.option("--steps", type=STEPS,
-                     help="--train-check training steps. [default: 600 (lm-small), 60 (lm-tiny)]"),
-        click.option("--format", "fmt", type=click.Choice(("table", "seed")), default="table", show_default=True,
-                     help="'seed' also writes <run>/info.jsonl in the original benchmark's format (layer bench)."),
+        click.option("--model", "models", callback=callback(split_names), hidden=True,
+                     help="Same as `qbench block --preset` (with --train-check: `qbench train-check --preset`)."),
+        click.option("--layers", type=click.IntRange(min=1), hidden=True, help="With --model or --train-check."),
+        click.option("--train-check", is_flag=True, hidden=True, help="Same as `qbench train-check`."),
     )):
         fn = option(fn)
     return fn
 
 
-def _split_names(value):
+def split_names(value):
     """'vit-h,vit-l' -> ('vit-h', 'vit-l'); the names are checked by the path that uses them."""
     if value is None or isinstance(value, tuple):
         return value
@@ -64,10 +57,8 @@ def check_flags(flags: dict) -> None:
     block = flags["models"] or flags["train_check"]
     if block and (flags["dims"] or flags["pairs"]):
         raise click.UsageError("--dims/--pairs size the layer bench; --model/--train-check use presets")
-    if not block and (flags["layers"] or flags["steps"]):
-        raise click.UsageError("--layers and --steps apply to --model or --train-check")
-    if flags["steps"] and not flags["train_check"]:
-        raise click.UsageError("--steps applies to --train-check (--model times steps: use --repeat)")
+    if not block and flags["layers"]:
+        raise click.UsageError("--layers sizes a block stack: use qbench block or qbench train-check")
     if block and flags["fmt"] == "seed":
         raise click.UsageError("--format seed writes the layer bench's info.jsonl; drop --model/--train-check")
     if flags["fmt"] == "seed" and len(flags["backward_threads"]) > 1:
@@ -76,8 +67,8 @@ def check_flags(flags: dict) -> None:
         raise click.UsageError("--backward-thread applies to the layer bench; drop --model/--train-check")
     if block and flags["resume"]:
         raise click.UsageError("--resume finishes a layer bench run; drop --model/--train-check")
-    if flags["train_check"] and (flags["execs"] or flags["repeat"]):
-        raise click.UsageError("--train-check trains eagerly and times nothing: drop --exec/--repeat")
+    if flags["train_check"] and flags["execs"]:
+        raise click.UsageError("--train-check trains eagerly and times nothing: drop --exec")
     if block and flags["trace_dir"]:
         raise click.UsageError("--trace profiles the layer bench's module steps; drop --model/--train-check")
 
@@ -112,23 +103,21 @@ _OPTIONS = [
     click.option("--wm", type=FiniteFloat(min=0, min_open=True), default=4.0, show_default=True,
                   help="MLP ratio used with --dims."),
     click.option("--batch-sizes", callback=callback(parse_positive_ints),
-                  help="Tokens M. [default: 1024 ... 131072 on a GPU, 64,256 on the CPU] With --model: images or "
-                       "sequences [default: 256 (vit), 32 (gpt2-xl); CPU 1]; with --train-check: sequences per step."),
-    dtype_option(None, ("fp16", "bf16"), help="Data type of activations [default: fp16; bf16 with --model or "
-                                              "--train-check]."),
+                  help="Tokens M. [default: 1024 ... 131072 on a GPU, 64,256 on the CPU]"),
+    dtypes_option(None, ("fp16", "bf16"), help="Data types of activations [default: fp16]."),
     click.option("--variants", help=f"What to time besides the 16-bit baseline [default: all of "
                                      f"{','.join(KERNEL_VARIANTS)}; torchao: its Float8Linear beside the modules "
                                      "(which it brings), only when importable and M, in and out are multiples of "
-                                     "16]; with --model/--train-check: "
-                                     "16bit,switchback,fp8,fp8_all,torchao (torchao only when importable)."),
-    click.option("--plot", is_flag=True, help="Draw the run's figure (<run>/<bench>.png) afterwards."),
+                                     "16]."),
+    plot_option,
+    format_option("'seed' also writes <run>/info.jsonl in the original benchmark's format."),
     click.option("--trace", "trace_dir", type=click.Path(file_okay=False), default=None,
                  help="After timing each shape's eager module steps, profile 3 more of each layer (forward and "
                       "backward as ranges): Chrome traces and kernel CSVs here (print one with `qbench trace`)."),
     block_options,
     exec_option,
     backward_thread_option,
-    repeat_option,
+    steps_option("Timed repeats per configuration. [default: as many as fit a 250 ms budget]", "--repeat"),
     device_option,
     out_options,
     resume_option,

@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from qbench.units import DTYPE_ALIASES, DTYPE_BYTES, canonical_dtype  # noqa: F401  (re-exported)
+from qbench.dtypes import DTYPE_ALIASES, DTYPE_BYTES, canonical_dtype  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ seed: the original report layout)."""
 from qbench.benches.fragmented.config import (  # noqa: F401
     BASELINES,
     BENCH,
-    EXECS,
     LAYERS,
     MODES,
     Case,
@@ -15,7 +14,7 @@ from qbench.benches.fragmented.config import (  # noqa: F401
     resolve,
 )
 from qbench.benches.fragmented.cost import UNITS, forward_cost  # noqa: F401
-from qbench.benches.fragmented.gate import TIE_GAP, TOLERANCE, gate  # noqa: F401
+from qbench.benches.fragmented.gate import TIE_GAP, gate  # noqa: F401
 from qbench.benches.fragmented.seed import format_seed  # noqa: F401
 from qbench.benches.fragmented.sweep import build, measure, run  # noqa: F401
 from qbench.benches.fragmented.table import table  # noqa: F401

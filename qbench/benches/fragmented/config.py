@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 
 from qbench.env import usable_device
 from qbench.errors import QbenchUsageError
+from qbench.modes import resolved_execs
 
 BENCH = "fragmented"
 LAYERS = ("linear", "fragmented", "blockdiag", "lowrank")
 BASELINES = ("linear", "blockdiag", "lowrank")
 MODES = ("train", "eval", "inference")
-EXECS = ("eager", "compile", "graph")
 GPU_DEFAULTS = {"sizes": (2048, 4096, 8192), "batch_sizes": (1, 8, 16), "fragments": (2, 8, 32, 128),
                 "steps": 50, "warmup": 10}  # the seed's sweep; it took the mean of 100 steps
 CPU_DEFAULTS = {"sizes": (256,), "batch_sizes": (1, 8), "fragments": (2, 8), "steps": 3, "warmup": 1}
@@ -74,9 +74,7 @@ def resolve(config: FragmentedConfig) -> FragmentedConfig:
     device = usable_device(config.device)
     defaults = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
     config = replace(config, device=device, **{k: v for k, v in defaults.items() if getattr(config, k) is None})
-    execs = config.execs or (EXECS if device == "cuda" else ("eager",))
-    if "graph" in execs and device != "cuda":
-        raise QbenchUsageError("--exec graph needs a CUDA device; on the CPU use eager or compile")
+    execs = resolved_execs(config.execs, device)
     for size in config.sizes:
         if size < 32:
             raise QbenchUsageError(f"size {size} is below 32: the low-rank path has in/32 features; use >= 32")

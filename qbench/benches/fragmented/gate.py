@@ -3,12 +3,8 @@ reference definition (qbench.layers.fragmented.reference_output)."""
 
 from __future__ import annotations
 
-# relative error ||out - ref|| / ||ref|| against float64 on the same (rounded) weights and inputs
-TOLERANCE = {
-    "fp32": 1e-4,  # fp32 accumulation over K <= 16k: ~1e-6; margin for split-K orderings
-    "bf16": 3e-2,  # 8-bit mantissa: each of ~4 roundings (scaled input, partial outputs) adds ~4e-3
-    "fp16": 5e-3,  # 11-bit mantissa: ~8x tighter than bf16
-}
+from qbench.dtypes import tolerance
+
 TIE_GAP = 1e-4  # rows whose top-2 fp64 scores are closer than this may legitimately pick either fragment
 
 
@@ -36,8 +32,9 @@ def gate(model, x, dtype: str) -> tuple[dict, str | None]:
                   "rel_error_eval": relative_error(model.eval()(x), hard, clear),
                   "rel_error_inference": relative_error(model.infer(x), hard, clear)}
     model.train(was_training)
-    bad = {k: v for k, v in errors.items() if not v <= TOLERANCE[dtype]}
+    bound = tolerance(dtype).layer  # ||out - ref|| / ||ref|| against float64
+    bad = {k: v for k, v in errors.items() if not v <= bound}
     if bad:
         name, value = next(iter(bad.items()))
-        return errors, f"{name} = {value:.2e} exceeds the {dtype} bound {TOLERANCE[dtype]:.0e}"
+        return errors, f"{name} = {value:.2e} exceeds the {dtype} bound {bound:.0e}"
     return errors, None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 
+from qbench.modes import prepared_step
 from qbench.telemetry import GpuReadings
 from qbench.timing import PhaseTimer, graph_replay, host_time, time_fn
 
@@ -53,16 +54,6 @@ def allocated(device: str) -> int:
     import torch
 
     return torch.cuda.memory_allocated() if device == "cuda" else 0
-
-
-def compiled(model, exec: str):
-    """The model as the execution mode runs it (compile: fullgraph, static shapes, fresh caches)."""
-    if exec != "compile":
-        return model
-    import torch
-
-    torch._dynamo.reset()
-    return torch.compile(model, fullgraph=True, dynamic=False)
 
 
 def measure_training(model, x, target, steps: int, warmup: int, device: str, baseline: int = 0
@@ -132,15 +123,9 @@ def clear_grads(model) -> None:
 
 def fwd_bwd_results(model, x, target, exec: str):
     """(the step to time, [output, grads...] after one step) of forward + backward in a mode."""
-    import torch
-
     out: dict = {}
-    step = fwd_bwd(model, x, target, out)
-    for _ in range(3):  # compilation and allocator warm-up, outside any capture
-        step()
-    if exec == "graph":
-        torch.cuda.synchronize()
-        step = graph_replay(fwd_bwd(model, x, target, out, reset=False), lambda: (clear_grads(model), out.clear()))
+    step = prepared_step(exec, lambda reset: fwd_bwd(model, x, target, out, reset), warmup=3,
+                         drop=lambda: (clear_grads(model), out.clear()))
     step()
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]  # eval: S gets none
     return step, [out["y"].detach().clone()] + grads

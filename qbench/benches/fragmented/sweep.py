@@ -27,10 +27,12 @@ from collections.abc import Iterator
 from qbench.benches.fragmented import steps
 from qbench.benches.fragmented.config import BENCH, Case, FragmentedConfig
 from qbench.benches.fragmented.cost import UNITS, forward_cost, roofline
-from qbench.benches.fragmented.gate import TOLERANCE, gate
+from qbench.benches.fragmented.gate import gate
+from qbench.dtypes import tolerance, torch_dtype
+from qbench.modes import compiled
 from qbench.store import make_record
 from qbench.timing import backward_thread
-from qbench.units import by_name, torch_dtype
+from qbench.units import by_name
 
 
 def build(case: Case, bias: bool, device: str):
@@ -79,7 +81,7 @@ def _inputs(case: Case, device: str, seed: int):
 def _mismatch(got: list, want: list, dtype: str) -> str | None:
     for i, (a, b) in enumerate(zip(got, want)):
         err = float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
-        if not err <= TOLERANCE[dtype]:
+        if not err <= tolerance(dtype).layer:
             return f"tensor {i} (0: output, then gradients) differs from eager by {err:.2e}"
     return None
 
@@ -124,7 +126,7 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
     if failure:
         return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure, device=device)
     model.train(case.mode == "train")
-    runner = steps.compiled(model, case.exec)
+    runner = compiled(model, case.exec)
     fwd_bwd = None
     if case.mode == "inference":
         phases, extra, failure = _infer(model, runner, x, case, config, baseline)

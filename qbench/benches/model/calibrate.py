@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from qbench import store, units
+from qbench.dtypes import torch_dtype
 from qbench.model import calibrations, hardware
-from qbench.units import torch_dtype
 
 GPU_SIZES = (4096, 8192)
 CPU_SIZES = (256,)  # the CPU path only checks that everything runs

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from qbench.modes import EXECS  # the execution modes (this bench prepares them in its own modes.py)
+
 BENCH = "moe"
 GEMMS = ("auto", "triton", "torch", "reference")  # grouped GEMM backends (kernels/grouped_gemm.py)
 SYSTEMS = ("a2a", "blocks")
 TRANSPORTS = ("auto", "symm", "symm-fused-ga", "symm-fused", "a2a")  # blocks: qbench/layers/moe/transport.py
-EXECS = ("eager", "compile", "graph")  # execution modes (modes.py); the CPU runs eager and compile only
 # Every mode the device runs: on a GPU all three (a configuration a mode cannot run is a `skipped`
 # record with the reason: compile at world size > 1, graph where the shapes follow the routing), on
 # the CPU eager (compile there is a smoke test, asked for with --exec).

@@ -24,12 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qbench import store, units
+from qbench.dtypes import tolerance
 
 BENCH = "grouped_gemm"
 ABS_ERROR = "abs. error"  # informative unit (no direction) for the max absolute errors
-# Relative to the largest |reference| entry: both kernels sum exact 16-bit products in fp32, the
-# reference too; what differs is summation order (K up to 4096) and the final rounding to 16 bits.
-TOLERANCE = {"fp16": 2e-3, "bf16": 1.6e-2}
 
 
 @dataclass(frozen=True)
@@ -64,7 +62,7 @@ def _sources(config) -> int:
 def run(config):
     """Check every case, then time them (none when any check failed: the cases that passed are then
     recorded as skipped, with the failed ones named); yields one record per case."""
-    from qbench.units import torch_dtype
+    from qbench.dtypes import torch_dtype
 
     dtype, rows, R = torch_dtype(config.dtype), config.samples * config.top_k, _sources(config)
     device = "cuda" if config.device == "cuda" else "cpu"
@@ -146,8 +144,9 @@ def check(case: Case, inp: dict, dtype: str, device: str) -> tuple[dict, str | N
     for name in ("tma", "pointer"):
         metrics[f"{name}_max_abs_err"], metrics[f"{name}_rel_err"] = _errors(outs[name], ref)
     metrics["tma_vs_pointer_rel_err"] = _errors(outs["tma"], outs["pointer"])[1]
-    bad = [k for k in ("tma_rel_err", "pointer_rel_err", "tma_vs_pointer_rel_err") if metrics[k] > TOLERANCE[dtype]]
-    error = f"{', '.join(bad)} above {TOLERANCE[dtype]}: " + str({k: metrics[k] for k in bad}) if bad else None
+    bound = tolerance(dtype).gemm  # relative to the largest |reference| entry
+    bad = [k for k in ("tma_rel_err", "pointer_rel_err", "tma_vs_pointer_rel_err") if metrics[k] > bound]
+    error = f"{', '.join(bad)} above {bound}: " + str({k: metrics[k] for k in bad}) if bad else None
     return metrics, error
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from qbench import modes as shared_modes
 from qbench.benches.moe.steps import make_step
 from qbench.dist import max_over_ranks
 from qbench.layers.moe.reference import TOLERANCE, rel_error
@@ -46,8 +47,7 @@ def refusal(mode: str, config, moe, world_size: int) -> str | None:
 
 def compiled(model, device: str):
     """torch.compile with fullgraph and static shapes, fresh caches (one compilation per configuration)."""
-    torch._dynamo.reset()
-    return torch.compile(model, fullgraph=True, dynamic=False, backend="inductor" if device == "cuda" else "aot_eager")
+    return shared_modes.compiled(model, backend="inductor" if device == "cuda" else "aot_eager")
 
 
 def graphed(config, model, x, dy, out: dict, timer=None):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.benches.switchback import peers
-from qbench.units import torch_dtype
+from qbench.dtypes import tolerance, torch_dtype
 
 # The seed's totals, plus the peers' (each peer keeps the 16-bit grad-weight, as SwitchBack does).
 TOTALS = {
@@ -196,15 +196,10 @@ def relative_errors(ops: Operands, variants) -> dict:
     return out
 
 
-# largest relative error a low-precision matmul may show against 16-bit before the run is an error:
-# int8 with absmax scales ~1e-2 on N(0, 1) data; fp8 e4m3 (3 mantissa bits) ~3e-2, e5m2 grads ~6e-2
-ERROR_BOUND = {"fp8": 0.1, "int8": 0.05}
-
-
 def error_gate(relerrs: dict) -> str | None:
     """The first matmul whose relative error exceeds its format's bound (or is not finite), or None."""
     for name, err in relerrs.items():
-        bound = ERROR_BOUND["fp8" if "fp8" in name else "int8"]
+        bound = tolerance("fp8" if "fp8" in name else "int8").vs_16bit
         if not err <= bound:
             return f"{name.removeprefix('relerr_')}: relative error {err:.3g} against 16-bit exceeds {bound}"
     return None

@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from qbench import store, units
+from qbench.modes import resolved_execs
 
 BENCH = "switchback_model"
 # the linear layers of qbench.layers.transformer.LINEARS (named here too: the CLI parses them without torch)
 VARIANTS = ("16bit", "switchback", "fp8", "fp8_all", "torchao")
-EXECS = ("eager", "compile", "graph")
 
 
 @dataclass(frozen=True)
@@ -90,12 +90,9 @@ class Case:
 def resolve(config: ModelConfig) -> ModelConfig:
     """Device and its defaults; 16bit always runs first (every speed-up is over it)."""
     from qbench.env import usable_device
-    from qbench.errors import QbenchUsageError
 
     device = usable_device(config.device)
-    execs = config.execs or (EXECS if device == "cuda" else ("eager",))
-    if device != "cuda" and "graph" in execs:
-        raise QbenchUsageError("--exec graph needs a CUDA device; on the CPU use eager or compile")
+    execs = resolved_execs(config.execs, device)
     variants = ("16bit", *(v for v in config.variants if v != "16bit"))
     layers = config.layers or (GPU_LAYERS if device == "cuda" else CPU_LAYERS)
     return replace(config, device=device, execs=execs, variants=variants, layers=layers)

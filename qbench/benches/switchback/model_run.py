@@ -52,8 +52,8 @@ def _memory_note(case, device: str) -> str | None:
 
 
 def _make(case, config):
+    from qbench.dtypes import torch_dtype
     from qbench.layers.transformer import BlockStack, StackShape
-    from qbench.units import torch_dtype
 
     p = case.preset
     shape = StackShape(p.width, p.mlp, p.heads, case.layers, p.causal)
@@ -65,7 +65,7 @@ def _inputs(case, config):
     seeded initial weights (on the host: every variant and mode starts from them)."""
     import torch
 
-    from qbench.units import torch_dtype
+    from qbench.dtypes import torch_dtype
 
     gen = torch.Generator(device=config.device).manual_seed(config.seed)
     size = (case.batch_size, case.preset.tokens, case.preset.width)

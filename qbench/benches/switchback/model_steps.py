@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from qbench.timing import graph_replay
+from qbench import modes
 
 WARMUP_STEPS = 3  # compilation, Triton autotuning, AdamW state and allocator warm-up; never timed
 
@@ -46,13 +46,8 @@ def optimizer_of(model, device: str):
 
 
 def objective(model, mode: str):
-    import torch
-
-    fn = Objective(model)
-    if mode == "compile":
-        torch._dynamo.reset()  # fresh caches: one compilation per model, never an eager fallback
-        fn = torch.compile(fn, fullgraph=True, dynamic=False)
-    return fn
+    """The step's loss region as `mode` runs it (compiled afresh per model in compile mode)."""
+    return modes.compiled(Objective(model), mode)
 
 
 def train_step(fn, optimizer, x, target, out: dict, reset: bool = True):
@@ -73,22 +68,15 @@ def train_step(fn, optimizer, x, target, out: dict, reset: bool = True):
 def prepared_step(model, x, target, mode: str, after_warmup=lambda: None):
     """(the step to time, out, optimizer) after warm-up and, in graph mode, capture. after_warmup()
     runs in between: a peak-memory reset there covers the capture, where a graph allocates."""
-    import torch
-
     optimizer, out = optimizer_of(model, x.device.type), {}
     fn = objective(model, mode)
-    step = train_step(fn, optimizer, x, target, out)
-    for _ in range(WARMUP_STEPS):
-        step()
-    after_warmup()
-    if mode == "graph":
-        torch.cuda.synchronize()
 
-        def drop():  # tensors freed inside a capture invalidate it
-            optimizer.zero_grad(set_to_none=True)
-            out.clear()
+    def drop():
+        optimizer.zero_grad(set_to_none=True)
+        out.clear()
 
-        step = graph_replay(train_step(fn, optimizer, x, target, out, reset=False), drop)
+    step = modes.prepared_step(mode, lambda reset: train_step(fn, optimizer, x, target, out, reset),
+                               warmup=WARMUP_STEPS, drop=drop, after_warmup=after_warmup)
     return step, out, optimizer
 
 
@@ -151,23 +139,18 @@ def linears_step(linears, operands, mode: str):
 
     xs, gs = [x for x, _ in operands], [g for _, g in operands]
     params = [p for layer in linears for p in layer.parameters()]
-    fn = LinearsAlone(linears)
-    if mode == "compile":
-        torch._dynamo.reset()
-        fn = torch.compile(fn, fullgraph=True, dynamic=False)
+    fn = modes.compiled(LinearsAlone(linears), mode)
 
     def clear():
         for t in (*xs, *params):
             t.grad = None
 
-    def run(reset: bool = True):
-        if reset:
-            clear()
-        torch.autograd.backward(fn(xs), gs)
+    def step_of(reset: bool):
+        def run():
+            if reset:
+                clear()
+            torch.autograd.backward(fn(xs), gs)
 
-    for _ in range(WARMUP_STEPS):
-        run()
-    if mode == "graph":
-        torch.cuda.synchronize()
-        return graph_replay(lambda: run(reset=False), clear)
-    return run
+        return run
+
+    return modes.prepared_step(mode, step_of, warmup=WARMUP_STEPS, drop=clear)

@@ -41,15 +41,13 @@ output and of dX within the int8 bound), compiled and graphed against eager (sam
 
 from __future__ import annotations
 
-EXECS = ("eager", "compile", "graph")
-# forward / grad-input against 16-bit on N(0, 1) data: int8 ~1e-2; fp8 e4m3 (3 mantissa bits) ~3e-2,
-# e5m2 gradients (2 bits) ~6e-2; torchao's rowwise recipe keeps gradients in e4m3
-LOW_PRECISION_REL_ERROR = {"switchback": 0.05, "fp8": 0.1, "fp8_all": 0.1, "torchao": 0.1}
+from qbench.dtypes import tolerance
+from qbench.modes import EXECS
+
+# the 8-bit format of each low-precision module, whose qbench.dtypes tolerance bounds its output and
+# grad-input against nn.Linear's (torchao's rowwise recipe keeps gradients in e4m3)
+FORMAT_OF = {"switchback": "int8", "fp8": "fp8", "fp8_all": "fp8", "torchao": "fp8"}
 SAME_KERNELS_REL_ERROR = 1e-2  # compile/graph vs eager: same kernels, the 16-bit dW may reorder sums
-
-
-def supported_execs(device: str) -> tuple[str, ...]:
-    return EXECS if device == "cuda" else ("eager", "compile")
 
 
 def _layers(ops, variants):
@@ -129,18 +127,13 @@ def _prepare(mode: str, layer, x, g):
     the stream of whichever step ran first, and a later capture (another stream) that reused it would fail."""
     import torch
 
-    from qbench.timing import graph_replay
+    from qbench.modes import compiled, prepared_step
 
     x = x.detach().requires_grad_(True)
-    if mode == "compile":
-        layer = torch.compile(layer, fullgraph=True, dynamic=False)
+    layer = compiled(layer, mode, reset=False)  # _measure_mode resets dynamo once per mode
     out: dict = {}
-    step = _step(layer, x, g, out)
-    for _ in range(3):  # compilation, autotuning and allocator warm-up, outside any capture
-        step()
-    if mode == "graph":
-        torch.cuda.synchronize()
-        step = graph_replay(_step(layer, x, g, out, reset=False), lambda: _clear(layer, x, out))
+    step = prepared_step(mode, lambda reset: _step(layer, x, g, out, reset), warmup=3,
+                         drop=lambda: _clear(layer, x, out))
     step()
     if x.is_cuda:
         torch.cuda.synchronize()
@@ -157,7 +150,7 @@ def measure(ops, execs, variants, *, repeat, budget_ms, trace=None) -> tuple[dic
     eager = {name: _prepare("eager", layer, ops.x, ops.g)[1] for name, layer in layers.items()}
     # the low-precision outputs and dX against the 16-bit layer (dW and db are 16-bit in SwitchBack)
     for name in (n for n in layers if n != "linear"):
-        failure = _mismatch(eager[name][:2], eager["linear"][:2], LOW_PRECISION_REL_ERROR[name])
+        failure = _mismatch(eager[name][:2], eager["linear"][:2], tolerance(FORMAT_OF[name]).vs_16bit)
         if failure:
             return {}, {}, f"{name} layer vs nn.Linear: {failure}"
     metrics, samples = {}, {}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from qbench import store, units
 from qbench.benches.switchback import components as comp
 from qbench.benches.switchback import modules, peers
+from qbench.modes import resolved_execs
 from qbench.telemetry import GpuReadings
 from qbench.timing import backward_thread
 
@@ -77,10 +78,7 @@ def resolve(config: SwitchbackConfig) -> SwitchbackConfig:
     device = usable_device(config.device)
     batches = config.batch_sizes or (GPU_BATCHES if device == "cuda" else CPU_BATCHES)
     dims = config.dims if config.dims or config.pairs else (None if device == "cuda" else CPU_DIMS)
-    execs = config.execs or (modules.EXECS if device == "cuda" else ("eager",))
-    unsupported = [e for e in execs if e not in modules.supported_execs(device)]
-    if unsupported:
-        raise QbenchUsageError(f"--exec {unsupported[0]} needs a CUDA device; on the CPU use eager or compile")
+    execs = resolved_execs(config.execs, device)
     config = replace(config, device=device, batch_sizes=batches, dims=dims, execs=execs)
     _check_widths(config)
     return config

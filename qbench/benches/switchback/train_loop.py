@@ -25,8 +25,8 @@ class Task:
         import torch
 
         from qbench.benches.switchback import markov
+        from qbench.dtypes import torch_dtype
         from qbench.layers.transformer import StackShape, TinyLM
-        from qbench.units import torch_dtype
 
         P = markov.transition_matrix(preset.vocab, preset.support, config.seed)
         pi = markov.stationary(P)

@@ -8,8 +8,8 @@ import click
 
 from qbench.commands.model.common import EPILOG, gpu_options, usage_errors
 from qbench.commands.model.values import parse_params
+from qbench.dtypes import DTYPE_BYTES
 from qbench.options import dtype_option
-from qbench.units import DTYPE_BYTES
 
 MODEL_DTYPES = tuple(DTYPE_BYTES)  # the activation dtypes plus tf32, int8 and fp8
 

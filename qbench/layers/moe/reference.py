@@ -16,12 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from qbench.dtypes import ACTIVATION_DTYPES, tolerance, torch_dtype
 from qbench.layers.moe.routing import capacity_limit
 
-# max |layer - reference| / max |reference| allowed per dtype. The layer keeps activations in its
-# dtype (one rounding per op, a handful of ops: ~1e-3 for fp16, ~1e-2 for bf16); fp32 only differs
-# in summation order.
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+# max |layer - reference| / max |reference| allowed per torch dtype: qbench.dtypes' layer_peak tolerance
+TOLERANCE = {torch_dtype(name): tolerance(name).layer_peak for name in ACTIVATION_DTYPES}
 
 
 @dataclass

@@ -154,4 +154,4 @@ def test_resolve_fills_the_cpu_defaults_and_the_flag_accepts_dtype_aliases():
     assert (config.world_size, config.backend, config.dtype, config.model_dim, config.samples) == (2, "gloo", "fp32",
                                                                                                    64, 256)
     for spelling in ("float16", "fp16", "half"):
-        assert command.make_context("moe", ["--dtype", spelling]).params["dtype"] == "fp16"
+        assert command.make_context("moe", ["--dtype", spelling]).params["dtypes"] == ("fp16",)

@@ -105,11 +105,17 @@ def ffn_backward(dy, saved, offsets, w1, w2, cfg: ExpertConfig):
 def _chunked(plan, rows: int, like, width: int):
     """One [rows, width] buffer and its per-chunk views (chunk i: plan.chunks[i]'s received rows)."""
     buf = like.new_empty((rows, width))
-    return buf, buf.split([sum(c.recv_splits) for c in plan.chunks])
+    return buf, _received(plan, buf)
+
+
+def _received(plan, t):
+    """t [received rows, ...] per chunk: the tensor itself for one chunk (no split op to dispatch)."""
+    return [t] if len(plan.chunks) == 1 else t.split([sum(c.recv_splits) for c in plan.chunks])
 
 
 def _sent(plan, t):
-    return t.split([sum(c.send_splits) for c in plan.chunks])
+    """t [sent rows, ...] per chunk (as _received)."""
+    return [t] if len(plan.chunks) == 1 else t.split([sum(c.send_splits) for c in plan.chunks])
 
 
 def _start(cfg, phase: str, outs, ins, chunks, inbound: bool):
@@ -169,7 +175,7 @@ class ExpertParallel(torch.autograd.Function):
             with cfg.phase("replicas"):  # its own communicator: runs beside the exchanges
                 replicas.reduce(*hot_grads)
         (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
-        pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
+        pre_c, act_c = _received(plan, pre), _received(plan, act)
         d_send = torch.empty_like(d_back)
         backs, send_c = [], _sent(plan, d_send)
         for i, c in enumerate(plan.chunks):

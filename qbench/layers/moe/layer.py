@@ -89,11 +89,11 @@ class MoELayer(nn.Module):
         with self.phase_hooks.phase("gate"):
             routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice)
         with self.phase_hooks.phase("plan"):
-            plan, dplan = self._step_plan(x2, routing, rows, source)
+            plan, dplan, send = self._step_plan(x2, routing, rows, source)
             self._tell_plan(routing, plan)
         if self.world_size == 1 and not plan.hot:
-            return self._local_experts(x2, weights, routing, plan, dplan).reshape(shape)
-        return self._experts(x2, weights, routing, plan, dplan).reshape(shape)
+            return self._local_experts(x2, send, weights, routing, plan, dplan).reshape(shape)
+        return self._experts(x2, send, weights, routing, plan, dplan).reshape(shape)
 
     def _tell_plan(self, routing, plan) -> None:
         """The plan hooks (not while torch.compile traces: a hook's side effects are not part of a graph)."""
@@ -108,20 +108,35 @@ class MoELayer(nn.Module):
         return x2, tuple(weights)
 
     def _step_plan(self, x2, routing, rows, source):
-        """(StepPlan, DevicePlan): without a host read where the shapes are static, else with the
-        step's one host synchronisation (refused inside a CUDA graph capture, with the reason)."""
+        """(StepPlan, DevicePlan, send buffer or None): without a host read where the shapes are static,
+        else with the step's one host synchronisation (refused inside a CUDA graph capture, with the
+        reason), started as soon as the plan is queued; where the send buffer's size is known without it
+        (dropless, no replication: every one of the k * T assignments is sent), its gather is queued
+        before the host waits, so that the GPU has that work while the host reads."""
         reason = self.static_reason()
         if reason is None:
-            return plans.static_plan(routing, self.world_size, self.opts.num_local_experts, self.degree, rows, source)
+            return (*plans.static_plan(routing, self.world_size, self.opts.num_local_experts, self.degree, rows,
+                                       source), None)
         if x2.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"MoELayer cannot be captured in a CUDA graph: {reason}")
         dplan = plans.prepare(routing, self.world_size, self.degree, self.opts.replicate_hot, self.group, rows,
                               source, self.rank)
-        return plans.finish(dplan), dplan  # the step's only host synchronisation
+        plans.start_read(dplan)
+        send = None
+        if self.opts.capacity_factor == 0 and self.opts.replicate_hot == 0 and dplan.source is not None:
+            send = gather_tokens(x2, dplan.rows, dplan.rows.numel(), False, dplan.source)
+        return plans.finish(dplan), dplan, send  # the step's only host synchronisation
 
-    def _local_experts(self, x2, weights, routing, plan, dplan):
+    @staticmethod
+    def _send_buffer(x2, send, routing, plan, dplan):
+        """The send buffer [send rows, d] (rows < 0, dropped or replicated, are not sent): `send` where
+        _step_plan gathered it early, else gathered now."""
+        return send if send is not None else gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded,
+                                                           dplan.source)
+
+    def _local_experts(self, x2, send, weights, routing, plan, dplan):
         """World size 1 without replication: gather, expert FFN on the send buffer, combine."""
-        send = gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded, dplan.source)
+        send = self._send_buffer(x2, send, routing, plan, dplan)
         with self.phase_hooks.phase("experts"):
             y = expert_ffn(send, weights, plan.offsets_all, self.opts.activation, self.opts.gemm, self.phase_hooks)
         with self.phase_hooks.phase("combine"):  # rows < 0 (dropped) add nothing
@@ -169,10 +184,10 @@ class MoELayer(nn.Module):
             replicas.broadcast(*weights)
         return replicas
 
-    def _experts(self, x2, weights, routing, plan, dplan):
+    def _experts(self, x2, send, weights, routing, plan, dplan):
         rows = dplan.rows
         replicas = self._start_replicas(plan.hot, weights)
-        send = gather_tokens(x2, rows, plan.send_rows, routing.padded, dplan.source)
+        send = self._send_buffer(x2, send, routing, plan, dplan)
         hot_x = x2[:0]
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)

@@ -74,6 +74,7 @@ class DevicePlan:
     world_size: int
     source: Any = None  # [send rows] token of every send-buffer row (fast path), or None
     hot_source: Any = None  # [replica rows] token of every replica-buffer row (fast path), or None
+    pending: Any = None  # (pinned host copy of `small`, its event) once start_read ran on a GPU
 
 
 def chunk_parts(counts, degree: int):
@@ -264,10 +265,32 @@ def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=
     return plan, DevicePlan(rows, None, None, offsets, offsets_all, None, D, W, source)
 
 
+def start_read(dp: DevicePlan) -> None:
+    """Start the step's host read without waiting: on a GPU, `small` is copied into pinned host memory
+    on the current stream (non_blocking) and an event marks the copy's end, so that the caller can queue
+    work that needs no host value before `finish` waits for it (the GPU then has work while the host
+    waits and reads). On the CPU there is nothing to start."""
+    import torch
+
+    if not dp.small.is_cuda:
+        return
+    host = torch.empty(dp.small.shape, dtype=dp.small.dtype, pin_memory=True)  # the caching host allocator
+    host.copy_(dp.small, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    dp.pending = (host, done)
+
+
 def finish(dp: DevicePlan) -> StepPlan:
-    """The one host synchronisation of a step: split sizes, kept counts and hot ids to the host."""
+    """The one host synchronisation of a step: split sizes, kept counts and hot ids to the host (from the
+    copy start_read made, once its event has passed, else read now)."""
     D, W = dp.degree, dp.world_size
-    values = dp.small.tolist()
+    if dp.pending is not None:
+        host, done = dp.pending
+        done.synchronize()
+        values = host.tolist()
+    else:
+        values = dp.small.tolist()
     send, recv = values[: D * W], values[D * W: 2 * D * W]
     E = (dp.offsets.shape[1] - 1)
     kept, hot = values[2 * D * W: 2 * D * W + E], values[2 * D * W + E:]

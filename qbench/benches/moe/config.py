@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 BENCH = "moe"
 GEMMS = ("auto", "triton", "torch", "reference")  # grouped GEMM backends (kernels/grouped_gemm.py)
-SYSTEMS = ("a2a", "blocks")
+SYSTEMS = ("a2a", "blocks", "tutel")  # tutel: Tutel's moe_layer where it imports (tutel.py)
 TRANSPORTS = ("auto", "symm", "symm-fused-ga", "symm-fused", "a2a")  # blocks: qbench/layers/moe/transport.py
 EXECS = ("eager", "compile", "graph")  # execution modes (modes.py); the CPU runs eager and compile only
 # Every mode the device runs: on a GPU all three (a configuration a mode cannot run is a `skipped`

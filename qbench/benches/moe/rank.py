@@ -58,6 +58,7 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> Iterator[dict
     try:
         model, moe, x, dy, choice = build(ctx, config, case)
         params["transport"] = getattr(getattr(moe, "transport", None), "name", "a2a")
+        params.update(_system_versions(case))
     except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
         error = f"{type(exc).__name__}: {exc}"
     if not agree(error is None, ctx.device):  # every rank skips together (no stray collective)
@@ -73,6 +74,15 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> Iterator[dict
     yield from measure(ctx, config, case, params, (model, moe, x, dy), detail)
 
 
+def _system_versions(case) -> dict[str, str]:
+    """System tutel: Tutel's version and commit (params); nothing for qbench's own systems."""
+    if case.get("system") != "tutel":
+        return {}
+    from qbench.benches.moe.tutel import tutel_info
+
+    return tutel_info() or {}
+
+
 def _every_exec(config, params: dict[str, Any], device: str, error: str) -> Iterator[dict]:
     for p in mode_params(config, params):
         yield make_record(BENCH, p, status="error", error=error, device=device)
@@ -84,7 +94,8 @@ def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str,
     divergence and drift checks and (eager, with trace_dir) profiled steps; `detail`: the reference
     check's description (its max error is a metric)."""
     model, moe, x, dy = built
-    stats, plan = routing_stats(ctx, model, moe, x)
+    twin = getattr(moe, "twin", None)  # system tutel: its routing is its twin's (same gate, same tokens)
+    stats, plan = routing_stats(ctx, model, moe, x) if twin is None else routing_stats(ctx, twin[0], twin[0], x)
     if case.get("system") == "blocks":
         stats.update(block_stats(ctx, plan))
     want: list = []  # an eager step's output and gradients, taken once for the compile / graph checks
@@ -214,7 +225,15 @@ def build(ctx, config, case: dict[str, Any]):
 
 
 def _layer(ctx, config, case, opts, dtype):
-    """The a2a layer, or (system "blocks") the block-dispatch layer over its transport."""
+    """The a2a layer, or (system "blocks") the block-dispatch layer over its transport, or (system "tutel")
+    Tutel's layer with the a2a layer's weights (its gate without bias)."""
+    if case.get("system") == "tutel":
+        from qbench.benches.moe.tutel import TutelLayer, zero_gate_bias
+
+        twin = MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
+                        seed=config.seed)
+        zero_gate_bias(twin)
+        return TutelLayer(twin)
     if case.get("system", "a2a") == "blocks":
         from qbench.layers.moe import BlocksMoELayer
 
@@ -251,7 +270,12 @@ def check(ctx, moe, x, choice=None) -> tuple[bool, str]:
     x2 = x.reshape(-1, x.shape[-1])
     gen = torch.Generator(device=x2.device).manual_seed(4242 + ctx.rank)
     dy = torch.randn(x2.shape, generator=gen, device=x2.device).to(x2.dtype)
-    result = check_layer(moe, x2, dy, choice)
+    if getattr(moe, "twin", None) is not None:
+        from qbench.benches.moe.tutel import check_tutel
+
+        result = check_tutel(moe, x2, dy)
+    else:
+        result = check_layer(moe, x2, dy, choice)
     moe.zero_grad(set_to_none=True)
     return agree(result.ok, ctx.device), result.describe()
 

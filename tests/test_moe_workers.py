@@ -89,6 +89,20 @@ def replication_under_autocast(ctx):
            [rel_error(a.float(), b.float()) for a, b in zip(got, want)])
 
 
+def freeze_rank(ctx, bad_rank):
+    """Rank `bad_rank` stops itself (SIGSTOP) while the others wait for it in a collective."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank is up (and beating)
+    if ctx.rank == bad_rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.barrier()
+    yield "unreachable"
+
+
 def fail_on_rank(ctx, bad_rank):
     """Rank `bad_rank` raises mid-run while the others wait in a collective."""
     import torch.distributed as dist

@@ -207,8 +207,8 @@ def gather_tokens(x2, rows, total: int, padded: bool, source=None, out=None):
     """Buffer [total, d] whose row rows[a] is token a % T of x2 [T, d] (rows < 0 skipped), differentiable.
     source: the plan kernels' inverse map (token of every buffer row), else it is built here; out: a
     [total, d] buffer to gather into (used with `source` only)."""
-    if source is not None:
-        return _GatherTokens.apply(x2, source[:total], rows, padded, out)
+    if source is not None:  # source may be longer than the buffer (a padded plan's last rows); sliced only then
+        return _GatherTokens.apply(x2, source if source.numel() == total else source[:total], rows, padded, out)
     return _gather_rows(x2, rows, total, padded)
 
 

@@ -187,7 +187,7 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
     if replicate_hot > 0 and degree == 1 and use_triton(kept):
         return _prepare_hot(routing, world_size, replicate_hot, group, rank)
     seg = torch.full_like(kept, routing.capacity) if routing.padded else kept
-    hot_ids, hot_mask, hot_r, hot_off = kept.new_empty(0), None, None, None
+    hot_ids, hot_mask, hot_r, hot_off = None, None, None, None
     if replicate_hot > 0:
         hot_ids = hottest_device(kept, replicate_hot, group)
         hot_mask = torch.zeros(kept.shape, dtype=torch.bool, device=kept.device).index_fill_(0, hot_ids, True)
@@ -204,8 +204,8 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
         offsets, offsets_all = segment_offsets(got)
     if rows is None:
         rows = send_rows(routing, chunk_parts(seg, degree), hot_mask)
-    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, torch.cat([splits, kept, hot_ids]), degree,
-                      world_size, source)
+    small = torch.cat([splits, kept] if hot_ids is None else [splits, kept, hot_ids])  # no hot ids: none to read
+    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, small, degree, world_size, source)
 
 
 def _prepare_hot(routing, world_size: int, replicate_hot: int, group, rank: int) -> DevicePlan:

@@ -29,7 +29,8 @@
 #               many as the GPUs allow), --a2a-ffn-overlap-degree 1,2, eager dropless and capacity 1.0 eager +
 #               graph, RUNS runs each (run-major, so that a call cut short by HOSTCUT_S keeps runs of every
 #               world size), with --system tutel beside where a carried Tutel source (.tutel/src, git-ignored;
-#               `carry` it) builds; every run in $OUT/hostcut.tar, medians per world size at the end of hostcut.log
+#               `carry` it) builds; every run in $OUT/hostcut.tar, medians per world size at the end of hostcut.log;
+#               run 1's dropless steps also profiled (--trace: per-rank timelines with the phases, in runs.tar.gz)
 source "$(dirname "$0")/gpu_prelude.sh"
 W=${W:-4}
 STEPS=${STEPS:-100}
@@ -159,7 +160,7 @@ tutel_site() {
 }
 
 hostcut_part() {
-  local start=$SECONDS gpus run w sizes=()
+  local start=$SECONDS gpus run w sizes=() trace
   gpus=$(nvidia-smi -L | wc -l)
   for w in 4 2 1; do [ "$w" -le "$gpus" ] && sizes+=("$w"); done
   tutel_site
@@ -171,8 +172,9 @@ hostcut_part() {
         echo "== hostcut: time is up before run $run at world size $w" | tee -a "$OUT/hostcut.log"
         break 2
       fi
+      trace=(); [ "$run" = 1 ] && trace=(--trace "$OUT/runs/trace-w$w")  # CPU + CUDA activity of 3 steps
       W=$w TAG=hostcut RUNS=1 repeated "hostcut-w$w-dropless-$run" 120 120 --system "$SYSTEMS" \
-        --a2a-ffn-overlap-degree 1,2 --exec eager
+        --a2a-ffn-overlap-degree 1,2 --exec eager "${trace[@]}"
       W=$w TAG=hostcut RUNS=1 repeated "hostcut-w$w-cap1-$run" 120 120 --system "$SYSTEMS" \
         --a2a-ffn-overlap-degree 1,2 --capacity-factor 1.0 --exec eager,graph
     done

@@ -25,9 +25,9 @@
 #               step_time against floor_ms, experts_tflops (eager phases), host_ms per mode
 #   threads     one GPU (world size 1), seed config, capacity 1.0: eager on both backward threads and graphed,
 #               RUNS runs of one command (results/moe-h200-ws1/backward-thread-8b96258), their medians at the end
-#   hostcut     issue 50's lines in one call (~8 min on 4 GPUs): the seed config at world size 1, 2 and 4 (as
-#               many as the GPUs allow), --a2a-ffn-overlap-degree 1,2, eager dropless and capacity 1.0 eager +
-#               graph, RUNS runs each (run-major, so that a call cut short by HOSTCUT_S keeps runs of every
+#   hostcut     issue 50's lines in one call (at most ~10 min): the seed config at world sizes SIZES (default
+#               "4 2 1", those the GPUs allow), --a2a-ffn-overlap-degree 1,2, eager dropless and capacity 1.0
+#               eager + graph, RUNS runs each (run-major: a call cut short by HOSTCUT_S keeps runs of every
 #               world size), with --system tutel beside where a carried Tutel source (.tutel/src, git-ignored;
 #               `carry` it) builds; every run in $OUT/hostcut.tar, medians per world size at the end of hostcut.log;
 #               run 1's dropless steps also profiled (--trace: per-rank timelines with the phases, in runs.tar.gz)
@@ -162,13 +162,14 @@ tutel_site() {
 hostcut_part() {
   local start=$SECONDS gpus run w sizes=() trace
   gpus=$(nvidia-smi -L | wc -l)
-  for w in 4 2 1; do [ "$w" -le "$gpus" ] && sizes+=("$w"); done
+  for w in ${SIZES:-4 2 1}; do [ "$w" -le "$gpus" ] && sizes+=("$w"); done
   tutel_site
   echo "== hostcut: world sizes ${sizes[*]}, systems $SYSTEMS, RUNS ${RUNS:-3} ($((SECONDS - start)) s)" |
     tee -a "$OUT/hostcut.log"
   for run in $(seq "${RUNS:-3}"); do
     for w in "${sizes[@]}"; do
-      if [ $((SECONDS - start)) -gt "${HOSTCUT_S:-380}" ]; then  # leave the call time to pack what it has
+      # no new pair of commands after HOSTCUT_S: a pair takes at most 240 s, so the call ends within ~10 minutes
+      if [ $((SECONDS - start)) -gt "${HOSTCUT_S:-330}" ]; then
         echo "== hostcut: time is up before run $run at world size $w" | tee -a "$OUT/hostcut.log"
         break 2
       fi

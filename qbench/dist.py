@@ -9,7 +9,10 @@ fn(ctx, *args) on every rank and yields what rank 0 yields, as it comes:
 Failures never hang: a rank that raises sends its error and exits; the launcher then terminates the
 others and raises RankFailure naming the rank that failed first (a rank that died without a word, say
 killed by a signal, before the peers that lost it) and its error. Collectives carry a timeout
-(`timeout_s`, `qbench moe --timeout`), so a rank stuck on a frozen or dead peer also ends.
+(`timeout_s`, `qbench moe --timeout`), so a rank stuck on a frozen or dead peer also ends. A frozen rank
+(SIGSTOP, a hung native call that holds the interpreter) ends the job sooner: every spawned rank beats
+a heartbeat from a thread of its own every HEARTBEAT_EVERY_S, and the launcher ends the job with that
+rank named once its heartbeat is `heartbeat_s` old (a rank waiting in a collective still beats).
 Per-step lists are reduced over ranks (max_over_ranks, min_over_ranks) with one all-reduce each.
 torch is imported only inside functions.
 """
@@ -32,6 +35,10 @@ NCCL_DEFAULTS = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 POLL_S = 0.2  # how often the launcher looks at its ranks while waiting for items
 GRACE_S = 5.0  # time a terminated rank gets before it is killed
 SETTLE_S = 1.0  # after a failure, time the other ranks get to report theirs (so the first one is named)
+HEARTBEAT_EVERY_S = 1.0  # how often a spawned rank's heartbeat thread beats
+# A rank whose heartbeat is this old is frozen: with SETTLE_S and GRACE_S the job ends within 60 s of the
+# freeze. A live rank misses a beat only while one native call holds the interpreter that long.
+HEARTBEAT_S = 30.0
 
 
 class RankFailure(RuntimeError):
@@ -131,11 +138,21 @@ def die_with_parent(parent: int) -> None:
         threading.Thread(target=watch, name="qbench-parent-watchdog", daemon=True).start()
 
 
-def _worker(rank, world_size, port, backend, device, timeout_s, fn, args, channel, parent=None) -> None:
+def _beat(beats, rank: int) -> None:
+    """Heartbeat of a spawned rank (a daemon thread): its time in the shared array, every HEARTBEAT_EVERY_S."""
+    while True:
+        beats[rank] = time.time()
+        time.sleep(HEARTBEAT_EVERY_S)
+
+
+def _worker(rank, world_size, port, backend, device, timeout_s, fn, args, channel, beats, parent=None) -> None:
     """Body of one spawned rank: run fn, send rank 0's items, report an error and exit 1 on failure; the
-    rank ends with its launcher (pid `parent`)."""
+    rank beats a heartbeat the launcher watches and ends with its launcher (pid `parent`)."""
+    import threading
+
     if parent is not None:
         die_with_parent(parent)
+    threading.Thread(target=_beat, args=(beats, rank), daemon=True, name="qbench-heartbeat").start()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
@@ -167,13 +184,15 @@ def launch(
     backend: str,
     device: str,
     timeout_s: float = 600.0,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> Iterator[Any]:
-    """Run fn(ctx, *args) on every rank; yield rank 0's items. See the module docstring."""
+    """Run fn(ctx, *args) on every rank; yield rank 0's items. See the module docstring (heartbeat_s: how old
+    a spawned rank's heartbeat may grow before the job ends with that rank named)."""
     env = torchrun_env()
     if env is not None:
         yield from _run_torchrun(fn, args, env, backend, device, timeout_s)
     else:
-        yield from _run_spawned(fn, args, world_size, backend, device, timeout_s)
+        yield from _run_spawned(fn, args, world_size, backend, device, timeout_s, heartbeat_s)
 
 
 def _run_torchrun(fn, args, env, backend, device, timeout_s) -> Iterator[Any]:
@@ -187,27 +206,41 @@ def _run_torchrun(fn, args, env, backend, device, timeout_s) -> Iterator[Any]:
         _shutdown()
 
 
-def _run_spawned(fn, args, world_size, backend, device, timeout_s) -> Iterator[Any]:
+def _run_spawned(fn, args, world_size, backend, device, timeout_s, heartbeat_s) -> Iterator[Any]:
     import torch.multiprocessing as mp
 
     spawn = mp.get_context("spawn")
     channel = spawn.Queue()
+    beats = spawn.Array("d", [0.0] * world_size, lock=False)  # each rank writes its own slot; 0: not started
     port = free_port()
     procs = [
         spawn.Process(target=_worker,
-                      args=(r, world_size, port, backend, device, timeout_s, fn, args, channel, os.getpid()))
+                      args=(r, world_size, port, backend, device, timeout_s, fn, args, channel, beats, os.getpid()))
         for r in range(world_size)
     ]
     for p in procs:
         p.start()
     try:
-        yield from _relay(procs, channel)
+        yield from _relay(procs, channel, lambda done: _frozen(procs, beats, done, heartbeat_s))
     finally:
         _stop(procs)
 
 
-def _relay(procs, channel) -> Iterator[Any]:
-    """Yield rank 0's items until every rank is done; raise RankFailure on the first failure."""
+def _frozen(procs, beats, done: set[int], heartbeat_s: float) -> str | None:
+    """The failure of the first running rank whose heartbeat is older than heartbeat_s, or None. A rank that
+    has not beaten yet (still importing) is not judged: a freeze before that waits for the collective timeout."""
+    now = time.time()
+    for rank, p in enumerate(procs):
+        age = now - beats[rank]
+        if rank not in done and p.exitcode is None and beats[rank] > 0 and age > heartbeat_s:
+            return (f"rank {rank} stopped responding: no heartbeat for {age:.0f} s (frozen: stopped, or a native "
+                    "call holding the interpreter); the job was ended")
+    return None
+
+
+def _relay(procs, channel, frozen=lambda done: None) -> Iterator[Any]:
+    """Yield rank 0's items until every rank is done; raise RankFailure on the first failure (frozen(done):
+    a frozen rank's failure, or None)."""
     done: set[int] = set()
     while len(done) < len(procs):
         try:
@@ -215,6 +248,9 @@ def _relay(procs, channel) -> Iterator[Any]:
         except queue_mod.Empty:
             if any(p.exitcode not in (None, 0) for p in procs):
                 raise RankFailure(_blame(procs, channel, {}, done)) from None
+            stuck = frozen(done)
+            if stuck is not None:
+                raise RankFailure(stuck) from None
             continue
         if kind == "item":
             yield payload

@@ -270,7 +270,8 @@ HOST_BLOCK = 8  # timed calls per block: with the settling calls, 10 steps of at
 #                 under the ~1000 launches a CUDA stream queues before the host has to wait for a free slot
 
 
-def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: int = 3, repeat: int = 20) -> Timing:
+def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: int = 3, repeat: int = 20,
+              phases: PhaseTimer | None = None) -> Timing:
     """CPU time (ms) spent issuing one call of fn, as a training loop issues its steps: back to back,
     never waiting on the device. The calls run in blocks: the device is synchronized (outside every
     timed span), HOST_SETTLE untimed calls follow, then up to HOST_BLOCK timed ones, so the GPU work a
@@ -279,19 +280,26 @@ def host_time(fn: Callable[[], object], *, device: str | None = None, warmup: in
     how much depends on how long it waited, which would make the number follow the GPU time of the
     step (on an H200 host, nn.Linear forward + backward at 131072 x 4096 -> 16384 fp16 took 1.45 ms
     of host time as the first call after a synchronize and 0.25 ms back to back; 8192 x 1024 -> 4096:
-    0.32 and 0.19 ms). On a CPU device each sample is the call's time."""
+    0.32 and 0.19 ms). On a CPU device each sample is the call's time.
+    phases: a PhaseTimer on the host clock (device "cpu") that fn's regions record into; it keeps one
+    step per timed call (the regions of the warm-up and settling calls are dropped)."""
     device = resolve_device(device)
+    keep = phases.next_step if phases is not None else (lambda: None)
+    drop = phases.drop_step if phases is not None else (lambda: None)
     for _ in range(max(1, warmup)):
         fn()
+        drop()
     samples: list[float] = []
     while len(samples) < max(1, repeat):
         _synchronize(device)
         for _ in range(HOST_SETTLE):
             fn()
+            drop()
         for _ in range(min(HOST_BLOCK, max(1, repeat) - len(samples))):
             start = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - start) * 1e3)
+            keep()
     _synchronize(device)
     return Timing(tuple(samples), device)
 
@@ -343,6 +351,10 @@ class PhaseTimer:
     def discard(self) -> None:
         """Forget everything recorded so far (used after warm-up steps)."""
         self._steps = [{}]
+
+    def drop_step(self) -> None:
+        """Forget the current step's regions (an untimed call)."""
+        self._steps[-1] = {}
 
     def results_ms(self) -> dict[str, list[float]]:
         _synchronize(self.device)

@@ -25,6 +25,12 @@
 #               step_time against floor_ms, experts_tflops (eager phases), host_ms per mode
 #   threads     one GPU (world size 1), seed config, capacity 1.0: eager on both backward threads and graphed,
 #               RUNS runs of one command (results/moe-h200-ws1/backward-thread-8b96258), their medians at the end
+#   hostcut     issue 50's lines in one call (at most ~10 min): the seed config at world sizes SIZES (default
+#               "4 2 1", those the GPUs allow), --a2a-ffn-overlap-degree 1,2, eager dropless and capacity 1.0
+#               eager + graph, RUNS runs each (run-major: a call cut short by HOSTCUT_S keeps runs of every
+#               world size), with --system tutel beside where a carried Tutel source (.tutel/src, git-ignored;
+#               `carry` it) builds; every run in $OUT/hostcut.tar, medians per world size at the end of hostcut.log;
+#               run 1's dropless steps also profiled (--trace: per-rank timelines with the phases, in runs.tar.gz)
 source "$(dirname "$0")/gpu_prelude.sh"
 W=${W:-4}
 STEPS=${STEPS:-100}
@@ -137,6 +143,55 @@ PY
 threads_part() {
   W=1 repeated ws1-thread 200 150 --capacity-factor 1.0 --exec eager,graph --backward-thread calling,device
   BY=backward_thread summarize ws1-thread step_time loop_step_time host_ms experts_tflops
+}
+
+# tutel_site: build a carried Tutel source (.tutel/src, with its COMMIT file) into /tmp/tutel-site and put it on
+# PYTHONPATH; SYSTEMS: "a2a,tutel" where it builds, else "a2a" (no source, or a failed build: tutel_build.log)
+tutel_site() {
+  SYSTEMS=a2a
+  [ -f .tutel/src/setup.py ] || return 0
+  rm -rf /tmp/tutel-src /tmp/tutel-site && cp -r .tutel/src /tmp/tutel-src
+  if (cd /tmp/tutel-src && timeout 240 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/tutel-site .) \
+      > "$OUT/tutel_build.log" 2>&1; then
+    cp .tutel/src/COMMIT /tmp/tutel-site/tutel/COMMIT 2> /dev/null
+    export PYTHONPATH=$PYTHONPATH:/tmp/tutel-site
+    SYSTEMS=a2a,tutel
+  fi
+}
+
+hostcut_part() {
+  local start=$SECONDS gpus run w sizes=() trace
+  gpus=$(nvidia-smi -L | wc -l)
+  for w in ${SIZES:-4 2 1}; do [ "$w" -le "$gpus" ] && sizes+=("$w"); done
+  tutel_site
+  echo "== hostcut: world sizes ${sizes[*]}, systems $SYSTEMS, RUNS ${RUNS:-3} ($((SECONDS - start)) s)" |
+    tee -a "$OUT/hostcut.log"
+  for run in $(seq "${RUNS:-3}"); do
+    for w in "${sizes[@]}"; do
+      # no new pair of commands after HOSTCUT_S: a pair takes at most 240 s, so the call ends within ~10 minutes
+      if [ $((SECONDS - start)) -gt "${HOSTCUT_S:-330}" ]; then
+        echo "== hostcut: time is up before run $run at world size $w" | tee -a "$OUT/hostcut.log"
+        break 2
+      fi
+      trace=(); [ "$run" = 1 ] && trace=(--trace "$OUT/runs/trace-w$w")  # CPU + CUDA activity of 3 steps
+      W=$w TAG=hostcut RUNS=1 repeated "hostcut-w$w-dropless-$run" 120 120 --system "$SYSTEMS" \
+        --a2a-ffn-overlap-degree 1,2 --exec eager "${trace[@]}"
+      W=$w TAG=hostcut RUNS=1 repeated "hostcut-w$w-cap1-$run" 120 120 --system "$SYSTEMS" \
+        --a2a-ffn-overlap-degree 1,2 --capacity-factor 1.0 --exec eager,graph
+    done
+  done
+  mkdir -p "$OUT/summary" && tar -xf "$OUT/hostcut.tar" -C "$OUT/summary"
+  local dirs across
+  for w in "${sizes[@]}"; do
+    for kind in dropless cap1; do
+      dirs=("$OUT"/summary/runs/moe-hostcut-w"$w"-"$kind"-*)
+      [ -d "${dirs[0]}" ] || continue
+      across=(); [ "${#dirs[@]}" -gt 1 ] && across=(--across-runs median)
+      python3 -m qbench summary "${dirs[@]}" "${across[@]}" --metric step_time --metric loop_step_time \
+        --metric host_ms --metric 'host_*_ms' 2>&1 | tee -a "$OUT/hostcut.log"
+    done
+  done
+  rm -rf "$OUT/summary"
 }
 
 PARTS=("${@:-check}")

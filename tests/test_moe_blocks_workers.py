@@ -34,10 +34,17 @@ def _inputs(ctx, layer, routing, locality, dtype, salt):
     gen = torch.Generator().manual_seed(1000 * salt + ctx.rank)
     spec = parse_routing(routing)
     x = make_input(spec, TOKENS, DIM, generator=gen, device="cpu", dtype=dtype)
-    layer.forced = forced_choices(spec, TOKENS, 2, layer.num_experts, rank=ctx.rank, step=salt)
+    choice = forced_choices(spec, TOKENS, 2, layer.num_experts, rank=ctx.rank, step=salt)
     if locality is not None:
-        layer.forced = locality_choices(TOKENS, 2, LOCAL, ctx.world_size, locality, rank=ctx.rank, step=salt)
-    return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype)
+        choice = locality_choices(TOKENS, 2, LOCAL, ctx.world_size, locality, rank=ctx.rank, step=salt)
+    return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype), choice
+
+
+def _plans_seen(layer) -> list:
+    """Every forward's plan, through the layer's plan hooks."""
+    seen: list = []
+    layer.plan_hooks.register(lambda routing, plan: seen.append(plan))
+    return seen
 
 
 def check_cases(ctx, gemm="auto"):
@@ -48,9 +55,10 @@ def check_cases(ctx, gemm="auto"):
 
     for salt, (dtype, cf, hot, block, routing, locality, activation) in enumerate(CASES):
         layer = _layer(ctx, dtype, cf, hot, block, activation, gemm)
-        x, dy = _inputs(ctx, layer, routing, locality, dtype, salt)
-        result = check_layer(layer, x, dy)
-        plan = layer.last["plan"]
+        x, dy, choice = _inputs(ctx, layer, routing, locality, dtype, salt)
+        plans = _plans_seen(layer)
+        result = check_layer(layer, x, dy, choice)
+        plan = plans[-1]
         case = (str(dtype), cf, hot, block, routing, locality, activation)
         yield case, result.ok, result.describe(), result.dropped, (plan.num_blocks, plan.hot, layer.transport.name)
     yield from transport_contract(ctx)

@@ -54,6 +54,18 @@ def test_replicated_experts_follow_autocast():
     assert max(errors) <= 1e-2, f"relative errors against the 16-bit layer: {errors}"
 
 
+def test_a_frozen_rank_ends_the_run_with_the_rank_named():
+    """A SIGSTOPped rank (whose peers wait for it in a collective with a 600 s timeout) ends the job once its
+    heartbeat is heartbeat_s old, the rank named; the stopped process is killed."""
+    start = time.monotonic()
+    with pytest.raises(dist.RankFailure, match=r"^rank 1 stopped responding: no heartbeat for \d+ s") as failure:
+        list(dist.launch(moe_workers.freeze_rank, (1,), world_size=2, backend="gloo", device="cpu", timeout_s=600,
+                         heartbeat_s=4))
+    elapsed = time.monotonic() - start
+    assert elapsed < 45, f"took {elapsed:.0f} s"
+    assert "\n" not in str(failure.value)
+
+
 def test_failing_rank_ends_the_run_with_its_error():
     start = time.monotonic()
     with pytest.raises(dist.RankFailure, match="rank 1 failed: ValueError: deliberate failure on rank 1"):

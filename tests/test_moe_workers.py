@@ -29,8 +29,15 @@ def _inputs(ctx, layer, routing, dtype, salt):
     gen = torch.Generator().manual_seed(1000 * salt + ctx.rank)
     spec = parse_routing(routing)
     x = make_input(spec, TOKENS, DIM, generator=gen, device="cpu", dtype=dtype)
-    layer.forced = forced_choices(spec, TOKENS, 2, layer.num_experts, rank=ctx.rank, step=salt)
-    return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype)
+    choice = forced_choices(spec, TOKENS, 2, layer.num_experts, rank=ctx.rank, step=salt)
+    return x, torch.randn(TOKENS, DIM, generator=gen).to(dtype), choice
+
+
+def _hot_seen(layer) -> list:
+    """Every forward's replicated experts, through the layer's plan hooks."""
+    seen: list = []
+    layer.plan_hooks.register(lambda routing, plan: seen.append(plan.hot))
+    return seen
 
 
 def check_cases(ctx, cases=None):
@@ -39,8 +46,8 @@ def check_cases(ctx, cases=None):
 
     for salt, (dtype, cf, degree, hot, routing) in enumerate(cases or CASES):
         layer = _layer(ctx, dtype, cf, degree, hot)
-        x, dy = _inputs(ctx, layer, routing, dtype, salt)
-        result = check_layer(layer, x, dy)
+        x, dy, choice = _inputs(ctx, layer, routing, dtype, salt)
+        result = check_layer(layer, x, dy, choice)
         yield (str(dtype), cf, degree, hot, routing), result.ok, result.describe(), result.dropped, result.conservation
 
 
@@ -49,12 +56,13 @@ def replication_equal(ctx):
     outs = []
     for hot in (0, 3):
         layer = _layer(ctx, torch.float32, 0.0, 2, hot)
-        x, dy = _inputs(ctx, layer, "rand-skew", torch.float32, 99)
+        x, dy, choice = _inputs(ctx, layer, "rand-skew", torch.float32, 99)
         x.requires_grad_()
-        out = layer(x)
+        seen = _hot_seen(layer)
+        out = layer(x, choice)
         out.backward(dy)
         outs.append([out.detach(), x.grad] + [p.grad for p in layer.parameters()])
-        hot_list = layer.last["plan"].hot
+        hot_list = seen[-1]
     yield hot_list, [float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(*outs)]
 
 
@@ -63,20 +71,36 @@ def replication_under_autocast(ctx):
     (dtypes of output and parameter gradients, relative error of output, dx and each gradient)."""
     from qbench.layers.moe.reference import rel_error
 
-    steps = []
+    steps, layers = [], []
     for dtype in (torch.float32, torch.bfloat16):
         layer = _layer(ctx, dtype, 0.0, 2, 2)
-        if dtype != torch.float32:
-            layer.load_state_dict(steps[0][0].state_dict())
-        x, dy = _inputs(ctx, layer, "rand-skew", torch.float32, 98)
+        if layers:
+            layer.load_state_dict(layers[0].state_dict())
+        layers.append(layer)
+        x, dy, choice = _inputs(ctx, layer, "rand-skew", torch.float32, 98)
         x = x.to(dtype).requires_grad_()
+        seen = _hot_seen(layer)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.float32):
-            out = layer(x)
+            out = layer(x, choice)
         out.backward(dy.to(out.dtype))
-        steps.append((layer, [out.detach(), x.grad] + [p.grad for p in layer.parameters()]))
-    (_, got), (half, want) = steps
-    yield ([str(t.dtype) for t in got[:1] + got[2:]], half.last["plan"].hot,
+        steps.append((seen, [out.detach(), x.grad] + [p.grad for p in layer.parameters()]))
+    (_, got), (half_hot, want) = steps
+    yield ([str(t.dtype) for t in got[:1] + got[2:]], half_hot[-1],
            [rel_error(a.float(), b.float()) for a, b in zip(got, want)])
+
+
+def freeze_rank(ctx, bad_rank):
+    """Rank `bad_rank` stops itself (SIGSTOP) while the others wait for it in a collective."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank is up (and beating)
+    if ctx.rank == bad_rank:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.barrier()
+    yield "unreachable"
 
 
 def fail_on_rank(ctx, bad_rank):

@@ -12,6 +12,7 @@ Examples:
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4 --trace runs/moe-traces
   qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --format seed
+  qbench moe --world-size 4 --system a2a,tutel           # Tutel's layer beside qbench's (where tutel imports)
   qbench moe --world-size 1 --capacity-factor 1.0 --exec eager,compile,graph   # one GPU, the three modes
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --out runs/moe-e --resume   # finish a cut sweep
   torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe   # 2 GPU nodes

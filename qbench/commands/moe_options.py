@@ -56,7 +56,8 @@ OPTIONS = [
     _opt("--routing", "routings", _words, default="randn", help="randn, rand-skew, uniform, zipf:S, trace:FILE."),
     _opt("--gemm", "gemms", parse_names(GEMMS), default="auto", help=f"Grouped GEMM: {', '.join(GEMMS)} (a list)."),
     _opt("--system", "systems", parse_names(SYSTEMS), default="a2a",
-         help="a2a (all-to-all + grouped GEMM) or blocks (block dispatch fused with the GEMMs); a list sweeps."),
+         help="a2a (all-to-all + grouped GEMM), blocks (block dispatch fused with the GEMMs) or tutel (Tutel's "
+              "layer, where it imports); a list sweeps."),
     _opt("--block-size", type=_INT, default=64, help="Rows per block of --system blocks."),
     _opt("--locality", "localities", lambda v: _floats(v) or (None,),
          help="P[,P...]: each choice's expert lives on the token's own rank with probability P (forced routing)."),

@@ -12,7 +12,8 @@ first; a mismatch is an error record, not timed. System "blocks" (MixMoE's block
 with the expert GEMMs) runs one chunk, so its cases take overlap degree 1 only; its transport
 ("symm" or the "a2a" fallback) is a param.
 
-Modules: config (MoEBenchConfig, resolve), validate, cases (the grid, each case's params), rank (one
+Modules: config (MoEBenchConfig, resolve), validate, cases (the grid, each case's params), observe (the
+layer's phases and plans seen through its hooks; the forced choice passed to it), rank (one
 rank's work: build, check, time, the records), modes (eager, compile, graph: what each needs and how
 it runs), steps (the training step and its timing), metrics, output (table, seed-format lines), trace
 (profiled steps), grouped (the grouped GEMM kernel bench).
@@ -25,7 +26,9 @@ Metrics (times in ms: median over steps of the max over ranks):
   events in the graph, modes.graph_phases), loop_step_time (the step inside a loop of it: blocks of 8
   steps issued back to back, so a host faster than the GPU is hidden as in training; every step of
   step_time starts on an idle device) and loop_tflops (the seeds' formula over it), host_ms (CPU time
-  spent issuing one step),
+  spent issuing one step, nothing of the bench's on its path), host_<phase>_ms (eager: CPU ms per step
+  inside forward, backward and each of the layer's phases, from a pass of their own on host clocks) and
+  host_ms_instrumented (that pass's step: host_ms plus what the clocks cost),
   experts_tflops (the expert FFN's forward + backward FLOPs over experts_time + backward_experts_time),
   sm_clock_mhz_step (the lowest SM clock of any rank) and power_w_step (the highest board power) over the
   timed steps, and sm_clock_mhz_loop / power_w_loop over the loop's blocks, where NVML reads them

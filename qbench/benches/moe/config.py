@@ -13,7 +13,7 @@ from qbench.modes import EXECS  # the execution modes (this bench prepares them 
 
 BENCH = "moe"
 GEMMS = ("auto", "triton", "torch", "reference")  # grouped GEMM backends (kernels/grouped_gemm.py)
-SYSTEMS = ("a2a", "blocks")
+SYSTEMS = ("a2a", "blocks", "tutel")  # tutel: Tutel's moe_layer where it imports (tutel.py)
 TRANSPORTS = ("auto", "symm", "symm-fused-ga", "symm-fused", "a2a")  # blocks: qbench/layers/moe/transport.py
 # Every mode the device runs: on a GPU all three (a configuration a mode cannot run is a `skipped`
 # record with the reason: compile at world size > 1, graph where the shapes follow the routing), on

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from qbench import modes as shared_modes
+from qbench.benches.moe.observe import no_phase, observed
 from qbench.benches.moe.steps import make_step
 from qbench.dist import max_over_ranks
 from qbench.layers.moe.reference import TOLERANCE, rel_error
@@ -31,6 +32,8 @@ def refusal(mode: str, config, moe, world_size: int) -> str | None:
     """One line: why this configuration cannot run in `mode` (recorded as `skipped`), or None."""
     if mode == "eager":
         return None
+    if getattr(moe, "twin", None) is not None:
+        return f"{mode}: --system tutel is timed eager (Tutel's layer as its users run it)"
     if config.model == "attn-moe":
         return (f"{mode}: the attn-moe model trains under DistributedDataParallel, whose gradient all-reduce is "
                 f"not {'traced' if mode == 'compile' else 'captured'} here; use --model layer")
@@ -53,17 +56,17 @@ def compiled(model, device: str):
 def graphed(config, model, x, dy, out: dict, timer=None):
     """step(i) replaying one CUDA graph of the whole training step, after WARMUP eager steps. The
     gradients and the kept output are dropped outside the capture (timing.graph_replay's prepare).
-    timer: a PhaseTimer(captured=True) whose phases (forward, backward, and the layer's own while it is
-    the layer's timer) the graph records at every replay; it keeps only the captured step's.
+    timer: a PhaseTimer(captured=True) whose phases (forward, backward, and the layer's own while it
+    observes the layer, observe.observed) the graph records at every replay; it keeps only the captured step's.
     A kept output of an earlier capture is dropped first: its autograd graph holds the parameters'
     gradient accumulators, made on that capture's stream, which the eager warm-up steps would otherwise
     reuse from the default stream (a cross-stream wait per accumulation; torch warns of it)."""
     out.clear()
-    warm = make_step(config, model, x, dy, _no_phase, out)
+    warm = make_step(config, model, x, dy, no_phase, out)
     for i in range(WARMUP):
         warm(i)
     torch.cuda.synchronize()
-    captured = make_step(config, model, x, dy, _no_phase if timer is None else timer.phase, out, reset=False)
+    captured = make_step(config, model, x, dy, no_phase if timer is None else timer.phase, out, reset=False)
 
     def prepare() -> None:
         captured.optimizer.zero_grad(set_to_none=True)
@@ -80,11 +83,8 @@ def graph_phases(ctx, config, model, moe, x, dy, out: dict) -> dict[str, list[fl
     capture whose phases are event-record nodes: the breakdown that eager's second pass gives, without
     an eager step's host gaps between kernels (the timed graph, step_time, carries no such nodes)."""
     timer = PhaseTimer("cuda", captured=True)
-    moe.timer = timer
-    try:
+    with observed(moe, timer.phase):
         replay = graphed(config, model, x, dy, out, timer)
-    finally:
-        moe.timer = None
     replay(0)  # the first replay uploads the graph
     samples: dict[str, list[float]] = {}
     for i in range(config.num_steps):
@@ -110,9 +110,3 @@ def mismatch(got: list, want: list, dtype) -> str | None:
         if not err <= TOLERANCE[dtype]:
             return f"tensor {i} (0: output, then gradients) differs from eager by {err:.2e}"
     return None
-
-
-def _no_phase(name: str):
-    import contextlib
-
-    return contextlib.nullcontext()

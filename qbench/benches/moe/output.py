@@ -26,6 +26,8 @@ def table(records: list[dict[str, Any]]):
         metrics.append("remote_fraction")
     elif any(r["params"].get("locality") is not None for r in records):
         params.append("locality")
+    if any(r["params"].get("system") == "tutel" for r in records) and "system" not in params:
+        params.append("system")
     params += varying_params(records, ["backward_thread"])  # its column only when it varies
     if any("sm_clock_mhz_loop" in r["metrics"] for r in records):  # where NVML read it: a GPU at its power cap
         metrics.insert(metrics.index("loop_step_time") + 1, "sm_clock_mhz_loop")  # lowers the loop's clock

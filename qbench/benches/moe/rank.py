@@ -12,7 +12,6 @@ or whose step time drifts (qbench.samples.drift_error), is an error record, neve
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from qbench.benches.moe import modes
 from qbench.benches.moe.cases import case_label, mode_params, params_of, pending_cases, resolve_gemm
 from qbench.benches.moe.config import BENCH, MoEBenchConfig
 from qbench.benches.moe.metrics import summarize
-from qbench.benches.moe.steps import host_ms, make_step, time_plain, time_steps
+from qbench.benches.moe.observe import Routed, last_plan, no_phase
+from qbench.benches.moe.steps import host_ms, host_phases, make_step, time_plain, time_steps
 from qbench.benches.moe.trace import trace_steps
 from qbench.dist import max_over_ranks
 from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
@@ -56,21 +56,31 @@ def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> Iterator[dict
     params = params_of(config, case, ctx.world_size)
     error = None
     try:
-        model, moe, x, dy = build(ctx, config, case)
+        model, moe, x, dy, choice = build(ctx, config, case)
         params["transport"] = getattr(getattr(moe, "transport", None), "name", "a2a")
+        params.update(_system_versions(case))
     except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
         error = f"{type(exc).__name__}: {exc}"
     if not agree(error is None, ctx.device):  # every rank skips together (no stray collective)
         yield from _every_exec(config, params, device, error or "failed on another rank")
         return
     try:
-        ok, detail = check(ctx, moe, x)
+        ok, detail = check(ctx, moe, x, choice)
     except Exception as exc:  # noqa: BLE001 - e.g. a GEMM backend that rejects these shapes on every rank
         ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if not agree(ok, ctx.device) or not ok:
         yield from _every_exec(config, params, device, f"reference check failed: {detail}")
         return
     yield from measure(ctx, config, case, params, (model, moe, x, dy), detail)
+
+
+def _system_versions(case) -> dict[str, str]:
+    """System tutel: Tutel's version and commit (params); nothing for qbench's own systems."""
+    if case.get("system") != "tutel":
+        return {}
+    from qbench.benches.moe.tutel import tutel_info
+
+    return tutel_info() or {}
 
 
 def _every_exec(config, params: dict[str, Any], device: str, error: str) -> Iterator[dict]:
@@ -84,9 +94,10 @@ def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str,
     divergence and drift checks and (eager, with trace_dir) profiled steps; `detail`: the reference
     check's description (its max error is a metric)."""
     model, moe, x, dy = built
-    stats = routing_stats(ctx, model, moe, x)
+    twin = getattr(moe, "twin", None)  # system tutel: its routing is its twin's (same gate, same tokens)
+    stats, plan = routing_stats(ctx, model, moe, x) if twin is None else routing_stats(ctx, twin[0], twin[0], x)
     if case.get("system") == "blocks":
-        stats.update(block_stats(ctx, moe))
+        stats.update(block_stats(ctx, plan))
     want: list = []  # an eager step's output and gradients, taken once for the compile / graph checks
     for p in mode_params(config, params):
         mode = p["exec"]
@@ -113,6 +124,8 @@ def measure_mode(ctx, config, case, params, built, stats, detail: str, want: lis
         return make_record(BENCH, params, status="error", error=failure or "failed on another rank", device=device)
     finite = outputs_finite(ctx, out) and weights_finite(ctx, model)
     extra = {"peak_memory_mb": peak_memory_mb(ctx), "host_ms": host_ms(ctx, config, step)}
+    if mode == "eager":  # after host_ms, in a pass of its own: its clocks are on no other measured path
+        extra.update(host_phases(ctx, config, model, moe, x, dy))
     if mode == "graph":  # after the peak memory: the second capture holds a pool of its own
         try:
             samples.update(modes.graph_phases(ctx, config, model, moe, x, dy, out))
@@ -135,7 +148,8 @@ def record_of(config, case, params, world_size: int, samples, stats, extra: dict
                            error="weights or outputs not finite after the timed steps: the timing measured a "
                                  "diverged layer")
     metrics, unit_of = summarize(config, case, world_size, samples, stats, extra["peak_memory_mb"], device)
-    metrics["host_ms"], unit_of["host_ms"] = extra["host_ms"], units.MS
+    for name in (k for k in extra if k.startswith("host_")):  # host_ms, host_<phase>_ms, host_ms_instrumented
+        metrics[name], unit_of[name] = extra[name], units.MS
     metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
     unit_of["check_max_rel_error"] = units.REL_ERROR
     drifted = drift_error(samples["step_time"])
@@ -150,11 +164,11 @@ def _mode_samples(ctx, config, mode: str, built, out: dict, want: list):
     model, moe, x, dy = built
     device = _device_kind(ctx)
     if mode == "eager":
-        return time_steps(ctx, config, model, moe, x, dy, out), make_step(config, model, x, dy, _no_phase), None
+        return time_steps(ctx, config, model, moe, x, dy, out), make_step(config, model, x, dy, no_phase), None
     runner, step = model, None
     if mode == "compile":
         runner = modes.compiled(model, device)
-        warm = make_step(config, runner, x, dy, _no_phase, out)
+        warm = make_step(config, runner, x, dy, no_phase, out)
         for i in range(modes.WARMUP):  # compilation and autotuning, untimed
             warm(i)
     else:
@@ -168,17 +182,13 @@ def _mode_samples(ctx, config, mode: str, built, out: dict, want: list):
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     samples = time_plain(ctx, config, runner, moe, x, dy, out, step=step)
-    return samples, step or make_step(config, runner, x, dy, _no_phase), None
+    return samples, step or make_step(config, runner, x, dy, no_phase), None
 
 
 def _eager_results(config, model, x, dy) -> list:
     out: dict = {}
-    make_step(config, model, x, dy, _no_phase, out)(0)
+    make_step(config, model, x, dy, no_phase, out)(0)
     return modes.step_results(model, out)
-
-
-def _no_phase(name: str):
-    return contextlib.nullcontext()
 
 
 def _device_kind(ctx) -> str:
@@ -186,7 +196,8 @@ def _device_kind(ctx) -> str:
 
 
 def build(ctx, config, case: dict[str, Any]):
-    """(model, moe layer, x, dy) for one configuration on this rank."""
+    """(model, moe layer, x, dy, choice) for one configuration on this rank: choice, the routing kind's
+    forced expert ids [T, k] (or None: the gate routes), which the model (observe.Routed) passes on."""
     dtype = torch_dtype(config.dtype)
     opts = MoEOptions(config.model_dim, config.hidden_size, case["num_local_experts"], config.top_k,
                       config.activation, config.capacity_factor, config.fp32_gate,
@@ -197,10 +208,10 @@ def build(ctx, config, case: dict[str, Any]):
     x = make_input(spec, config.samples, config.model_dim, generator=gen, device=ctx.device, dtype=dtype)
     dy = torch.randn(x.shape, generator=gen, device=ctx.device).to(dtype)
     trace = load_trace(spec.trace, config.top_k, moe.num_experts) if spec.kind == "trace" else None
-    moe.forced = forced_choices(spec, config.samples, config.top_k, moe.num_experts, rank=ctx.rank,
-                                step=0, trace=trace, device=ctx.device)
+    choice = forced_choices(spec, config.samples, config.top_k, moe.num_experts, rank=ctx.rank,
+                            step=0, trace=trace, device=ctx.device)
     if case.get("locality") is not None:
-        moe.forced = locality_choices(config.samples, config.top_k, opts.num_local_experts, ctx.world_size,
+        choice = locality_choices(config.samples, config.top_k, opts.num_local_experts, ctx.world_size,
                                       case["locality"], rank=ctx.rank, step=0, device=ctx.device)
     model = moe
     if config.model == "attn-moe":
@@ -210,11 +221,19 @@ def build(ctx, config, case: dict[str, Any]):
         ids = [torch.device(ctx.device).index] if ctx.device.startswith("cuda") else None
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
         x, dy = (t.view(config.batch_size, -1, config.model_dim) for t in (x, dy))
-    return model, moe, x, dy
+    return (model if choice is None else Routed(model, choice)), moe, x, dy, choice
 
 
 def _layer(ctx, config, case, opts, dtype):
-    """The a2a layer, or (system "blocks") the block-dispatch layer over its transport."""
+    """The a2a layer, or (system "blocks") the block-dispatch layer over its transport, or (system "tutel")
+    Tutel's layer with the a2a layer's weights (its gate without bias)."""
+    if case.get("system") == "tutel":
+        from qbench.benches.moe.tutel import TutelLayer, zero_gate_bias
+
+        twin = MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
+                        seed=config.seed)
+        zero_gate_bias(twin)
+        return TutelLayer(twin)
     if case.get("system", "a2a") == "blocks":
         from qbench.layers.moe import BlocksMoELayer
 
@@ -246,21 +265,26 @@ def weights_finite(ctx, model) -> bool:
     return agree(ok, ctx.device)
 
 
-def check(ctx, moe, x) -> tuple[bool, str]:
+def check(ctx, moe, x, choice=None) -> tuple[bool, str]:
     """The MoE layer on its own tokens against the dense reference; a fresh dy for the check."""
     x2 = x.reshape(-1, x.shape[-1])
     gen = torch.Generator(device=x2.device).manual_seed(4242 + ctx.rank)
     dy = torch.randn(x2.shape, generator=gen, device=x2.device).to(x2.dtype)
-    result = check_layer(moe, x2, dy)
+    if getattr(moe, "twin", None) is not None:
+        from qbench.benches.moe.tutel import check_tutel
+
+        result = check_tutel(moe, x2, dy)
+    else:
+        result = check_layer(moe, x2, dy, choice)
     moe.zero_grad(set_to_none=True)
     return agree(result.ok, ctx.device), result.describe()
 
 
 @torch.no_grad()
-def routing_stats(ctx, model, moe, x) -> dict[str, float]:
-    """One untimed forward: per-expert load (max/mean, global), per-rank load, dropped assignments."""
-    model(x)
-    routing, plan = moe.last["routing"], moe.last["plan"]
+def routing_stats(ctx, model, moe, x) -> tuple[dict[str, float], Any]:
+    """One untimed forward: per-expert load (max/mean, global), per-rank load, dropped assignments; and
+    that forward's plan."""
+    (routing, plan), _ = last_plan(moe, lambda: model(x))
     counts = routing.counts.clone().to(torch.float64)
     dist.all_reduce(counts)
     rank_rows = torch.zeros(ctx.world_size, dtype=torch.float64, device=counts.device)
@@ -273,13 +297,12 @@ def routing_stats(ctx, model, moe, x) -> dict[str, float]:
             "rank_load_max_over_mean": float(rank_rows.max() / rank_rows.mean().clamp_min(1)),
             "dropped_tokens": float(dropped.item()),
             "computed_rows": float(rank_rows.sum().item()),
-            "sent_rows": float(plan.send_rows)}
+            "sent_rows": float(plan.send_rows)}, plan
 
 
-def block_stats(ctx, moe) -> dict[str, float]:
-    """From the blocks layer's last forward (routing_stats's): blocks and remote blocks per owner rank,
+def block_stats(ctx, plan) -> dict[str, float]:
+    """From the blocks layer's plan of routing_stats's forward: blocks and remote blocks per owner rank,
     the global remote fraction, the busiest rank over the mean, and the most rows a rank pulls."""
-    plan = moe.last["plan"]
     remote_rows = plan.recv_rows - plan.recv_splits[ctx.rank]
     mine = torch.tensor([plan.num_blocks, plan.blocks_remote, remote_rows], dtype=torch.float64,
                         device=ctx.device)

@@ -10,7 +10,12 @@
               mean of LOOP_BLOCK steps issued back to back after one untimed step; qbench.timing.time_ranks
               with block): where the host issues a step faster than the GPU runs it, its lead is hidden, as
               in training; step_time starts every step on an idle device and so also pays that lead
-  host_ms     CPU time spent issuing one step (qbench.timing.host_time), the most of any rank
+  host_ms     CPU time spent issuing one step (qbench.timing.host_time), the most of any rank: a step
+              without any phase hook or event (nothing of the bench's on its path)
+  host_phases host_<phase>_ms (forward, backward and the layer's phases: gate, plan, dispatch, experts,
+              combine, backward_a2a, backward_experts, ...): CPU ms per step inside each phase, from a
+              separate host_time pass whose phases run on host clocks (no CUDA events), the most of any
+              rank; host_ms_instrumented: that pass's step, so that what the clocks cost shows beside host_ms
   sm_clock_mhz_step, power_w_step   the GPUs' SM clock (lowest rank) and power (highest rank) over the
               plain pass's steps (qbench.telemetry; GPU only)
   sm_clock_mhz_loop, power_w_loop   the same over the loop's blocks: the sustained regime that
@@ -21,10 +26,12 @@ Samples are per step, in ms, the maximum over ranks.
 from __future__ import annotations
 
 import contextlib
+import statistics
 
 import torch
 import torch.distributed as dist
 
+from qbench.benches.moe.observe import no_phase, observed
 from qbench.dist import max_over_ranks, min_over_ranks
 from qbench.telemetry import GpuReadings
 from qbench.timing import LOOP_BLOCK, PhaseTimer, host_time, time_ranks
@@ -115,7 +122,7 @@ def time_loop(ctx, config, model, x, dy, out: dict, step=None, observe=None) -> 
     """loop_step_time samples (ms per step, the most of any rank): one per block of LOOP_BLOCK steps issued
     back to back, config.num_steps // LOOP_BLOCK blocks (at least 3) after the plain pass's warm-up;
     observe: see qbench.timing.time_ranks (called once per block, while the block runs)."""
-    run = step or make_step(config, model, x, dy, lambda name: contextlib.nullcontext(), out)
+    run = step or make_step(config, model, x, dy, no_phase, out)
     blocks = max(3, config.num_steps // LOOP_BLOCK)
     timing = time_ranks(run, steps=blocks, warmup=0, device=_device_kind(ctx), block=LOOP_BLOCK, observe=observe)
     return list(timing.samples_ms)
@@ -126,18 +133,15 @@ def _timed_pass(ctx, config, model, moe, x, dy, out: dict, phases: bool, step=No
     too when `phases`: (Timing of the steps, the PhaseTimer); observe: see qbench.timing.time_ranks."""
     device = _device_kind(ctx)
     timer = PhaseTimer(device)
-    moe.timer = timer if phases else None
     run = step or make_step(config, model, x, dy, timer.phase, out)
 
     def timed(i: int) -> None:
         run(i)
         timer.next_step()
 
-    try:
+    with observed(moe, timer.phase) if phases else contextlib.nullcontext():
         timing = time_ranks(timed, steps=config.num_steps, warmup=config.warmup, device=device,
                             on_warmup_end=timer.discard, observe=observe)
-    finally:
-        moe.timer = None
     return timing, timer
 
 
@@ -146,6 +150,20 @@ def host_ms(ctx, config, step) -> float:
     repeat = max(1, min(config.num_steps, HOST_REPEAT))
     local = host_time(lambda: step(0), device=_device_kind(ctx), warmup=1, repeat=repeat).median
     return max(max_over_ranks([local]))
+
+
+def host_phases(ctx, config, model, moe, x, dy) -> dict[str, float]:
+    """host_<phase>_ms and host_ms_instrumented (module docstring): medians over the pass's steps of each
+    rank, then the most of any rank (one reduction, after the pass). Every rank has the same phases."""
+    clocks = PhaseTimer("cpu")  # host clocks whatever the device: what issuing each phase costs the CPU
+    step = make_step(config, model, x, dy, clocks.phase)
+    repeat = max(1, min(config.num_steps, HOST_REPEAT))
+    with observed(moe, clocks.phase):
+        timing = host_time(lambda: step(0), device=_device_kind(ctx), warmup=1, repeat=repeat, phases=clocks)
+    phases = clocks.results_ms()
+    names = [f"host_{name}_ms" for name in phases] + ["host_ms_instrumented"]
+    local = [statistics.median(values) for values in phases.values()] + [timing.median]
+    return dict(zip(names, max_over_ranks(local)))
 
 
 def _every_rank(values: list[float], ctx) -> list[list[float]]:

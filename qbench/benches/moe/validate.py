@@ -26,6 +26,7 @@ def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
         raise QbenchUsageError(f"--model attn-moe needs --model-dim divisible by 64, not {config.model_dim}")
     _validate_routings(config)
     _validate_blocks(config)
+    _validate_tutel(config)
     _validate_gemms(config)
     check_trace_dir(config.trace_dir)
     if config.kernels is not None:
@@ -72,6 +73,24 @@ def _validate_blocks(config: MoEBenchConfig) -> None:
                                    "k distinct experts may all live on its own rank)")
     if config.transport.startswith("symm") and config.backend != "nccl":
         raise QbenchUsageError(f"--transport {config.transport} needs CUDA GPUs with NCCL; use --transport auto")
+
+
+def _validate_tutel(config: MoEBenchConfig) -> None:
+    """--system tutel: Tutel importable, and only what Tutel's layer does (its gate routes; no replication)."""
+    if "tutel" not in config.systems:
+        return
+    from qbench.benches.moe.tutel import tutel_info
+    from qbench.layers.moe.routing import parse_routing
+
+    if tutel_info() is None:
+        raise QbenchUsageError("--system tutel needs Tutel importable: pip install --no-build-isolation --no-deps "
+                               "--target DIR <a tutel checkout>, then put DIR on PYTHONPATH")
+    if any(p is not None for p in config.localities) or any(
+            parse_routing(r).kind not in ("randn", "rand-skew") for r in config.routings):
+        raise QbenchUsageError("--system tutel routes with Tutel's gate: use --routing randn or rand-skew, "
+                               "no --locality")
+    if any(config.replicate_hot) or config.model != "layer":
+        raise QbenchUsageError("--system tutel times Tutel's layer alone: no --replicate-hot, --model layer")
 
 
 def _validate_kernels(config: MoEBenchConfig) -> None:

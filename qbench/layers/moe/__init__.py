@@ -1,6 +1,7 @@
 """The distributed mixture-of-experts layer (expert parallel), in two systems.
 
     options.py    MoEOptions
+    hooks.py      the hook lists through which a caller observes a step (phases, the plan)
     routing.py    inputs, gate top-k or forced choice, capacity and drops
     plan.py       the all-to-all layer's per-step row plan (split sizes, segments, hot experts)
     experts.py    dispatch -> expert FFN (grouped GEMMs) -> combine, pipelined in chunks
@@ -9,8 +10,8 @@
     layer.py      MoELayer (all-to-all system) and the seeds' attention + MoE model
     blocks.py     the block plan and BlocksMoELayer (block dispatch fused into the expert GEMMs)
     reference.py  the dense fp32 reference and the check of a layer against it
-Each module imports only modules listed above it (options, routing, plan, experts, replicas and
-transport import none of them); no module here imports a bench or a command.
+Each module imports only modules listed above it (options, hooks, routing, plan, replicas and
+transport import none of them; experts imports hooks); no module here imports a bench or a command.
 """
 
 from qbench.layers.moe.blocks import BlockPlan, BlocksMoELayer, build_plan

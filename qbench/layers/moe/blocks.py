@@ -12,7 +12,7 @@ Backward (reverse): dact, dY = pull_matmul(dy_src, W2^T); dpre = act'(dact, pre)
     (X, dY: the gathered rows, packed); dx_src = matmul_push(dpre, W1^T).
 Hot experts (--replicate-hot N): as the a2a layer, the N globally most-loaded experts are computed on
 every rank for its own rows with their owners' weights (replicas.Replicas), and left out of counts_all.
-Phases (PhaseTimer): gate, plan, ag, experts, ga, combine, replicas; backward_ag, backward_experts,
+Phases (hooks.py): gate, plan, ag, experts, ga, combine, replicas; backward_ag, backward_experts,
 backward_ga.
 
 The block plan:
@@ -258,14 +258,15 @@ class BlocksMoELayer(MoELayer):
         counts, read on the host once per step."""
         return "the blocks system sizes its block list from each step's counts, on the host"
 
-    def forward(self, x):
+    def forward(self, x, choice=None):  # choice: see MoELayer.forward
         shape = x.shape
         x2, weights = self._operands(x)
-        with self._phase("gate"):  # source layout = rows sorted by expert, unpadded
-            routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False)
-        with self._phase("plan"):
+        with self.phase_hooks.phase("gate"):  # source layout = rows sorted by expert, unpadded
+            routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False,
+                                                     choice=choice)
+        with self.phase_hooks.phase("plan"):
             plan, hot = self._plan(routing, rows, source)
-            self.last = {"routing": routing.detached(), "plan": plan}
+            self._tell_plan(routing, plan)
         replicas = self._start_replicas(plan.hot, weights)  # first: the broadcast runs beside what follows
         into = getattr(self.transport, "source_buffer", None)  # symm: gather straight into the pull buffer
         use = into is not None and hot.source is not None and not plan.all_local  # all local: x_src is kept
@@ -274,10 +275,10 @@ class BlocksMoELayer(MoELayer):
         hot_x = x2[:0]
         if plan.hot:
             hot_x = gather_tokens(x2, hot.hot_rows, sum(hot.kept[e] for e in plan.hot), False, hot.hot_source)
-        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, None, self.timer)
+        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, None, self.phase_hooks)
         y_src, hot_y = BlocksFunction.apply(x_src, hot_x, *weights, plan, hot.hot_offsets, cfg, self.transport,
                                             replicas)
-        with self._phase("combine"):
+        with self.phase_hooks.phase("combine"):
             return self._combine(routing, hot.rows, hot.hot_rows, y_src, hot_y).reshape(shape)
 
     def _plan(self, routing, rows=None, source=None):

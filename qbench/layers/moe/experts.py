@@ -37,6 +37,7 @@ from kernels.grouped_gemm import (
     grouped_matmul_forward,
     grouped_wgrad_bias,
 )
+from qbench.layers.moe.hooks import HookList
 
 
 @dataclass
@@ -44,10 +45,10 @@ class ExpertConfig:
     activation: str  # "gelu" | "relu"
     backend: str  # grouped GEMM backend: "auto" | "triton" | "torch" | "reference"
     exchange: Any  # A2AExchange (or another transport with the same start())
-    timer: Any = None  # PhaseTimer or None
+    phases: HookList | None = None  # the layer's phase hooks (hooks.py); None inside a compiled graph
 
     def phase(self, name: str):
-        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+        return self.phases.phase(name) if self.phases is not None else contextlib.nullcontext()
 
 
 def _act(pre, activation: str, out=None):
@@ -104,11 +105,17 @@ def ffn_backward(dy, saved, offsets, w1, w2, cfg: ExpertConfig):
 def _chunked(plan, rows: int, like, width: int):
     """One [rows, width] buffer and its per-chunk views (chunk i: plan.chunks[i]'s received rows)."""
     buf = like.new_empty((rows, width))
-    return buf, buf.split([sum(c.recv_splits) for c in plan.chunks])
+    return buf, _received(plan, buf)
+
+
+def _received(plan, t):
+    """t [received rows, ...] per chunk: the tensor itself for one chunk (no split op to dispatch)."""
+    return [t] if len(plan.chunks) == 1 else t.split([sum(c.recv_splits) for c in plan.chunks])
 
 
 def _sent(plan, t):
-    return t.split([sum(c.send_splits) for c in plan.chunks])
+    """t [sent rows, ...] per chunk (as _received)."""
+    return [t] if len(plan.chunks) == 1 else t.split([sum(c.send_splits) for c in plan.chunks])
 
 
 def _start(cfg, phase: str, outs, ins, chunks, inbound: bool):
@@ -168,7 +175,7 @@ class ExpertParallel(torch.autograd.Function):
             with cfg.phase("replicas"):  # its own communicator: runs beside the exchanges
                 replicas.reduce(*hot_grads)
         (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
-        pre_c, act_c = (t.split([sum(c.recv_splits) for c in plan.chunks]) for t in (pre, act))
+        pre_c, act_c = _received(plan, pre), _received(plan, act)
         d_send = torch.empty_like(d_back)
         backs, send_c = [], _sent(plan, d_send)
         for i, c in enumerate(plan.chunks):
@@ -193,30 +200,30 @@ def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
 
 
 class ExpertFFN(torch.autograd.Function):
-    """x [R, d] in segments (offsets [L + 1]: segment l uses expert l) -> y [R, d]; `timer` (a
-    PhaseTimer or None) times the backward as "backward_experts"."""
+    """x [R, d] in segments (offsets [L + 1]: segment l uses expert l) -> y [R, d]; `phases` (the layer's
+    phase hooks, or None without any: a constant under torch.compile) see the backward as "backward_experts"."""
 
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, offsets, activation: str, backend: str, timer):
-        cfg = ExpertConfig(activation, backend, None, None)
+    def forward(ctx, x, w1, b1, w2, b2, offsets, activation: str, backend: str, phases):
+        cfg = ExpertConfig(activation, backend, None)
         pre, act, y = ffn_forward(x, offsets, w1, b1, w2, b2, cfg)
         ctx.save_for_backward(x, pre, act, offsets, w1, w2)
-        ctx.activation, ctx.backend, ctx.timer = activation, backend, timer
+        ctx.activation, ctx.backend, ctx.phases = activation, backend, phases
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, pre, act, offsets, w1, w2 = ctx.saved_tensors
-        cfg = ExpertConfig(ctx.activation, ctx.backend, None, ctx.timer)
+        cfg = ExpertConfig(ctx.activation, ctx.backend, None, ctx.phases)
         with cfg.phase("backward_experts"):
             grads = ffn_backward(dy.contiguous(), (x, pre, act), offsets, w1, w2, cfg)
         return (*grads, None, None, None, None)
 
 
-def expert_ffn(x, weights, offsets, activation: str, backend: str, timer=None):
+def expert_ffn(x, weights, offsets, activation: str, backend: str, phases: HookList | None = None):
     """The expert FFN of rows x [R, d] in segments `offsets` [L + 1], differentiable in x and the
     weights = (w1, b1, w2, b2); world size 1 (nothing moves)."""
-    return ExpertFFN.apply(x, *weights, offsets, activation, backend, timer)
+    return ExpertFFN.apply(x, *weights, offsets, activation, backend, phases or None)
 
 
 def expert_parallel(send, hot_x, weights, plan, hot_offsets, cfg: ExpertConfig, replicas=None):

@@ -21,8 +21,6 @@ At world size 1 nothing is exchanged: the experts run on the send buffer (one ch
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 
@@ -32,6 +30,7 @@ from kernels.moe_route import choose_and_position
 from qbench.layers.autocast import autocast_dtype, in_autocast_dtype
 from qbench.layers.moe import plan as plans
 from qbench.layers.moe.experts import ExpertConfig, expert_ffn, expert_parallel
+from qbench.layers.moe.hooks import HookList
 from qbench.layers.moe.options import MoEOptions
 from qbench.layers.moe.replicas import Replicas
 from qbench.layers.moe.routing import Routing, capacity_limit, route
@@ -54,9 +53,8 @@ class MoELayer(nn.Module):
         for p in (self.w1, self.b1, self.w2, self.b2):
             p.expert = True
         self.reset_parameters(seed)
-        self.timer = None
-        self.forced = None  # expert ids [T, k] for the next forward (forced routing), or None
-        self.last: dict = {}  # routing, plan and counts of the last forward (for stats and checks)
+        self.phase_hooks = HookList()  # fn(name) -> context around each phase of a step (hooks.py)
+        self.plan_hooks = HookList()  # fn(routing, plan) after each forward's plan (hooks.py)
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
@@ -74,9 +72,6 @@ class MoELayer(nn.Module):
             self.w2[l].copy_(torch.randn(h, d, generator=gen, device=dev) / h**0.5)
             self.b2[l].copy_(torch.randn(d, generator=gen, device=dev) * 0.1)
 
-    def _phase(self, name: str):
-        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
-
     def static_reason(self) -> str | None:
         """Why this layer's step shapes depend on its routing (None: static; see the module docstring)."""
         return plans.static_reason(self.opts.capacity_factor, self.opts.replicate_hot, self.world_size)
@@ -86,18 +81,24 @@ class MoELayer(nn.Module):
         """Chunks of the step: the overlap degree, 1 at world size 1 (nothing to overlap)."""
         return self.opts.overlap_degree if self.world_size > 1 else 1
 
-    def forward(self, x):
+    def forward(self, x, choice=None):
+        """x [..., d] -> [..., d]; choice: expert ids [T, k] that replace the gate's top-k (forced routing;
+        the combine weights stay the gate's softmax at the chosen experts), or None."""
         shape = x.shape
         x2, weights = self._operands(x)
-        with self._phase("gate"):
-            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows())
-        with self._phase("plan"):
-            plan, dplan = self._step_plan(x2, routing, rows, source)
-            if not is_compiling():  # module state is not part of a compiled graph
-                self.last = {"routing": routing.detached(), "plan": plan}
+        with self.phase_hooks.phase("gate"):
+            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice)
+        with self.phase_hooks.phase("plan"):
+            plan, dplan, send = self._step_plan(x2, routing, rows, source)
+            self._tell_plan(routing, plan)
         if self.world_size == 1 and not plan.hot:
-            return self._local_experts(x2, weights, routing, plan, dplan).reshape(shape)
-        return self._experts(x2, weights, routing, plan, dplan).reshape(shape)
+            return self._local_experts(x2, send, weights, routing, plan, dplan).reshape(shape)
+        return self._experts(x2, send, weights, routing, plan, dplan).reshape(shape)
+
+    def _tell_plan(self, routing, plan) -> None:
+        """The plan hooks (not while torch.compile traces: a hook's side effects are not part of a graph)."""
+        if self.plan_hooks and not is_compiling():
+            self.plan_hooks(routing.detached(), plan)
 
     def _operands(self, x):
         """(x2 [T, d], expert weights (w1, b1, w2, b2)). Under torch.autocast, in its dtype, as nn.Linear
@@ -107,23 +108,38 @@ class MoELayer(nn.Module):
         return x2, tuple(weights)
 
     def _step_plan(self, x2, routing, rows, source):
-        """(StepPlan, DevicePlan): without a host read where the shapes are static, else with the
-        step's one host synchronisation (refused inside a CUDA graph capture, with the reason)."""
+        """(StepPlan, DevicePlan, send buffer or None): without a host read where the shapes are static,
+        else with the step's one host synchronisation (refused inside a CUDA graph capture, with the
+        reason), started as soon as the plan is queued; where the send buffer's size is known without it
+        (dropless, no replication: every one of the k * T assignments is sent), its gather is queued
+        before the host waits, so that the GPU has that work while the host reads."""
         reason = self.static_reason()
         if reason is None:
-            return plans.static_plan(routing, self.world_size, self.opts.num_local_experts, self.degree, rows, source)
+            return (*plans.static_plan(routing, self.world_size, self.opts.num_local_experts, self.degree, rows,
+                                       source), None)
         if x2.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"MoELayer cannot be captured in a CUDA graph: {reason}")
         dplan = plans.prepare(routing, self.world_size, self.degree, self.opts.replicate_hot, self.group, rows,
                               source, self.rank)
-        return plans.finish(dplan), dplan  # the step's only host synchronisation
+        plans.start_read(dplan)
+        send = None
+        if self.opts.capacity_factor == 0 and self.opts.replicate_hot == 0 and dplan.source is not None:
+            send = gather_tokens(x2, dplan.rows, dplan.rows.numel(), False, dplan.source)
+        return plans.finish(dplan), dplan, send  # the step's only host synchronisation
 
-    def _local_experts(self, x2, weights, routing, plan, dplan):
+    @staticmethod
+    def _send_buffer(x2, send, routing, plan, dplan):
+        """The send buffer [send rows, d] (rows < 0, dropped or replicated, are not sent): `send` where
+        _step_plan gathered it early, else gathered now."""
+        return send if send is not None else gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded,
+                                                           dplan.source)
+
+    def _local_experts(self, x2, send, weights, routing, plan, dplan):
         """World size 1 without replication: gather, expert FFN on the send buffer, combine."""
-        send = gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded, dplan.source)
-        with self._phase("experts"):
-            y = expert_ffn(send, weights, plan.offsets_all, self.opts.activation, self.opts.gemm, self.timer)
-        with self._phase("combine"):  # rows < 0 (dropped) add nothing
+        send = self._send_buffer(x2, send, routing, plan, dplan)
+        with self.phase_hooks.phase("experts"):
+            y = expert_ffn(send, weights, plan.offsets_all, self.opts.activation, self.opts.gemm, self.phase_hooks)
+        with self.phase_hooks.phase("combine"):  # rows < 0 (dropped) add nothing
             return _Combine.apply(y, dplan.rows, routing.weights, routing.padded)
 
     def _kernel_rows(self) -> bool:
@@ -131,21 +147,21 @@ class MoELayer(nn.Module):
         layer's chunks when the send buffer is padded (a fixed capacity: every chunk part has a fixed size)."""
         return self.opts.replicate_hot == 0 and (self.degree == 1 or self.opts.capacity_factor > 0)
 
-    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None):
+    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None):
         """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows
         then also gives every assignment's row in the send buffer (-1: dropped; sorted by expert, chunk-major
         with several chunks) and each row's token (`padded` to the capacity when cf > 0 unless told
-        otherwise); else rows = source = None."""
+        otherwise); else rows = source = None. choice: forced expert ids [T, k] or None."""
         logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
         if not use_triton(logits):
-            return route(logits, k, cf, self.forced), None, None
+            return route(logits, k, cf, choice), None, None
         T, E = logits.shape
         cap = capacity_limit(cf, T, k, E) if cf != 0 else None
         # the weights (softmax over the k chosen logits, differentiable) come from the routing kernels
         padded = cf > 0 if padded is None else padded
         idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
-            logits, k, cap, padded, self.forced, rows=with_rows, chunks=self.degree if with_rows and padded else 1)
+            logits, k, cap, padded, choice, rows=with_rows, chunks=self.degree if with_rows and padded else 1)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
     def _gate_logits(self, x2):
@@ -163,22 +179,22 @@ class MoELayer(nn.Module):
         Started before anything else of the expert step, on the replicas' own communicator."""
         if not hot:
             return None
-        with self._phase("replicas"):
+        with self.phase_hooks.phase("replicas"):
             replicas = Replicas(hot, self.opts.num_local_experts, self.rank, self.group)
             replicas.broadcast(*weights)
         return replicas
 
-    def _experts(self, x2, weights, routing, plan, dplan):
+    def _experts(self, x2, send, weights, routing, plan, dplan):
         rows = dplan.rows
         replicas = self._start_replicas(plan.hot, weights)
-        send = gather_tokens(x2, rows, plan.send_rows, routing.padded, dplan.source)
+        send = self._send_buffer(x2, send, routing, plan, dplan)
         hot_x = x2[:0]
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)
             hot_x = gather_tokens(x2, dplan.hot_rows, hot_total, False, dplan.hot_source)
-        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, A2AExchange(self.group), self.timer)
+        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, A2AExchange(self.group), self.phase_hooks)
         back, hot_y = expert_parallel(send, hot_x, weights, plan, dplan.hot_offsets, cfg, replicas)
-        with self._phase("combine"):
+        with self.phase_hooks.phase("combine"):
             source, where = back, rows  # rows < 0 (dropped or replicated) add nothing
             if plan.hot:
                 source = torch.cat([back, hot_y])
@@ -191,8 +207,8 @@ def gather_tokens(x2, rows, total: int, padded: bool, source=None, out=None):
     """Buffer [total, d] whose row rows[a] is token a % T of x2 [T, d] (rows < 0 skipped), differentiable.
     source: the plan kernels' inverse map (token of every buffer row), else it is built here; out: a
     [total, d] buffer to gather into (used with `source` only)."""
-    if source is not None:
-        return _GatherTokens.apply(x2, source[:total], rows, padded, out)
+    if source is not None:  # source may be longer than the buffer (a padded plan's last rows); sliced only then
+        return _GatherTokens.apply(x2, source if source.numel() == total else source[:total], rows, padded, out)
     return _gather_rows(x2, rows, total, padded)
 
 
@@ -269,8 +285,8 @@ class ExampleModel(nn.Module):
         self.attn = MultiHeadSelfAttention(d, heads, dtype=moe.w1.dtype, device=moe.w1.device)
         self._moe_layer = moe
 
-    def forward(self, x):  # [B, S, d]
-        return self._moe_layer(self.attn(x))
+    def forward(self, x, choice=None):  # [B, S, d]; choice: see MoELayer.forward
+        return self._moe_layer(self.attn(x), choice)
 
 
 def expert_parameter_names(model: nn.Module) -> list[str]:

@@ -74,6 +74,7 @@ class DevicePlan:
     world_size: int
     source: Any = None  # [send rows] token of every send-buffer row (fast path), or None
     hot_source: Any = None  # [replica rows] token of every replica-buffer row (fast path), or None
+    pending: Any = None  # (pinned host copy of `small`, its event) once start_read ran on a GPU
 
 
 def chunk_parts(counts, degree: int):
@@ -186,7 +187,7 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
     if replicate_hot > 0 and degree == 1 and use_triton(kept):
         return _prepare_hot(routing, world_size, replicate_hot, group, rank)
     seg = torch.full_like(kept, routing.capacity) if routing.padded else kept
-    hot_ids, hot_mask, hot_r, hot_off = kept.new_empty(0), None, None, None
+    hot_ids, hot_mask, hot_r, hot_off = None, None, None, None
     if replicate_hot > 0:
         hot_ids = hottest_device(kept, replicate_hot, group)
         hot_mask = torch.zeros(kept.shape, dtype=torch.bool, device=kept.device).index_fill_(0, hot_ids, True)
@@ -203,8 +204,8 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
         offsets, offsets_all = segment_offsets(got)
     if rows is None:
         rows = send_rows(routing, chunk_parts(seg, degree), hot_mask)
-    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, torch.cat([splits, kept, hot_ids]), degree,
-                      world_size, source)
+    small = torch.cat([splits, kept] if hot_ids is None else [splits, kept, hot_ids])  # no hot ids: none to read
+    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, small, degree, world_size, source)
 
 
 def _prepare_hot(routing, world_size: int, replicate_hot: int, group, rank: int) -> DevicePlan:
@@ -264,10 +265,32 @@ def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=
     return plan, DevicePlan(rows, None, None, offsets, offsets_all, None, D, W, source)
 
 
+def start_read(dp: DevicePlan) -> None:
+    """Start the step's host read without waiting: on a GPU, `small` is copied into pinned host memory
+    on the current stream (non_blocking) and an event marks the copy's end, so that the caller can queue
+    work that needs no host value before `finish` waits for it (the GPU then has work while the host
+    waits and reads). On the CPU there is nothing to start."""
+    import torch
+
+    if not dp.small.is_cuda:
+        return
+    host = torch.empty(dp.small.shape, dtype=dp.small.dtype, pin_memory=True)  # the caching host allocator
+    host.copy_(dp.small, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    dp.pending = (host, done)
+
+
 def finish(dp: DevicePlan) -> StepPlan:
-    """The one host synchronisation of a step: split sizes, kept counts and hot ids to the host."""
+    """The one host synchronisation of a step: split sizes, kept counts and hot ids to the host (from the
+    copy start_read made, once its event has passed, else read now)."""
     D, W = dp.degree, dp.world_size
-    values = dp.small.tolist()
+    if dp.pending is not None:
+        host, done = dp.pending
+        done.synchronize()
+        values = host.tolist()
+    else:
+        values = dp.small.tolist()
     send, recv = values[: D * W], values[D * W: 2 * D * W]
     E = (dp.offsets.shape[1] - 1)
     kept, hot = values[2 * D * W: 2 * D * W + E], values[2 * D * W + E:]

@@ -123,14 +123,20 @@ def rel_error(got, want) -> float:
     return float((got - want).abs().max() / scale) if want.numel() else 0.0
 
 
-def check_layer(layer, x, dy) -> CheckResult:
-    """Forward + backward of the layer against the dense reference (same weights, same routing)."""
+def check_layer(layer, x, dy, choice=None) -> CheckResult:
+    """Forward + backward of the layer against the dense reference (same weights, same routing);
+    choice: forced expert ids [T, k] (MoELayer.forward) or None."""
     for p in layer.parameters():
         p.grad = None
     xl = x.detach().clone().requires_grad_()
-    out = layer(xl)
+    seen = []
+    handle = layer.plan_hooks.register(lambda routing, plan: seen.append((routing, plan)))
+    try:
+        out = layer(xl, choice)
+    finally:
+        handle.remove()
     out.backward(dy)
-    routing, plan = layer.last["routing"], layer.last["plan"]
+    routing, plan = seen[-1]
     T = x.shape[0]
     idx = routing.idx
     ref_out, ref_dx, ref_gate, ref_experts, ref_dropped = reference(layer, x, dy, idx)

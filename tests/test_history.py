@@ -174,3 +174,14 @@ def test_dirty_trees_on_one_commit_are_told_apart_by_their_source_hash(tmp_path)
     order, of_run, _ = revisions.ordered(runs)
     assert [r.label for r in order] == ["aaaaaaa+dirty:1111111", "aaaaaaa+dirty:2222222"]
     assert of_run[runs[0].label] == of_run[runs[1].label] != of_run[runs[2].label]
+
+
+@pytest.mark.skipif(not all((ROOT / p).is_dir() for p in SWITCHBACK), reason="the committed switchback runs are gone")
+def test_the_legend_lists_the_revisions_in_the_columns_order(capsys):
+    """Runs given newest first still print oldest first, in the table's columns and in the legend alike."""
+    with pytest.raises(SystemExit) as exc:
+        main(["history", *reversed(SWITCHBACK), "--metric", "time_global"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    legend = out[out.index("revisions oldest first"):]
+    assert legend.index("switchback-h200-modes/run1") < legend.index("switchback-h200-modes-c4c2232/run1")

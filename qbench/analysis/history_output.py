@@ -64,7 +64,7 @@ def legend(history: History) -> list[str]:
     fixed = [] if first is None else [f"{k}={param_text(v)}" for k, v in label_of(first, _constant(history)).items()]
     order = "git's commit order" if history.order == "git" else "the runs' recorded times (no git order for them)"
     lines = [f"revisions oldest first, in {order}: " + "; ".join(
-        f"{rev} ({', '.join(runs)})" for rev, runs in history.runs.items())]
+        f"{rev} ({', '.join(history.runs[rev])})" for rev in history.revisions)]
     if fixed:
         lines.append("fixed: " + ", ".join(fixed))
     lines.append("cell: median over the revision's runs [lowest, highest run]; one run: its value [p20, p80 of "

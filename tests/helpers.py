@@ -52,3 +52,17 @@ def gemm_tol(dtype) -> float:
     from qbench.dtypes import tolerance
 
     return tolerance(dtype).gemm
+
+
+def run_qbench(capsys, args: list) -> tuple[int, str, str]:
+    """qbench's command line in this process: (exit code, stdout, stderr); a crash shown as a bug ("internal
+    error") or a traceback fails the calling test, whatever the exit code."""
+    import pytest
+
+    from qbench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert "internal error" not in err and "Traceback" not in err, err
+    return exc.value.code, out, err

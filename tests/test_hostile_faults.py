@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from qbench import store
-from qbench.cli import main
+from tests.helpers import run_qbench as qbench
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ("from qbench import dist; import hostile_ranks, sys; list(dist.launch(hostile_ranks.note_pid_and_wait, "
@@ -67,13 +67,6 @@ def test_die_with_parent_ends_a_process_whose_launcher_is_gone():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "survived" not in done.stdout
 
-
-def qbench(capsys, args: list) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert "internal error" not in err and "Traceback" not in err, err
-    return exc.value.code, out, err
 
 
 def _killed_before_first_record(path: Path) -> Path:

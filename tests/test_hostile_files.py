@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from qbench import store
-from qbench.cli import main
 from qbench.importers.bnb import BNB_PARAM_KEYS, BNB_TIME_KEYS
+from tests.helpers import run_qbench as qbench
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -29,13 +29,6 @@ CONFIG_READERS = [["model", "lstm", "--config"], ["model", "quirks", "--config"]
                   ["model", "search", "--devices", "8", "--config"], ["model", "search-hw", "--config"],
                   ["model", "gemm", "--m", "8", "--k", "8", "--n", "8", "--calibrated"]]
 
-
-def qbench(capsys, args: list) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert "internal error" not in err and "Traceback" not in err, err
-    return exc.value.code, out, err
 
 
 def refused(capsys, tmp_path, monkeypatch, args: list, *fragments: str) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from qbench import store
-from qbench.cli import main
+from tests.helpers import run_qbench as qbench
 
 GOOD = store.make_record("toy", {"m": 1, "dtype": "fp16"}, {"time": 1.0, "tflops": 2.0},
                          units={"time": "ms", "tflops": "TFLOP/s"}, samples={"time": [1.0, 1.1, 0.9]})
@@ -68,13 +68,6 @@ def _run(tmp_path: Path, bad_line: str, good: bool = True) -> Path:
     (run / store.RECORDS_FILE).write_text(good_line + bad_line + "\n", encoding="utf-8")
     return run
 
-
-def qbench(capsys, args: list[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert "internal error" not in err and "Traceback" not in err, err
-    return exc.value.code, out, err
 
 
 HOSTILE = ([pytest.param(_with(f, n), id=f"{f}={n}") for f, n in FIELD_CASES]

@@ -8,17 +8,11 @@ from pathlib import Path
 import pytest
 
 from qbench import store
-from qbench.cli import main
+from tests.helpers import run_qbench as qbench
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = sorted(p.parent for p in (ROOT / "results").rglob(store.RECORDS_FILE))
 
-
-def qbench(capsys, args: list[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 def test_there_are_committed_runs():

@@ -92,3 +92,18 @@ def test_a_run_prints_the_warning_once(tmp_path, capsys):
                   as_json=False, table=lambda recs: report.records_table(recs, ["m"], ["time"]))
     err = capsys.readouterr().err
     assert err.count("clocks not locked") == 1 and "1600-1980 MHz" in err
+
+
+def test_moe_records_the_throttle_reasons_of_its_timings():
+    """The MoE bench's telemetry (one rank here, no process group: the reductions are the identity) keeps the
+    reasons its readings saw beside the clock and power, and leaves them out where NVML gave none."""
+    from qbench.benches.moe.steps import _telemetry
+    from qbench.telemetry import GpuReadings
+
+    readings = GpuReadings("cpu")
+    readings.clock_mhz, readings.power_w, readings.reasons = [1755.0, 1980.0], [600.0, 650.0], 0x4 | 0x1
+    out = _telemetry(readings, "loop")
+    assert out["throttle_reasons_loop"] == [5.0] and telemetry.reason_names(out["throttle_reasons_loop"][0])
+    readings.reasons = None
+    without = _telemetry(readings, "loop")
+    assert "throttle_reasons_loop" not in without and "power_w_loop" in without

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from qbench.benches.moe.observe import no_phase, observed
 from qbench.dist import max_over_ranks, min_over_ranks
-from qbench.telemetry import GpuReadings
+from qbench.telemetry import REASONS_PREFIX, GpuReadings
 from qbench.timing import LOOP_BLOCK, PhaseTimer, host_time, time_ranks
 
 PER_RANK_PHASES = ("ag", "ga", "backward_ag", "backward_ga")  # kept per rank (the seed prints them per rank)
@@ -111,11 +111,23 @@ def time_plain(ctx, config, model, moe, x, dy, out: dict, step=None) -> dict[str
 
 def _telemetry(readings: GpuReadings, what: str) -> dict[str, list[float]]:
     """sm_clock_mhz_<what> (the lowest of any rank) and power_w_<what> (the highest) samples, where every rank
-    read its GPU; nothing otherwise."""
+    read its GPU, with throttle_reasons_<what> where every rank's NVML gave reasons; nothing otherwise."""
     if min_over_ranks([1.0 if readings.clock_mhz else 0.0]) != [1.0]:
         return {}
     return {f"sm_clock_mhz_{what}": min_over_ranks(readings.clock_mhz),
-            f"power_w_{what}": max_over_ranks(readings.power_w)}
+            f"power_w_{what}": max_over_ranks(readings.power_w), **_reasons_over_ranks(readings, what)}
+
+
+REASON_BITS = 32  # NVML's clocks event reasons use the low bits (qbench.telemetry.REASONS)
+
+
+def _reasons_over_ranks(readings: GpuReadings, what: str) -> dict[str, list[float]]:
+    """throttle_reasons_<what>: [the reasons any rank's GPU gave], their NVML bits OR-ed over the ranks (one
+    maximum per bit), where every rank has some; nothing otherwise. Every rank calls it (all-reduces)."""
+    if min_over_ranks([0.0 if readings.reasons is None else 1.0]) != [1.0]:
+        return {}
+    bits = max_over_ranks([float((readings.reasons >> b) & 1) for b in range(REASON_BITS)])
+    return {f"{REASONS_PREFIX}{what}": [float(sum(1 << b for b, seen in enumerate(bits) if seen))]}
 
 
 def time_loop(ctx, config, model, x, dy, out: dict, step=None, observe=None) -> list[float]:

@@ -280,3 +280,23 @@ def dtypes_option(default: str | None, choices: tuple[str, ...] = DTYPES, help: 
         callback=callback(parse_dtype_list(choices)), metavar="|".join(choices),
         help=f"{help} One or more, e.g. {','.join(choices[:2])} ({', '.join(choices)}; aliases like float16 "
              "accepted).")
+
+
+# ------------------------------------------------------------------------------ the commands that read runs
+# (summary, compare, history, report) spell and mean these alike
+
+def metrics_option(help: str):
+    """--metric (repeatable; the value reaches the command as `metrics`, a tuple of names or patterns)."""
+    return click.option("--metric", "metrics", multiple=True, help=help)
+
+
+def case_filter_option(what: str = "cases whose 'bench/case'"):
+    """-k REGEX (repeatable; the value reaches the command as `pattern`, a tuple): every -k must match."""
+    return click.option("-k", "pattern", multiple=True, metavar="REGEX",
+                        help=f"Keep {what} matches this regex (repeatable: kept only where every -k matches).")
+
+
+def digits_option(fn):
+    """--digits N: significant digits of the printed numbers (more where rounding would end on a zero)."""
+    return click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True,
+                        help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")(fn)

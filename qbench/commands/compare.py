@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from qbench.options import strict_option
+from qbench.options import case_filter_option, metrics_option, strict_option
 
 EPILOG = """\b
 Examples:
@@ -23,14 +23,11 @@ Examples:
 
 @click.command(epilog=EPILOG)
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
-@click.option("--metric", "metrics", multiple=True,
-              help="Compare only this metric (repeatable; a shell-style pattern: every metric it matches, 'time_*').")
+@metrics_option("Compare only this metric (repeatable; a shell-style pattern: every metric it matches, 'time_*').")
 @click.option("--threshold", default="5%", show_default=True, help="Changes within this are noise ('=').")
 @click.option("--only-changed", is_flag=True, help="Hide rows within the threshold.")
 @click.option("--sort", type=click.Choice(("name", "ratio")), default="name", show_default=True)
-@click.option("-k", "pattern", multiple=True, metavar="REGEX",
-              help="Keep rows whose 'bench/case metric' matches this regex (repeatable: a row is kept only where "
-                   "every -k matches).")
+@case_filter_option("rows whose 'bench/case metric'")
 @click.option("--cross-env", is_flag=True, help="Compare runs from different GPUs anyway (and say so).")
 @click.option("--fail-on", multiple=True, help="METRIC:PCT, exit 1 if METRIC gets worse by more than PCT.")
 @click.option("--allow-missing", is_flag=True, help="Cases the reference has and a candidate lacks do not fail a gate.")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from qbench.options import strict_option
+from qbench.options import case_filter_option, digits_option, metrics_option, strict_option
 
 EPILOG = """\b
 Examples:
@@ -19,12 +19,9 @@ Examples:
 
 @click.command(epilog=EPILOG)
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
-@click.option("--metric", "metrics", multiple=True,
-              help="A metric to follow (repeatable; a shell-style pattern: every metric it matches). "
-                   "[default: every metric with stored samples]")
-@click.option("-k", "pattern", multiple=True, metavar="REGEX",
-              help="Keep cases whose 'bench/case' matches this regex (repeatable: a case is kept only where every "
-                   "-k matches).")
+@metrics_option("A metric to follow (repeatable; a shell-style pattern: every metric it matches). "
+                "[default: every metric with stored samples]")
+@case_filter_option()
 @click.option("--threshold", default="5%", show_default=True,
               help="The smallest step called a change (the runs' own spread raises it where wider).")
 @click.option("--fail-on", multiple=True, metavar="METRIC:PCT",
@@ -32,7 +29,7 @@ Examples:
 @click.option("--only-changed", is_flag=True, help="Show only series with a change point.")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), default=None,
               help="Draw the series into this figure (.png, .svg or .pdf).")
-@click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True, help="Significant digits.")
+@digits_option
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON.")
 @strict_option

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from qbench.options import strict_option
+from qbench.options import case_filter_option, digits_option, metrics_option, strict_option
 
 EPILOG = """\b
 Examples:
@@ -19,13 +19,10 @@ Examples:
 @click.command(epilog=EPILOG)
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
 @click.option("--html", "out", type=click.Path(dir_okay=False), required=True, help="The HTML file to write.")
-@click.option("--metric", "metrics", multiple=True,
-              help="A metric to show (repeatable; a shell-style pattern: every metric it matches). "
-                   "[default: every metric with stored samples]")
-@click.option("-k", "pattern", multiple=True, metavar="REGEX",
-              help="Keep cases whose 'bench/case' matches this regex (repeatable: a case is kept only where every "
-                   "-k matches).")
-@click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True, help="Significant digits.")
+@metrics_option("A metric to show (repeatable; a shell-style pattern: every metric it matches). "
+                "[default: every metric with stored samples]")
+@case_filter_option()
+@digits_option
 @strict_option
 def command(runs, out, metrics, pattern, digits) -> None:
     """Write one HTML page of RUNS that opens anywhere without a network: the environment, the tables

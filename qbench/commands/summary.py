@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from qbench.options import strict_option
+from qbench.options import case_filter_option, digits_option, metrics_option, strict_option
 
 EPILOG = """\b
 Examples:
@@ -29,12 +29,9 @@ Examples:
 
 @click.command(epilog=EPILOG)
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
-@click.option("--metric", "metrics", multiple=True,
-              help="A metric to show (repeatable; a shell-style pattern shows every metric it matches: "
-                   "'host_call_*'). [default: every metric with stored samples]")
-@click.option("-k", "pattern", multiple=True, metavar="REGEX",
-              help="Keep cases whose 'bench/case' matches this regex (repeatable: a case is kept only where every "
-                   "-k matches).")
+@metrics_option("A metric to show (repeatable; a shell-style pattern shows every metric it matches: "
+                "'host_call_*'). [default: every metric with stored samples]")
+@case_filter_option()
 @click.option("--by", "--columns", "by", default=None, metavar="PARAM",
               help="Pivot this parameter into columns (e.g. batch_size, system, run).")
 @click.option("--across-runs", type=click.Choice(("median",)), default=None,
@@ -49,8 +46,7 @@ Examples:
 @click.option("--spreads", is_flag=True,
               help="With --across-runs: per metric (every metric unless --metric names some), the largest and "
                    "the median spread over the cells, and where the largest is; largest first.")
-@click.option("--digits", type=click.IntRange(1, 15), default=4, show_default=True,
-              help="Significant digits (more where rounding would end on a zero: 1.39996, never 1.400).")
+@digits_option
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
 @strict_option

@@ -64,6 +64,12 @@ def case_id(params: Mapping[str, Any]) -> str:
     return "/".join(f"{k}={_plain(params[k])}" for k in sorted(params))
 
 
+def measured_id(record: Mapping[str, Any], split: tuple[str, ...]) -> str:
+    """The case id of what one measurement covered: a record's params without the fields (`split`) by which
+    its family splits one measurement into several tidy records (switchback: variant, exec and timing)."""
+    return case_id({k: v for k, v in record["params"].items() if k not in split})
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
@@ -85,6 +91,10 @@ def make_record(
     """Build one record in the store's schema (see the module docstring)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+    from qbench import metrics as declared
+
+    if declared.is_family(bench):  # a family's units are its declarations; an undeclared metric is an error
+        units = declared.units_of(bench, metrics or {})
     return {
         "schema_version": SCHEMA_VERSION,
         "bench": bench,

@@ -50,12 +50,14 @@ def run_and_store(
     table: Callable[[Sequence[dict]], Any],
     root: str | Path | None = None,
     notice: str | None = None,
+    unit: Callable[[dict], str] | None = None,
 ) -> list[dict]:
     """Write each record the moment it is measured (a crash keeps what was measured), then print
     the table (with --append / --resume, of the whole run) or the JSON of this command's records. Exits 1
     when any configuration this command ran failed its correctness check or errored.
     `notice` (e.g. the CPU notice) is printed once the run directory is claimed, so a refused --out
-    is the only line a usage error prints."""
+    is the only line a usage error prints. `unit` (a record -> the id of the measurement it came from) counts
+    progress in measurements where one gives several records; by default each record is one."""
     path = Path(out) if out else store.default_run_dir(bench, root or store.RUNS_ROOT)
     kept: list[dict] = []
     env = capture_env(config=config)
@@ -65,10 +67,14 @@ def run_and_store(
         if total == 0 and append:
             report.notice(f"nothing to run: {path} holds every configuration of this command", style="dim")
         with report.progress(total, bench) as advance:
+            last = None
             for record in records:
                 writer.write(record)
                 kept.append(record)
-                advance(record["case"][:60])
+                measured = unit(record) if unit else record["case"]
+                if unit is None or measured != last:
+                    advance(measured[:60])
+                last = measured
     shown = store.read_records(path) if append else kept  # --append / --resume: the whole run's table
     if as_json:
         report.print_json(kept)  # the records this command measured

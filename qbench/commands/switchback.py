@@ -44,8 +44,11 @@ def command(plot, **flags) -> None:
 
 
 def _layer_bench(f: dict) -> str:
+    import functools
+
     from qbench import report, store
     from qbench.benches import switchback as bench
+    from qbench.metrics import FIELDS
     from qbench.commands.common import over_dtypes, resumed, run_and_store
     from qbench.commands.limits import check_switchback
     from qbench.commands.switchback_block import write_seed
@@ -59,14 +62,15 @@ def _layer_bench(f: dict) -> str:
         trace_dir=f["trace_dir"])) for dtype in f["dtypes"] or ("fp16",)]
     for c in configs:
         check_switchback(c, bench.plan(c))
-    done = resumed(bench.BENCH, f["out"], f["resume"], f["force"])
+    measured = functools.partial(store.measured_id, split=FIELDS)  # a shape's tidy records, one measurement
+    done = resumed(bench.BENCH, f["out"], f["resume"], f["force"], key=measured)
     config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
     total = sum(len(bench.pending(c, done)) for c in configs)
     out = f["out"] or str(store.default_run_dir(bench.BENCH))
     try:
         run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"] or f["resume"],
                       force=f["force"], as_json=f["as_json"], table=bench.table,
-                      notice=report.cpu_notice(config.device))
+                      notice=report.cpu_notice(config.device), unit=measured)
     finally:  # a failed configuration exits 1: the ok ones still get their seed lines
         if f["fmt"] == "seed":
             write_seed(out)

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from qbench import store, units
+from qbench import store
 from qbench.benches.switchback import components as comp
 from qbench.benches.switchback import modules, peers
+from qbench.migration.switchback import tidy
 from qbench.modes import resolved_execs
 from qbench.telemetry import GpuReadings
 from qbench.timing import backward_thread
@@ -119,22 +120,23 @@ def pending(config: SwitchbackConfig, done: frozenset[str] = frozenset()) -> lis
 
 
 def run(config: SwitchbackConfig, done: frozenset[str] = frozenset()) -> Iterator[dict]:
-    """One record per pending shape, in plan order (the store writes each as it comes)."""
+    """The records of each pending shape, in plan order (the store writes each as it comes): one per
+    variant, exec and timing (qbench/migration/switchback.py), or one error or skipped record."""
     for shape in pending(config, done):
-        yield measure(shape, config)
+        yield from measure(shape, config)
 
 
-def measure(shape: Shape, config: SwitchbackConfig) -> dict:
+def measure(shape: Shape, config: SwitchbackConfig) -> list[dict]:
     params = shape.params(config.dtype)
     note = comp.memory_note(shape, config)
     if note:
-        return store.make_record(BENCH, params, status="skipped", error=note, device=config.device)
+        return [store.make_record(BENCH, params, status="skipped", error=note, device=config.device)]
     try:
         ops = comp.Operands.make(shape, config)
         relerrs = comp.relative_errors(ops, config.variants)
         failure = comp.check(ops, config.variants) or comp.error_gate(relerrs)
         if failure:
-            return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
+            return [store.make_record(BENCH, params, status="error", error=failure, device=config.device)]
         budget = config.repeat is None and TIME_BUDGET_MS[config.device] or None
         readings = GpuReadings(config.device)  # the clock and power the components ran at
         timings = comp.time_all(ops, config.variants, repeat=config.repeat, budget_ms=budget, observe=readings)
@@ -145,23 +147,23 @@ def measure(shape: Shape, config: SwitchbackConfig) -> dict:
                     ops, config.execs, config.variants, repeat=config.repeat, budget_ms=budget,
                     trace=(config.trace_dir, trace_label(shape, config.dtype)) if config.trace_dir else None)
         if failure:
-            return store.make_record(BENCH, params, status="error", error=failure, device=config.device)
+            return [store.make_record(BENCH, params, status="error", error=failure, device=config.device)]
         metrics = derive(shape, timings, relerrs, config)
         metrics.update(readings.metrics("kernels"))
         metrics.update(module_metrics)
         metrics.update(modules.derive(metrics))
     except comp.OutOfMemory as exc:
-        return store.make_record(BENCH, params, status="skipped", error=str(exc), device=config.device)
+        return [store.make_record(BENCH, params, status="skipped", error=str(exc), device=config.device)]
     except RuntimeError as exc:  # torch.OutOfMemoryError included: one shape fails, the sweep goes on
         error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
-        return store.make_record(BENCH, params, status="error", error=error, device=config.device)
+        return [store.make_record(BENCH, params, status="error", error=error, device=config.device)]
     finally:
         comp.release()
     samples = {k: total_samples(timings, comp.TOTALS[k]) for k in comp.TOTALS if k in metrics}
     samples.update({k: v[:MAX_SAMPLES] for k, v in module_samples.items()})
     metrics["repeat"] = min(len(t.samples_ms) for t in timings.values())  # the seed's key: timed calls per key
-    return store.make_record(BENCH, params, metrics, units=units_of(metrics), samples=samples,
-                             device=config.device)
+    return [store.make_record(BENCH, tidy_params, tidy_metrics, samples=tidy_samples, device=config.device)
+            for tidy_params, tidy_metrics, tidy_samples in tidy(params, metrics, samples)]
 
 
 def trace_label(shape: Shape, dtype: str) -> str:
@@ -198,12 +200,3 @@ def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig)
     return m
 
 
-def units_of(metrics: dict) -> dict:
-    special = {"repeat": units.COUNT, "roofline_fraction": units.FRACTION_OF_ROOFLINE}
-
-    def unit(name: str) -> str:
-        if name.startswith(("module_kernel_ratio_", "module_chain_ratio_", "loop_kernel_ratio_", "loop_chain_ratio_")):
-            return units.SPEEDUP
-        return special.get(name) or units.by_name(name) or units.MS
-
-    return {name: unit(name) for name in metrics}

@@ -130,15 +130,10 @@ def completed(record: dict[str, Any], case_id) -> dict[str, Any]:
     return record
 
 
-def migrate(record: dict[str, Any]) -> list[dict[str, Any]]:
-    from qbench.migration import migrate as to_current
-
-    return to_current(record)
-
-
-def parse_lines(text: str, file, case_id) -> tuple[list[dict[str, Any]], list[str]]:
+def parse_lines(text: str, file, case_id, migrate) -> tuple[list[dict[str, Any]], list[str]]:
     """(valid records, completed with `case_id`, and 'FILE:LINE: what is wrong' for each other non-blank line)
-    of the text of a records file: one JSON record per line."""
+    of the text of a records file: one JSON record per line, each brought to this schema by `migrate`
+    (record -> list of records: qbench.migration.migrate)."""
     lines = text.splitlines()
     records, problems = [], []
     for number, line in enumerate(lines, start=1):

@@ -45,6 +45,7 @@ from qbench.env import (
 )
 from qbench.errors import QbenchUsageError, QbenchWarning, read_text
 from qbench.paths import check_name, name_problem
+from qbench.migration import migrate
 from qbench.record_schema import SCHEMA_VERSION, STATUSES
 
 ENV_FILE = "env.json"
@@ -385,7 +386,7 @@ def read_records(path: str | Path, strict: bool | None = None) -> list[dict[str,
     is left out and named, as FILE:LINE: what is wrong, in one QbenchWarning per run; with `strict`
     (default: inside strict_reading()) it is a one-line QbenchUsageError instead."""
     file = Path(path) / RECORDS_FILE
-    records, problems = record_schema.parse_lines(_run_text(file), file, case_id)
+    records, problems = record_schema.parse_lines(_run_text(file), file, case_id, migrate)
     _judge(file, problems, strict)
     return records
 
@@ -436,7 +437,7 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         if isinstance(env.get(key), (dict, list)):
             raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
     file = run / RECORDS_FILE
-    records, problems = record_schema.parse_lines(_run_text(file), file, case_id)
+    records, problems = record_schema.parse_lines(_run_text(file), file, case_id, migrate)
     if not records:  # one error naming the first bad line, not a warning beside it
         more = f", and {_counted(len(problems) - 1, 'more bad line')}" if len(problems) > 1 else ""
         first = f": {problems[0]}{more}" if problems else ""

@@ -36,13 +36,12 @@ def migrate(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 def split(record: Mapping[str, Any], parts: list[tuple[dict, dict, dict]], bench: str | None = None) -> list[dict]:
     """Tidy records from one wide record: each part (params, metrics, samples) a record with the wide one's
-    status, error, device and source hash, its case id from its params and its units declared
+    status, error, device and source hash, no case id (the reader fills it from its params) and its units declared
     (qbench.metrics). A record without metrics (an error, a skip) stays one record, renamed to `bench`."""
     from qbench.metrics import units_of
-    from qbench.store import case_id
 
     name = bench or record["bench"]
     if not parts:
         return [{**record, "bench": name}]
-    return [{**record, "bench": name, "case": case_id(params), "params": params, "metrics": metrics,
+    return [{**record, "bench": name, "case": None, "params": params, "metrics": metrics,
              "units": units_of(name, metrics), "samples": samples} for params, metrics, samples in parts]

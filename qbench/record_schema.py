@@ -156,7 +156,9 @@ def parse_lines(text: str, file, case_id) -> tuple[list[dict[str, Any]], list[st
             try:
                 records.extend(completed(r, case_id) for r in migrate(completed(record, case_id)))
             except (KeyError, ValueError) as exc:  # a schema-1 record its family's migration cannot place
-                problems.append(f"{file}:{number}: the record has {exc.args[0] if exc.args else exc}")
+                why = exc.args[0] if exc.args else type(exc).__name__
+                problems.append(f"{file}:{number}: the {record['bench']} record of schema "
+                                f"{record.get('schema_version')} does not migrate: {why}")
         else:
             problems.append(f"{file}:{number}: the record {why}")
     return records, problems

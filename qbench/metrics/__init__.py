@@ -85,6 +85,14 @@ def units_of(bench: str, names: Iterable[str]) -> dict[str, str]:
     return {name: metric(bench, name).unit for name in names}
 
 
+def declared_units(bench: str, metrics: Iterable[str], stored: Mapping[str, str]) -> dict[str, str]:
+    """The units a record's readers use: for a metric its qbench family declares, the declared unit (and so
+    its direction); for any other (a record of an imported bench, a metric an old run kept that no
+    declaration names) the unit the record stored, or none. Never a unit guessed from a name."""
+    family = declared().get(bench, {})
+    return {**stored, **{name: family[name].unit for name in metrics if name in family}}
+
+
 def check(bench: str, metrics: Mapping[str, object]) -> None:
     """Every metric of a record of a qbench family is declared (imported benches are not checked)."""
     if is_family(bench):

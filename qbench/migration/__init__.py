@@ -25,13 +25,22 @@ def _migrations() -> dict[str, Callable[[dict], list[dict]]]:
 
 
 def migrate(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """`record` (valid by qbench.record_schema) in today's schema: itself when it is current, else its
-    family's migration of it (possibly several records), each marked with SCHEMA_VERSION."""
+    """`record` (valid by qbench.record_schema) in today's form: itself when it is current, else its
+    family's migration of it (possibly several records), each marked with SCHEMA_VERSION; the units of
+    every metric its family declares are today's declarations (qbench.metrics.declared_units)."""
     if record.get("schema_version", SCHEMA_VERSION) >= SCHEMA_VERSION:
-        return [record]
-    step = _migrations().get(record["bench"])
-    out = step(record) if step else [dict(record)]
-    return [{**r, "schema_version": SCHEMA_VERSION} for r in out]
+        out = [record]
+    else:
+        step = _migrations().get(record["bench"])
+        out = [{**r, "schema_version": SCHEMA_VERSION} for r in (step(record) if step else [dict(record)])]
+    return [_with_declared_units(r) for r in out]
+
+
+def _with_declared_units(record: dict[str, Any]) -> dict[str, Any]:
+    from qbench.metrics import declared_units
+
+    record["units"] = declared_units(record["bench"], record["metrics"], record.get("units") or {})
+    return record
 
 
 def split(record: Mapping[str, Any], parts: list[tuple[dict, dict, dict]], bench: str | None = None) -> list[dict]:

@@ -1,5 +1,5 @@
 """Records of schema 1 load in today's tidy form (qbench/migration), their units are today's declarations
-(qbench.metrics.declared_units), and a record that cannot be migrated is one line naming its file and line."""
+(qbench.metrics.registry.declared_units), and a record that cannot be migrated is one line naming its file and line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 from helpers import run_qbench, write_run
 
 from qbench import record_schema, store, units
-from qbench.metrics import FIELDS, declared
+from qbench.metrics import FIELDS
+from qbench.metrics.registry import declared
+from qbench.migration.registry import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_SWITCHBACK = ROOT / "results" / "switchback-h200-modes" / "run1" / store.RECORDS_FILE  # schema 1
@@ -22,7 +24,7 @@ def _old_lines(count: int) -> list[dict]:
 def test_a_schema_1_switchback_record_becomes_tidy_records_of_declared_metrics():
     old = _old_lines(1)[0]
     assert old["schema_version"] == 1 and "time_global" in old["metrics"]
-    records, problems = record_schema.parse_lines(json.dumps(old) + "\n", "f.jsonl", store.case_id)
+    records, problems = record_schema.parse_lines(json.dumps(old) + "\n", "f.jsonl", migrate)
     assert problems == [] and len(records) > 10
     switchback = declared()["switchback"]
     for rec in records:
@@ -36,7 +38,7 @@ def test_a_record_that_does_not_migrate_is_one_line_naming_file_and_line(tmp_pat
     good, bad = _old_lines(2)
     bad["metrics"]["bogus_wide_key"] = 1.0  # no tidy place in qbench/migration/switchback.py
     text = json.dumps(good) + "\n" + json.dumps(bad) + "\n"
-    records, problems = record_schema.parse_lines(text, "run/results.jsonl", store.case_id)
+    records, problems = record_schema.parse_lines(text, "run/results.jsonl", migrate)
     assert {store.measured_id(r, FIELDS) for r in records} == {store.case_id(good["params"])}
     assert problems == ["run/results.jsonl:2: the switchback record of schema 1 does not migrate: switchback: "
                         "no tidy place for the wide key 'bogus_wide_key' (qbench/migration/switchback.py)"]

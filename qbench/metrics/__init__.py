@@ -4,7 +4,7 @@ and the record fields that say how a measurement was taken.
 A record is tidy: what was measured is its metric's name (`step_ms`, `host_ms`, `fwd_ms`, `speedup`,
 `tflops`), and how it was measured lives in its params, never in the metric name:
   exec      the execution mode (qbench.modes.EXECS: eager, compile, graph)
-  variant   the implementation measured (VARIANTS below, per family)
+  variant   the implementation measured (each family module's VARIANTS)
   timing    how the times were taken (TIMINGS below)
 Each family declares its metrics in a module of this package (`Metric(name, unit, what)`); writing a
 record of a family with an undeclared metric is an error (`UndeclaredMetric`), never a guessed unit.

@@ -293,7 +293,8 @@ def metrics_option(help: str):
 def case_filter_option(what: str = "cases whose 'bench/case'"):
     """-k REGEX (repeatable; the value reaches the command as `pattern`, a tuple): every -k must match."""
     return click.option("-k", "pattern", multiple=True, metavar="REGEX",
-                        help=f"Keep {what} matches this regex (repeatable: kept only where every -k matches).")
+                        help=f"Keep {what} matches this regex; name=value matches that whole parameter (variant=fp8, "
+                             "not fp8_all) (repeatable: kept only where every -k matches).")
 
 
 def digits_option(fn):

@@ -118,9 +118,20 @@ def _fields_problem(record: Mapping) -> str | None:
     return None
 
 
-def completed(record: dict[str, Any], case_id) -> dict[str, Any]:
-    """A valid record with the optional fields a reader indexes filled in (case from its params by
-    `case_id`, status ok, no units, samples or error): older or hand-written records read as new ones."""
+def case_id(params: Mapping[str, Any]) -> str:
+    """Stable id of a configuration: its parameters as key=value, sorted by key (a whole float as an int)."""
+    return "/".join(f"{k}={_plain(params[k])}" for k in sorted(params))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def completed(record: dict[str, Any]) -> dict[str, Any]:
+    """A valid record with the optional fields a reader indexes filled in (case from its params, status ok,
+    no units, samples or error): older or hand-written records read as new ones."""
     record.setdefault("units", {})
     record.setdefault("samples", {})
     record.setdefault("status", "ok")
@@ -130,10 +141,10 @@ def completed(record: dict[str, Any], case_id) -> dict[str, Any]:
     return record
 
 
-def parse_lines(text: str, file, case_id, migrate) -> tuple[list[dict[str, Any]], list[str]]:
-    """(valid records, completed with `case_id`, and 'FILE:LINE: what is wrong' for each other non-blank line)
-    of the text of a records file: one JSON record per line, each brought to this schema by `migrate`
-    (record -> list of records: qbench.migration.migrate)."""
+def parse_lines(text: str, file, migrate) -> tuple[list[dict[str, Any]], list[str]]:
+    """(valid records, completed and brought into today's form by `migrate` (qbench.migration.registry),
+    and 'FILE:LINE: what is wrong' for each other non-blank line) of the text of a records file: one JSON
+    record per line."""
     lines = text.splitlines()
     records, problems = [], []
     for number, line in enumerate(lines, start=1):
@@ -149,9 +160,11 @@ def parse_lines(text: str, file, case_id, migrate) -> tuple[list[dict[str, Any]]
         why = problem(record)
         if why is None:
             try:
-                records.extend(completed(r, case_id) for r in migrate(completed(record, case_id)))
+                records.extend(completed(r) for r in migrate(completed(record)))
             except (KeyError, ValueError) as exc:  # a schema-1 record its family's migration cannot place
-                problems.append(f"{file}:{number}: the record has {exc.args[0] if exc.args else exc}")
+                why = exc.args[0] if exc.args else type(exc).__name__
+                problems.append(f"{file}:{number}: the {record['bench']} record of schema "
+                                f"{record.get('schema_version')} does not migrate: {why}")
         else:
             problems.append(f"{file}:{number}: the record {why}")
     return records, problems

@@ -44,9 +44,9 @@ from qbench.env import (
     own_source_hash,
 )
 from qbench.errors import QbenchUsageError, QbenchWarning, read_text
+from qbench.migration.registry import migrate
 from qbench.paths import check_name, name_problem
-from qbench.migration import migrate
-from qbench.record_schema import SCHEMA_VERSION, STATUSES
+from qbench.record_schema import SCHEMA_VERSION, STATUSES, case_id  # case_id: the store's id of a configuration
 
 ENV_FILE = "env.json"
 RECORDS_FILE = "results.jsonl"
@@ -60,21 +60,10 @@ def varying_params(records: Sequence[Mapping[str, Any]], names: Iterable[str]) -
     return [name for name in names if len({str(r["params"].get(name)) for r in records}) > 1]
 
 
-def case_id(params: Mapping[str, Any]) -> str:
-    """Stable id of a configuration: its parameters as key=value, sorted by key."""
-    return "/".join(f"{k}={_plain(params[k])}" for k in sorted(params))
-
-
 def measured_id(record: Mapping[str, Any], split: tuple[str, ...]) -> str:
     """The case id of what one measurement covered: a record's params without the fields (`split`) by which
     its family splits one measurement into several tidy records (switchback: variant, exec and timing)."""
     return case_id({k: v for k, v in record["params"].items() if k not in split})
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 def make_record(
@@ -92,7 +81,7 @@ def make_record(
     """Build one record in the store's schema (see the module docstring)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
-    from qbench import metrics as declared
+    from qbench.metrics import registry as declared
 
     if declared.is_family(bench):  # a family's units are its declarations; an undeclared metric is an error
         units = declared.units_of(bench, metrics or {})
@@ -386,7 +375,7 @@ def read_records(path: str | Path, strict: bool | None = None) -> list[dict[str,
     is left out and named, as FILE:LINE: what is wrong, in one QbenchWarning per run; with `strict`
     (default: inside strict_reading()) it is a one-line QbenchUsageError instead."""
     file = Path(path) / RECORDS_FILE
-    records, problems = record_schema.parse_lines(_run_text(file), file, case_id, migrate)
+    records, problems = record_schema.parse_lines(_run_text(file), file, migrate)
     _judge(file, problems, strict)
     return records
 
@@ -437,7 +426,7 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         if isinstance(env.get(key), (dict, list)):
             raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
     file = run / RECORDS_FILE
-    records, problems = record_schema.parse_lines(_run_text(file), file, case_id, migrate)
+    records, problems = record_schema.parse_lines(_run_text(file), file, migrate)
     if not records:  # one error naming the first bad line, not a warning beside it
         more = f", and {_counted(len(problems) - 1, 'more bad line')}" if len(problems) > 1 else ""
         first = f": {problems[0]}{more}" if problems else ""

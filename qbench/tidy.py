@@ -4,7 +4,9 @@ One row per record and metric (a record without metrics, an error say, keeps one
 its status is seen). Columns, in order:
   run, gpu, commit, time      the run directory (or imported file), env.json's GPU name, git commit and UTC time
   bench, case                 the record's bench and case id
-  <param> ...                 every parameter of the records as a column of its own (a parameter whose name
+  exec, variant, timing       how each value was measured (qbench.metrics.FIELDS: record params, here as columns
+                              of their own in every frame, None where a record has no such param)
+  <param> ...                 every other parameter of the records as a column of its own (a parameter whose name
                               is one of these columns is named param.<name> instead)
   metric, value, unit         the metric's name, stored value and declared unit
   status, samples             the record's status and the metric's stored samples (a list; empty when none)
@@ -17,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from qbench.metrics import FIELDS
 
 FIXED = ("run", "gpu", "commit", "time", "bench", "case")
 TAIL = ("metric", "value", "unit", "status", "samples")
@@ -58,8 +62,7 @@ def load(paths: str | Path | Iterable[str | Path]):
     for path in run_paths(paths):
         env, records = load_any(path)
         rows.extend(run_rows(str(path), env, records))
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return pd.DataFrame(columns=[*FIXED, *TAIL])
-    middle = [c for c in frame.columns if c not in FIXED and c not in TAIL]
-    return frame[[*FIXED, *middle, *TAIL]]
+    named = dict.fromkeys([*FIXED, *FIELDS, *(k for row in rows for k in row), *TAIL])
+    frame = pd.DataFrame(rows, columns=list(named))
+    middle = [c for c in frame.columns if c not in FIXED and c not in FIELDS and c not in TAIL]
+    return frame[[*FIXED, *FIELDS, *middle, *TAIL]]

@@ -73,13 +73,14 @@ def test_cells_from_samples_or_stored_alone():
 
 
 def _sweep(factor=1.0):
-    """switchback-shaped records: (dim_in, dim_out) x batch_size, speed-ups stored, times sampled."""
+    """switchback-shaped records of a bench qbench does not declare (their metrics `time` and `speedup` carry
+    the units they store): (dim_in, dim_out) x batch_size, speed-ups stored, times sampled."""
     out = []
     for (din, dout), batch in itertools.product([(1024, 4096), (4096, 1024)], [8192, 32768]):
         speedup = factor * din / dout * batch / 8192
         samples = [x * factor * batch / 1000 for x in SAMPLES]
         out.append(_record({"batch_size": batch, "dim_in": din, "dim_out": dout, "dtype": "fp16"},
-                           time=percentile(samples, 50), speedup=speedup, samples=samples, bench="switchback"))
+                           time=percentile(samples, 50), speedup=speedup, samples=samples, bench="sweep"))
     return out
 
 
@@ -305,7 +306,7 @@ def test_runs_of_several_benches_get_a_table_each(tmp_path):
     out = _cli(sb, toy, "--markdown")
     assert out.returncode == 0, out.stderr
     tables = out.stdout.split("**toy: ")
-    assert len(tables) == 2 and tables[0].startswith(f"**switchback: {sb}**")
+    assert len(tables) == 2 and tables[0].startswith(f"**sweep: {sb}**")
     header = [line for line in tables[0].splitlines() if line.startswith("|")][0]
     assert "dim_in" in header and "experts" not in header and "bench" not in header
     assert [line for line in tables[1].splitlines() if line.startswith("|")][0].startswith("| experts |")
@@ -313,12 +314,12 @@ def test_runs_of_several_benches_get_a_table_each(tmp_path):
     assert one.stdout.count("**") == 0 and "| bench |" in one.stdout  # one table, a bench column
     assert len(json.loads(_cli(sb, toy, "--json").stdout)["rows"]) > 4  # JSON stays one unpivoted list
     only_toy = _cli(sb, toy, "--markdown", "-k", "experts=")
-    assert only_toy.returncode == 0 and "**toy: " in only_toy.stdout and "switchback" not in only_toy.stdout
-    assert only_toy.stderr.startswith("switchback: nothing to show (no ok record")
+    assert only_toy.returncode == 0 and "**toy: " in only_toy.stdout and "sweep" not in only_toy.stdout
+    assert only_toy.stderr.startswith("sweep: nothing to show (no ok record")
     assert _cli(sb, toy, "-k", "nosuch").returncode == 2
     for metric in ([], ["--metric", "time"]):
         refused = _cli(sb, toy, "--across-runs", "median", *metric)
-        assert refused.returncode == 2 and "several benches (switchback, toy)" in refused.stderr
+        assert refused.returncode == 2 and "several benches (sweep, toy)" in refused.stderr
 
 
 def test_spreads_per_metric_largest_first(tmp_path):
@@ -328,7 +329,7 @@ def test_spreads_per_metric_largest_first(tmp_path):
 
     runs = [_sweep(1.0), _sweep(1.0), _sweep(1.0)]
     runs[1][3] = _record({"batch_size": 32768, "dim_in": 4096, "dim_out": 1024, "dtype": "fp16"}, time=40.0,
-                         speedup=1.2, samples=[40.0] * 3, bench="switchback")  # one cell of run 2 off
+                         speedup=1.2, samples=[40.0] * 3, bench="sweep")  # one cell of run 2 off
     result = _summary(tmp_path, *runs, across_runs="median", every_metric=True)
     assert result.metrics == ["time", "speedup"]
     got = {m.metric: m for m in spreads.spreads(result)}

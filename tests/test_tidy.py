@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 from helpers import timed_record, write_run
 
 import qbench
 from qbench import store, units
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_one_row_per_record_and_metric_with_params_unit_samples(tmp_path):
@@ -59,3 +62,27 @@ def test_every_exported_layer_name_exists():
 
     for name, module in qbench.layers.EXPORTS.items():
         assert hasattr(importlib.import_module(f"qbench.layers.{module}"), name), name
+
+
+def test_exec_variant_and_timing_are_columns_of_every_frame(tmp_path):
+    """They are params of tidy records (qbench.metrics.FIELDS), placed after the record's id; a run whose
+    records lack them (an imported bench, a family without variants) still has the columns, empty."""
+    tidy_rec = store.make_record("toy", {"m": 8, "exec": "graph", "variant": "16bit", "timing": "loop"},
+                                 {"t": 1.0}, units={"t": units.MS})
+    plain = store.make_record("toy", {"m": 16}, {"t": 2.0}, units={"t": units.MS})
+    frame = qbench.load(write_run(tmp_path / "run", [tidy_rec, plain]))
+    assert list(frame.columns[6:10]) == ["exec", "variant", "timing", "m"]
+    assert frame.iloc[0][["exec", "variant", "timing"]].tolist() == ["graph", "16bit", "loop"]
+    assert frame.iloc[1][["exec", "variant", "timing"]].isna().all()
+    assert list(qbench.load([]).columns) == ["run", "gpu", "commit", "time", "bench", "case", "exec", "variant",
+                                             "timing", "metric", "value", "unit", "status", "samples"]
+
+
+def test_a_schema_1_switchback_run_loads_with_its_fields_as_columns():
+    """A committed run written before records were tidy: its metric names spelt variant, exec and timing;
+    through the migration they are columns, and one (variant, exec, timing) picks one graphed step time."""
+    frame = qbench.load(ROOT / "results" / "switchback-h200-modes" / "run1")
+    assert {"16bit", "switchback", "fp8"} <= set(frame.variant) and set(frame["exec"]) == {"eager", "compile", "graph"}
+    picked = frame[(frame.variant == "16bit") & (frame["exec"] == "graph") & (frame.timing == "per_step")
+                   & (frame.metric == "step_ms")]
+    assert len(picked) == picked.case.nunique() > 0 and set(picked.unit) == {units.MS}

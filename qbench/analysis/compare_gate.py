@@ -27,12 +27,12 @@ def parse_threshold(text: str, given_as: str | None = None) -> float:
 
 
 def parse_fail_on(items: Sequence[str]) -> list[tuple[str, float]]:
-    """['time_global:5'] -> [('time_global', 5.0)]."""
+    """['kernels_ms:5'] -> [('kernels_ms', 5.0)]."""
     gates = []
     for item in items:
         name, sep, pct = str(item).rpartition(":")
         if not sep or not name:
-            raise QbenchUsageError(f"--fail-on {item!r} must be METRIC:PCT, e.g. --fail-on time_global:5")
+            raise QbenchUsageError(f"--fail-on {item!r} must be METRIC:PCT, e.g. --fail-on kernels_ms:5")
         gates.append((name, parse_threshold(pct, f"--fail-on {item!r}")))
     return gates
 

@@ -154,7 +154,7 @@ def build(runs: Sequence[Run], metrics: Sequence[str] = (), patterns: Sequence[s
                 continue
             samples = [x for x in rec.get("samples", {}).get(metric, []) if x is not None]
             cells.setdefault((*base, metric), {}).setdefault(of_run[run.label].label, []).append((value, samples))
-            found_units.setdefault((*base, metric), (rec.get("units") or {}).get(metric) or units.by_name(metric))
+            found_units.setdefault((*base, metric), (rec.get("units") or {}).get(metric))
     labels = [r.label for r in order]
     series = [_series(key, per_rev, labels, found_units[key], threshold_pct) for key, per_rev in cells.items()]
     series.sort(key=lambda s: (str(s.gpu), s.bench, chosen.index(s.metric), _sort_params(s.params)))

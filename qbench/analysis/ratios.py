@@ -1,9 +1,9 @@
 """`qbench summary --ratio-to PARAM=REF`: each record's metrics divided by those of the record with
 PARAM=REF in the same run and otherwise the same configuration, so that a table prints, for instance,
-FragmentedLinear's times over the dense layer's (`--ratio-to layer=linear`) and, with
+FragmentedLinear's times over the dense layer's (`--ratio-to variant=dense`) and, with
 `--across-runs median`, the median over the runs of each run's ratio.
 
-Parameters tied to PARAM (one value within each of its groups, as `fragments` goes with `layer`) are
+Parameters tied to PARAM (one value within each of its groups, as `fragments` goes with `variant`) are
 left out of the match, as in `qbench compare --across`. A ratio record keeps the candidate's
 parameters, holds value / reference for every metric both records have (reference nonzero), in the
 unit `ratio`, and no samples; records that are not ok on either side give none.
@@ -23,10 +23,10 @@ from qbench.errors import QbenchUsageError
 
 
 def parse(spec: str) -> tuple[str, str]:
-    """'layer=linear' -> ('layer', 'linear') as joins spell the value."""
+    """'variant=dense' -> ('variant', 'dense') as joins spell the value."""
     param, sep, ref = (part.strip() for part in spec.partition("="))
     if not sep or not param or not ref:
-        raise QbenchUsageError(f"--ratio-to {spec!r} must be PARAM=REF, e.g. --ratio-to layer=linear")
+        raise QbenchUsageError(f"--ratio-to {spec!r} must be PARAM=REF, e.g. --ratio-to variant=16bit")
     return param, join.param_key(param, ref)
 
 
@@ -89,7 +89,7 @@ def _require_both_sides(run: Run, groups: dict[str, list], spec: str, param: str
 
 
 def left_out_line(spec: str, left_out: dict[str, int]) -> str:
-    """'--ratio-to layer=linear: 4 records have no layer=linear counterpart in their run (left out)', every
+    """'--ratio-to variant=dense: 4 records have no variant=dense counterpart in their run (left out)', every
     reason joined by '; '; '' where every record gave a ratio."""
     reasons = _reasons(*parse(spec), left_out)
     return f"--ratio-to {spec}: {reasons} (left out)" if reasons else ""

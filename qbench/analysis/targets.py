@@ -1,7 +1,7 @@
 """`qbench summary --target METRIC:LO..HI`: whether each cell of a metric meets a target, judged on the
 value as printed (a target is met or missed by the printed value, never by unrounded digits or by
 rounding it up), and how many cells do. Either bound may be left out: `fwd_bwd_ms:..1.3` is "at most
-1.3", `speedup_step:1.15..` "at least 1.15", `module_kernel_ratio_graph:0.95..1.05` a band."""
+1.3", `step_speedup:1.15..` "at least 1.15", `step_over_kernels:0.95..1.05` a band."""
 
 from __future__ import annotations
 

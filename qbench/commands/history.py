@@ -11,9 +11,9 @@ from qbench.options import case_filter_option, digits_option, metrics_option, st
 EPILOG = """\b
 Examples:
   qbench history results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} \\
-      --metric time_global
-  qbench history runs/* --metric 'module_*_graph_ms' -k "batch_size=32768/" --only-changed
-  qbench history runs/* --metric time_global --fail-on time_global:5 --plot history.svg   # exit 1 on a regression
+      --metric kernels_ms -k variant=switchback
+  qbench history runs/* --metric step_ms -k exec=graph -k batch_size=32768 --only-changed
+  qbench history runs/* --metric kernels_ms --fail-on kernels_ms:5 --plot history.svg   # exit 1 on a regression
 """
 
 

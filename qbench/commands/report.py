@@ -10,9 +10,9 @@ EPILOG = """\b
 Examples:
   qbench report results/switchback-h200-modes-c4c2232/run1 --html runs/switchback.html
   qbench report results/switchback-h200-modes/run1 results/switchback-h200-modes-c4c2232/run1 \\
-      --metric time_global --html runs/compare.html
+      --metric kernels_ms --html runs/compare.html
   qbench report results/switchback-h200-modes/run{1,2,3} results/switchback-h200-modes-c4c2232/run{1,2,3} \\
-      --metric time_global --html runs/history.html        # several commits: the history too
+      --metric kernels_ms --html runs/history.html        # several commits: the history too
 """
 
 

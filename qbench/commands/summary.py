@@ -8,41 +8,44 @@ from qbench.options import case_filter_option, digits_option, metrics_option, st
 
 EPILOG = """\b
 Examples:
-  qbench summary results/switchback-h200-modes-c4c2232/run1 --metric speedup_global --by batch_size
-  qbench summary results/switchback-h200-modes-c4c2232/run1 --metric time_global -k "dim_in=4096/" --markdown
-  qbench summary results/moe-h200x4-static-8518c40/overlap --metric step_time --by a2a_ffn_overlap_degree
-  qbench summary run-a run-b --metric step_time --by run                 # runs side by side
-  qbench summary run-a run-b run-c --metric step_time --across-runs median   # median of 3 runs
+  qbench summary results/switchback-h200-modes/run1 --metric step_ms --ratio-to variant=16bit \
+      -k exec=graph -k timing=per_step                     # SwitchBack and fp8 over nn.Linear, graphed
+  qbench summary results/switchback-h200-modes-c4c2232/run1 --metric kernels_speedup --by batch_size
+  qbench summary results/switchback-h200-modes-c4c2232/run1 --metric kernels_ms -k variant=switchback \
+      -k dim_in=4096 --markdown
+  qbench summary results/moe-h200x4-static-8518c40/overlap --metric step_ms --by a2a_ffn_overlap_degree
+  qbench summary run-a run-b --metric step_ms --by run                   # runs side by side
+  qbench summary run-a run-b run-c --metric step_ms --across-runs median     # median of 3 runs
   qbench summary results/fragmented-h200-trace-d2f98b5 --metric forward_ms --json
-  qbench summary results/fragmented-h200-clocks-797e89f/run{1,2,3} --metric fwd_bwd_ms --ratio-to layer=linear \
+  qbench summary results/fragmented-h200-clocks-797e89f/run{1,2,3} --metric fwd_bwd_ms --ratio-to variant=dense \
       --across-runs median                                          # fragmented over dense, median of 3
-  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric module_kernel_ratio_graph \
-      --across-runs median --target module_kernel_ratio_graph:0.95..1.05   # how many cells meet it
-  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric loop_kernel_ratio_eager \
-      --across-runs median -k "batch_size=(32768|131072)/"          # the module in a loop of steps
+  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric step_over_kernels -k exec=graph \
+      -k timing=per_step --across-runs median --target step_over_kernels:0.95..1.05   # how many cells meet it
+  qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric step_over_kernels -k timing=loop \
+      -k exec=eager --across-runs median -k "batch_size=(32768|131072)/"   # the module in a loop of steps
   qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --across-runs median --spreads
                                                         # how far reruns disagree, every metric
   qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --across-runs median \
-      --metric 'host_call_switchback_*'                 # every metric the pattern matches
+      --metric 'host_*' -k variant=switchback           # every metric the pattern matches
 """
 
 
 @click.command(epilog=EPILOG)
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
 @metrics_option("A metric to show (repeatable; a shell-style pattern shows every metric it matches: "
-                "'host_call_*'). [default: every metric with stored samples]")
+                "'host_*'). [default: every metric with stored samples]")
 @case_filter_option()
 @click.option("--by", "--columns", "by", default=None, metavar="PARAM",
-              help="Pivot this parameter into columns (e.g. batch_size, system, run).")
+              help="Pivot this parameter into columns (e.g. batch_size, variant, run).")
 @click.option("--across-runs", type=click.Choice(("median",)), default=None,
               help="Combine repeats of one command: the median over the runs of each run's value, "
                    "with the runs' values and their spread.")
 @click.option("--ratio-to", default=None, metavar="PARAM=REF",
               help="Divide each record's metrics by those of the record with PARAM=REF in the same run and "
-                   "otherwise the same configuration (e.g. layer=linear: fragmented over dense).")
+                   "otherwise the same configuration (e.g. variant=16bit: each variant over nn.Linear).")
 @click.option("--target", "targets", multiple=True, metavar="METRIC:LO..HI",
               help="Judge every cell of METRIC against a target on its printed value (repeatable; either "
-                   "bound may be left out: fwd_bwd_ms:..1.3, speedup_step:1.15..) and count the cells met.")
+                   "bound may be left out: fwd_bwd_ms:..1.3, step_speedup:1.15..) and count the cells met.")
 @click.option("--spreads", is_flag=True,
               help="With --across-runs: per metric (every metric unless --metric names some), the largest and "
                    "the median spread over the cells, and where the largest is; largest first.")

@@ -5,7 +5,8 @@ the operator and mode (`gemm_fwd`), <input> the input's label (its x value: a si
 the implementation measured (`aten_matmul`, `triton_tutorial_matmul`, ...); values are numbers, or text that
 starts with one. Aggregate keys (`tritonbench_<benchmark>[<backend>]-<metric>-avg`, `tritonbench_<benchmark>-pass`)
 are derived from the others and not read. Each (benchmark, input, backend) becomes one "tritonbench" record
-with params op, x_val, backend and its metrics, units from tritonbench's metric names (latency in ms).
+with params op, x_val, backend and its metrics, units from tritonbench's metric names (latency in ms): a
+name-based guess made for this foreign format only (qbench's own metrics are declared in qbench.metrics).
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ KEY = re.compile(r"^tritonbench_(?P<op>.+?)\[x_(?P<x>.*)-(?P<backend>[^-\]]+)\]_
 NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 UNITS = {"latency": units.MS, "tflops": units.TFLOPS, "gbps": units.GBPS, "speedup": units.SPEEDUP,
          "accuracy": units.FLAG, "compile_time": units.MS, "cpu_peak_mem": units.GB, "gpu_peak_mem": units.GB}
+ENDINGS = (("_ms", units.MS), ("_tflops", units.TFLOPS), ("_gbps", units.GBPS))  # other tritonbench names
+
+
+def unit_of(name: str) -> str | None:
+    """A tritonbench metric's unit: UNITS', else the one its name's ending spells, else none (no verdict)."""
+    return UNITS.get(name) or next((unit for ending, unit in ENDINGS if name.endswith(ending)), None)
 
 
 def looks_like(text: str) -> bool:
@@ -58,7 +65,7 @@ def read_tritonbench(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise QbenchUsageError("no tritonbench_<benchmark>[x_<input>-<backend>]_<metric> value in it")
     records = []
     for (op, x, backend), metrics in grouped.items():
-        declared = {m: u for m in metrics if (u := UNITS.get(m) or units.by_name(m))}
+        declared = {m: u for m in metrics if (u := unit_of(m))}
         records.append(store.make_record("tritonbench", {"op": op, "x_val": _x_value(x), "backend": backend},
                                          metrics, units=declared))
     return {"gpu_name": None}, records

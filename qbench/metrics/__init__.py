@@ -4,19 +4,18 @@ and the record fields that say how a measurement was taken.
 A record is tidy: what was measured is its metric's name (`step_ms`, `host_ms`, `fwd_ms`, `speedup`,
 `tflops`), and how it was measured lives in its params, never in the metric name:
   exec      the execution mode (qbench.modes.EXECS: eager, compile, graph)
-  variant   the implementation measured (VARIANTS below, per family)
+  variant   the implementation measured (each family module's VARIANTS)
   timing    how the times were taken (TIMINGS below)
 Each family declares its metrics in a module of this package (`Metric(name, unit, what)`); writing a
 record of a family with an undeclared metric is an error (`UndeclaredMetric`), never a guessed unit.
 Benches that qbench only imports (tritonbench, nvbench files) keep the units their files declare.
+The families' declarations are read through qbench.metrics.registry (this module imports none of them, so a
+family's module imports Metric from here without an import loop).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-
-from qbench.modes import EXECS
 
 FIELDS = ("exec", "variant", "timing")  # the params a tidy split adds to a family's own params
 
@@ -39,69 +38,3 @@ class Metric:
 
 class UndeclaredMetric(ValueError):
     """A bench recorded a metric its family does not declare."""
-
-
-def _families() -> dict[str, dict[str, Metric]]:
-    from qbench.metrics import block, fragmented, grouped, model, moe, switchback, train
-
-    return {module.BENCH: {m.name: m for m in module.METRICS}
-            for module in (switchback, fragmented, moe, block, train, model, grouped)}
-
-
-_DECLARED: dict[str, dict[str, Metric]] | None = None
-
-
-def declared() -> dict[str, dict[str, Metric]]:
-    """bench -> metric name -> its declaration, for every family qbench runs."""
-    global _DECLARED
-    if _DECLARED is None:
-        _DECLARED = _families()
-    return _DECLARED
-
-
-def variants() -> dict[str, tuple[str, ...]]:
-    """bench -> the variant names its records carry (what no metric name may contain)."""
-    from qbench.metrics import block, fragmented, grouped, model, moe, switchback, train
-
-    return {m.BENCH: tuple(m.VARIANTS) for m in (switchback, fragmented, moe, block, train, model, grouped)}
-
-
-def is_family(bench: str) -> bool:
-    """A bench qbench runs whose metrics are declared (imported benches keep their files' units)."""
-    return bool(declared().get(bench))
-
-
-def metric(bench: str, name: str) -> Metric:
-    """The declaration of `name` in `bench`'s family; UndeclaredMetric names both when there is none."""
-    try:
-        return declared()[bench][name]
-    except KeyError:
-        raise UndeclaredMetric(f"{bench} records no metric named {name!r}; declare it in qbench/metrics/"
-                               f"{bench}.py with its unit") from None
-
-
-def units_of(bench: str, names: Iterable[str]) -> dict[str, str]:
-    """name -> declared unit for each name (UndeclaredMetric on the first undeclared one)."""
-    return {name: metric(bench, name).unit for name in names}
-
-
-def check(bench: str, metrics: Mapping[str, object]) -> None:
-    """Every metric of a record of a qbench family is declared (imported benches are not checked)."""
-    if is_family(bench):
-        units_of(bench, metrics)
-
-
-def forbidden_words(bench: str) -> tuple[str, ...]:
-    """The execution modes, timings and the family's variants: no metric name of `bench` contains one."""
-    return (*EXECS, *TIMINGS, *variants().get(bench, ()))
-
-
-def hidden_dimension(bench: str, name: str) -> str | None:
-    """The mode, timing or variant that the metric name `name` spells (as whole '_'-separated words), or
-    None: `speedup_fp8_graph` spells fp8 and graph, `quantize_x_over_int8` spells none of them."""
-    words = name.split("_")
-    for word in forbidden_words(bench):
-        parts = word.split("_")
-        if any(words[i:i + len(parts)] == parts for i in range(len(words))):
-            return word
-    return None

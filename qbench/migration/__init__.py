@@ -7,41 +7,25 @@ loads, summarises and compares with runs made today (`qbench compare OLD NEW` pa
              and carry their declared units
 
 Each family whose records changed has a module here with `migrate(record) -> list[record]` (one schema-1
-record may become several tidy ones); a family without one loads unchanged.
+record may become several tidy ones), built with `split` below; a family without one loads unchanged.
+qbench.migration.registry dispatches each record read to its family's module (this one imports none of them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
-
-from qbench.record_schema import SCHEMA_VERSION
-
-
-def _migrations() -> dict[str, Callable[[dict], list[dict]]]:
-    from qbench.migration import block, fragmented, grouped, moe, switchback, train
-
-    return {m.OLD_BENCH: m.migrate for m in (switchback, fragmented, moe, block, train, grouped)}
-
-
-def migrate(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """`record` (valid by qbench.record_schema) in today's schema: itself when it is current, else its
-    family's migration of it (possibly several records), each marked with SCHEMA_VERSION."""
-    if record.get("schema_version", SCHEMA_VERSION) >= SCHEMA_VERSION:
-        return [record]
-    step = _migrations().get(record["bench"])
-    out = step(record) if step else [dict(record)]
-    return [{**r, "schema_version": SCHEMA_VERSION} for r in out]
 
 
 def split(record: Mapping[str, Any], parts: list[tuple[dict, dict, dict]], bench: str | None = None) -> list[dict]:
     """Tidy records from one wide record: each part (params, metrics, samples) a record with the wide one's
-    status, error, device and source hash, no case id (the reader fills it from its params) and its units declared
+    status, error, device and source hash, its case id from its params and its units declared
     (qbench.metrics). A record without metrics (an error, a skip) stays one record, renamed to `bench`."""
-    from qbench.metrics import units_of
+    from qbench.metrics.registry import units_of
+    from qbench.record_schema import case_id
 
     name = bench or record["bench"]
     if not parts:
         return [{**record, "bench": name}]
-    return [{**record, "bench": name, "case": None, "params": params, "metrics": metrics,
+    return [{**record, "bench": name, "case": case_id(params), "params": params, "metrics": metrics,
              "units": units_of(name, metrics), "samples": samples} for params, metrics, samples in parts]

@@ -148,18 +148,34 @@ WIDE: dict[str, list[Where]] = _table()  # wide key -> where each of its values 
 def tidy(params: Mapping, metrics: Mapping, samples: Mapping | None = None) -> list[tuple[dict, dict, dict]]:
     """The tidy (params, metrics, samples) of one shape's wide metrics, one per (variant, exec, timing), in
     the order the variants and modes first appear. A wide key the table does not know is a KeyError naming
-    it (a bench that records a new key declares it here and in qbench/metrics/switchback.py)."""
+    it (a bench that records a new key declares it here and in qbench/metrics/switchback.py). A group that
+    holds only keys shared with a kept one (standard_gw and repeat of an fp8 variant a CPU run never timed)
+    is left out: it would be a record of a variant that was not measured."""
     groups: dict[tuple[str, str, str], tuple[dict, dict]] = {}
-    for key, value in metrics.items():
+    for key in metrics:
         if key not in WIDE:
             raise KeyError(f"switchback: no tidy place for the wide key {key!r} (qbench/migration/switchback.py)")
-        for variant, mode, timing, name in WIDE[key]:
-            values, kept = groups.setdefault((variant, mode, timing), ({}, {}))
-            values[name] = value
-            if samples and samples.get(key):
-                kept[name] = list(samples[key])
+    for where in _measured(metrics):
+        values, kept = groups.setdefault(where[:3], ({}, {}))
+        key, name = where[3], where[4]
+        values[name] = metrics[key]
+        if samples and samples.get(key):
+            kept[name] = list(samples[key])
     return [({**params, "variant": v, "exec": m, "timing": t}, values, kept)
             for (v, m, t), (values, kept) in groups.items()]
+
+
+def _measured(metrics: Mapping) -> list[tuple[str, str, str, str, str]]:
+    """(variant, exec, timing, wide key, tidy name) of each value, in the order of `metrics`, for the groups
+    that hold a key no other group holds, and for a shared key that no such group holds, its first group."""
+    places = [(*where[:3], key, where[3]) for key in metrics for where in WIDE[key]]
+    owned = {p[:3] for p in places if len(WIDE[p[3]]) == 1}
+    covered = {p[3] for p in places if p[:3] in owned}
+    first = {}
+    for p in places:
+        if p[3] not in covered:
+            first.setdefault(p[3], p[:3])
+    return [p for p in places if p[:3] in owned or first.get(p[3]) == p[:3]]
 
 
 def wide(records: list[Mapping]) -> dict:

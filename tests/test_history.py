@@ -132,7 +132,7 @@ SWITCHBACK = [f"results/switchback-h200-{name}/run{i}" for name in ("modes", "mo
 def test_committed_switchback_runs_of_two_commits():
     """The H200 reference command at two commits whose kernels are the same: 18 series of two points each,
     in git's order, and no step called a change (no median moves by 5%, the threshold)."""
-    result = history.build([load_any(ROOT / p) for p in SWITCHBACK], ["time_global"])
+    result = history.build([load_any(ROOT / p) for p in SWITCHBACK], ["kernels_ms"], ["variant=switchback/"])
     assert result.order == "git" and len(result.revisions) == 2 and len(result.series) == 18
     assert all(len(s.points) == 2 for s in result.series)
     assert not [p for s in result.series for p in s.changes()]
@@ -180,7 +180,7 @@ def test_dirty_trees_on_one_commit_are_told_apart_by_their_source_hash(tmp_path)
 def test_the_legend_lists_the_revisions_in_the_columns_order(capsys):
     """Runs given newest first still print oldest first, in the table's columns and in the legend alike."""
     with pytest.raises(SystemExit) as exc:
-        main(["history", *reversed(SWITCHBACK), "--metric", "time_global"])
+        main(["history", *reversed(SWITCHBACK), "--metric", "kernels_ms", "-k", "variant=switchback/"])
     out = capsys.readouterr().out
     assert exc.value.code == 0
     legend = out[out.index("revisions oldest first"):]

@@ -52,7 +52,7 @@ def seed_json_lines() -> list[dict]:
 
 def bnb_shapes(records: list[dict]) -> list[dict[str, dict]]:
     """Per imported line, in file order: variant -> its tidy record (the seed's kernel sums: eager, per_kernel)."""
-    from qbench.importers.bnb import shapes
+    from qbench.migration.switchback import shapes
 
     out = []
     for group in shapes(records):

@@ -9,7 +9,7 @@ from qbench import store
 from qbench.analysis.join import join_params
 from qbench.importers import bnb
 from qbench.importers.bnb import SEED_KEYS, format_bnb_jsonl, read_bnb_jsonl
-from qbench.migration.switchback import wide
+from qbench.migration.switchback import shapes, wide
 from tests.test_switchback_cli import qbench
 
 SEED_TYPES = {"repeat": int, "batch_size": int, "dim_out": int, "dim_in": int, "switch": bool}
@@ -35,15 +35,15 @@ def test_cpu_run_in_seed_format_reads_back_through_import(tmp_path):
     _, records = store.load_run(out)
     text = (out / "info.jsonl").read_text()
     rows = [json.loads(line) for line in text.splitlines()]
-    shapes = [{**group[0]["params"], **wide(group)} for group in bnb.shapes(records)]
-    assert len(rows) == len(shapes) == 2
-    for row, shape in zip(rows, shapes):
+    seeds = [{**group[0]["params"], **wide(group)} for group in shapes(records)]
+    assert len(rows) == len(seeds) == 2
+    for row, shape in zip(rows, seeds):
         assert tuple(row) == SEED_KEYS
         assert all(type(row[k]) is t for k, t in SEED_TYPES.items()) and type(row["wm"]) is int
         assert all(type(row[k]) is float and row[k] == shape[k] for k in SEED_KEYS[6:])
         assert row["repeat"] == shape["repeat"] == 2
     _, imported = read_bnb_jsonl(text)
-    for back, rec in zip(bnb.shapes(imported), bnb.shapes(records)):
+    for back, rec in zip(shapes(imported), shapes(records)):
         # fp16: the seed format has no dtype, the reader assumes fp16; nor a backward thread (PyTorch's default)
         assert join_params(shape_params(back)) == join_params(shape_params(rec))
         assert {k: v for k, v in wide(back).items() if k in SEED_KEYS} == {

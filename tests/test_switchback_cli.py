@@ -113,10 +113,9 @@ def test_torchao_alone_brings_the_modules_it_is_timed_beside(tmp_path):
 
 def by_shape(records: list[dict]) -> list[dict[tuple, dict]]:
     """Per measured shape, in run order: (variant, exec, timing) -> its record."""
-    from qbench.benches.switchback.table import by_shape as groups
+    from qbench.migration.switchback import shapes, where
 
-    return [{tuple(r["params"].get(f) for f in ("variant", "exec", "timing")): r for r in group}
-            for group in groups(records)]
+    return [{where(r): r for r in group} for group in shapes(records)]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any
 
 from qbench import store, units
 from qbench.errors import QbenchUsageError
-from qbench.migration.switchback import tidy, wide
+from qbench.migration.switchback import shapes, tidy, wide
 from qbench.record_schema import is_number
 
 # Timing keys of the bitsandbytes benchmark, each in ms per call.
@@ -165,17 +165,6 @@ def seed_line(values: dict[str, Any]) -> dict[str, Any] | None:
     return line
 
 
-def shapes(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The switchback records grouped by the shape they measured (store.measured_id), in order."""
-    from qbench.metrics import FIELDS
-
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        if record.get("bench") == "switchback":
-            groups.setdefault(store.measured_id(record, FIELDS), []).append(record)
-    return list(groups.values())
-
-
 def shape_line(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The info.jsonl line of one shape's tidy records (migration.switchback.wide rebuilds the seed keys),
     or None when one of them is not ok or a seed key is missing."""
@@ -187,5 +176,5 @@ def shape_line(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def format_bnb_jsonl(records: list[dict[str, Any]]) -> tuple[list[str], int]:
     """(info.jsonl lines, how many shapes were left out: a record not ok, or missing seed keys)."""
-    lines = [shape_line(group) for group in shapes(records)]
+    lines = [shape_line(group) for group in shapes([r for r in records if r.get("bench") == "switchback"])]
     return [json.dumps(line) for line in lines if line is not None], sum(line is None for line in lines)

@@ -178,10 +178,27 @@ def _measured(metrics: Mapping) -> list[tuple[str, str, str, str, str]]:
     return [p for p in places if p[:3] in owned or first.get(p[3]) == p[:3]]
 
 
+def where(record: Mapping) -> tuple:
+    """(variant, exec, timing) of a tidy record; Nones for the one error or skipped record of a shape."""
+    return tuple(record["params"].get(field) for field in ("variant", "exec", "timing"))
+
+
+def shapes(records: list[Mapping]) -> list[list[Mapping]]:
+    """The records of each measured shape (their params but variant, exec and timing alike, as store.measured_id
+    groups them; the store reads records through this module, so it is not imported here), in the order the
+    shapes first appear: what wide() takes."""
+    from qbench.metrics import FIELDS
+
+    groups: dict[tuple, list[Mapping]] = {}
+    for record in records:
+        shape = tuple(sorted((k, repr(v)) for k, v in record["params"].items() if k not in FIELDS))
+        groups.setdefault(shape, []).append(record)
+    return list(groups.values())
+
+
 def wide(records: list[Mapping]) -> dict:
     """The wide dict (seed keys) of one shape's tidy records: the inverse of tidy() on their metrics."""
-    at = {(r["params"].get("variant"), r["params"].get("exec"), r["params"].get("timing")): r["metrics"]
-          for r in records}
+    at = {where(r): r["metrics"] for r in records}
     out = {}
     for key, places in WIDE.items():
         for variant, mode, timing, name in places:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from qbench import store
 from qbench.benches.switchback import components as comp
 from qbench.benches.switchback import modules, peers
-from qbench.migration.switchback import tidy
+from qbench.migration.switchback import shapes, tidy, where
 from qbench.modes import resolved_execs
 from qbench.telemetry import GpuReadings
 from qbench.timing import backward_thread
@@ -170,11 +170,6 @@ def measure(shape: Shape, config: SwitchbackConfig) -> list[dict]:
 LAST = ("16bit", "eager", "per_kernel")
 
 
-def where(record: dict) -> tuple:
-    """(variant, exec, timing) of a tidy record; Nones for a shape's error or skipped record."""
-    return tuple(record["params"].get(field) for field in ("variant", "exec", "timing"))
-
-
 def tidy_records(params: dict, metrics: dict, samples: dict, device: str) -> list[dict]:
     """The tidy records of one measured shape (qbench/migration/switchback.py), LAST last."""
     records = [store.make_record(BENCH, tidy_params, tidy_metrics, samples=tidy_samples, device=device)
@@ -187,10 +182,7 @@ def finished(records: list[dict], done: tuple[str, ...]) -> frozenset[str]:
     measured shape's LAST record among them (a crash between a shape's records leaves it out)."""
     from qbench.metrics import FIELDS
 
-    shapes: dict[str, list[dict]] = {}
-    for record in records:
-        shapes.setdefault(store.measured_id(record, FIELDS), []).append(record)
-    return frozenset(shape for shape, group in shapes.items()
+    return frozenset(store.measured_id(group[0], FIELDS) for group in shapes(records)
                      if all(r["status"] in done for r in group)
                      and any(where(r) in (LAST, (None, None, None)) for r in group))
 

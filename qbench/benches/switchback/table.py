@@ -7,14 +7,14 @@ rest of a run (components, loop timings, host times, the fp8 and torchao modules
 from __future__ import annotations
 
 from qbench import units
-from qbench.metrics import FIELDS
 from qbench.metrics.switchback import VARIANTS
+from qbench.migration import switchback
 from qbench.modes import EXECS
 
 KEYS = {"batch_size": "M", "dim_in": "in", "dim_out": "out", "dtype": "dtype",
         "backward_thread": "bwd thread"}  # shape param -> header
-# variant -> its header, five characters at most: a column as wide as its values ("1.23x") keeps the table to
-# 120 columns with six kernel variants and three execs
+# variant -> its header, five characters at most: columns as narrow as their values ("1.23"; the title names the
+# unit) keep the table to 120 columns with six kernel variants and three execs
 LABELS = {"switchback": "sb", "switchback_rowwise": "row", "fp8": "fp8", "fp8_all": "fp8a", "fp8_cublas": "f8mm",
           "int8_cublas": "i8mm"}
 KERNELS = ("eager", "per_kernel")  # (exec, timing) of the kernel sums
@@ -26,37 +26,26 @@ def table(records: list[dict]):
     reasons of error and skipped shapes numbered below it. A column only where some record has its value."""
     from qbench import report
 
-    shapes = by_shape(records)
+    shapes = switchback.shapes(records)
     firsts = [group[0] for group in shapes]
     keys, fixed = report.split_fixed(firsts, list(KEYS), KEYS)
     cells = _value_columns(records)
     columns = [*(report.Column(KEYS[k], key=True) for k in keys), *(c for c, _ in cells), report.STATUS]
     reasons, rows = report.Notes(), []
     for group in shapes:
-        at = {tuple(r["params"].get(f) for f in ("variant", "exec", "timing")): r["metrics"] for r in group}
+        at = {switchback.where(r): r["metrics"] for r in group}
         row = [report.param_text(group[0]["params"].get(k)) for k in keys]
         row += [cell(at) for _, cell in cells]
         rows.append([*row, report.status_cell(_worst(group), reasons)])
     return report.FittedTable(columns, rows, title="SwitchBack vs 16-bit: a layer's training step, speed-ups (x)",
-                              notes=[*report.fixed_line(fixed), *legend(cells), *reasons.lines()])
-
-
-def by_shape(records: list[dict]) -> list[list[dict]]:
-    """The records of each measured shape (store.measured_id), in the order the shapes first appear."""
-    from qbench.store import measured_id
-
-    groups: dict[str, list[dict]] = {}
-    for record in records:
-        groups.setdefault(measured_id(record, FIELDS), []).append(record)
-    return list(groups.values())
+                              notes=[*report.fixed_line(fixed), *legend([c for c, _ in cells]), *reasons.lines()])
 
 
 def _value_columns(records: list[dict]) -> list[tuple]:
     """(Column, cell(at) -> text) of each value column some record fills, in table order."""
     from qbench import report
 
-    has = {(r["params"].get("variant"), r["params"].get("exec"), r["params"].get("timing"), name)
-           for r in records for name in r["metrics"]}
+    has = {(*switchback.where(r), name) for r in records for name in r["metrics"]}
     out = []
     if ("16bit", *KERNELS, "kernels_ms") in has:
         out.append((report.Column("16bit", "ms"), _cell(("16bit", *KERNELS), "kernels_ms", units.MS)))
@@ -90,11 +79,15 @@ def _worst(group: list[dict]) -> dict:
     return next((r for r in group if r.get("status", "ok") != "ok"), group[0])
 
 
-def legend(cells: list[tuple]) -> list[str]:
-    """What the value columns hold, in two lines under the table."""
-    if not cells:
-        return []
-    names = ", ".join(f"{label} {variant}" for variant, label in LABELS.items() if label != variant)
-    return ["kern: the step as the sum of its kernels, each timed alone (16bit in ms, the others' speed-up over it); "
-            "eager, compile, graph: SwitchBackLinear's forward + backward timed alone in that exec, its speed-up over "
-            "nn.Linear's", f"variants: {names}"]
+def legend(columns: list) -> list[str]:
+    """What the value columns shown hold, a line each, under the table."""
+    units_shown, headers = {c.unit for c in columns}, {c.header for c in columns}
+    lines = []
+    if "kern" in units_shown:
+        lines.append("kern: the step as the sum of its kernels, each timed alone (16bit: ms; the others: speed-up "
+                     "over it)")
+    if modes := [mode for mode in EXECS if mode in units_shown]:
+        lines.append(f"{', '.join(modes)}: SwitchBackLinear's forward + backward timed alone in that exec, its "
+                     "speed-up over nn.Linear's")
+    names = ", ".join(f"{label} {name}" for name, label in LABELS.items() if label in headers and label != name)
+    return [*lines, f"variants: {names}"] if names else lines

@@ -170,7 +170,9 @@ def shape_line(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     or None when one of them is not ok or a seed key is missing."""
     if any(r.get("status", "ok") != "ok" for r in records):
         return None
-    params = {k: v for k, v in records[0]["params"].items() if k not in ("variant", "exec", "timing")}
+    from qbench.metrics import FIELDS
+
+    params = {k: v for k, v in records[0]["params"].items() if k not in FIELDS}
     return seed_line({**wide(records), **params})
 
 

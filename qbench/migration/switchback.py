@@ -155,9 +155,9 @@ def tidy(params: Mapping, metrics: Mapping, samples: Mapping | None = None) -> l
     for key in metrics:
         if key not in WIDE:
             raise KeyError(f"switchback: no tidy place for the wide key {key!r} (qbench/migration/switchback.py)")
-    for where in _measured(metrics):
-        values, kept = groups.setdefault(where[:3], ({}, {}))
-        key, name = where[3], where[4]
+    for place in _measured(metrics):
+        values, kept = groups.setdefault(place[:3], ({}, {}))
+        key, name = place[3], place[4]
         values[name] = metrics[key]
         if samples and samples.get(key):
             kept[name] = list(samples[key])
@@ -168,7 +168,7 @@ def tidy(params: Mapping, metrics: Mapping, samples: Mapping | None = None) -> l
 def _measured(metrics: Mapping) -> list[tuple[str, str, str, str, str]]:
     """(variant, exec, timing, wide key, tidy name) of each value, in the order of `metrics`, for the groups
     that hold a key no other group holds, and for a shared key that no such group holds, its first group."""
-    places = [(*where[:3], key, where[3]) for key in metrics for where in WIDE[key]]
+    places = [(*place[:3], key, place[3]) for key in metrics for place in WIDE[key]]
     owned = {p[:3] for p in places if len(WIDE[p[3]]) == 1}
     covered = {p[3] for p in places if p[:3] in owned}
     first = {}

@@ -29,6 +29,7 @@ DEEPFLOW = FIXTURES / "seed_deepflow.txt"
 TRITONBENCH = FIXTURES / "tritonbench_output.json"  # written from tritonbench's key format (importers/tritonbench.py)
 NVBENCH = FIXTURES / "nvbench_output.json"  # written from nvbench's JSON schema, file version 1.0.0
 SWITCHBACK_PARAMS = {"batch_size", "dim_in", "dim_out", "wm", "switch", "dtype"}
+TIDY_FIELDS = {"variant", "exec", "timing"}
 STEP_LINE = re.compile(r"STEP-(\d+): step_time = ([\d.]+) ms, foward_time = ([\d.]+), backward_time = ([\d.]+), perf")
 
 
@@ -49,18 +50,40 @@ def seed_json_lines() -> list[dict]:
 # ---- bitsandbytes info.jsonl ------------------------------------------------------------------
 
 
-def test_bnb_every_line_becomes_a_record_with_seed_keys():
+def bnb_shapes(records: list[dict]) -> list[dict[str, dict]]:
+    """Per imported line, in file order: variant -> its tidy record (the seed's kernel sums: eager, per_kernel)."""
+    from qbench.migration.switchback import shapes
+
+    out = []
+    for group in shapes(records):
+        assert all((r["params"]["exec"], r["params"]["timing"]) == ("eager", "per_kernel") for r in group)
+        out.append({r["params"]["variant"]: r for r in group})
+    return out
+
+
+def test_bnb_every_line_becomes_a_shapes_records_with_seed_keys():
+    """Each line becomes the tidy records of its shape, one per variant it times; the seed's keys come back
+    from them exactly (migration.switchback.wide), and each time is also where the tidy form puts it."""
+    from qbench.migration.switchback import wide
+
     env, records = importers.read_file(BNB)
     rows = seed_json_lines()
-    assert len(records) == len(rows) == 142
+    shapes = bnb_shapes(records)
+    assert len(shapes) == len(rows) == 142 and len(records) == 3 * 142
     assert env["source"] == "bnb-jsonl" and env["gpu_name"] == "NVIDIA A100"
     assert any("info.jsonl" in line for line in env["header"])
     mismatched = []
-    for row, rec in zip(rows, records):
-        assert rec["bench"] == "switchback" and set(rec["params"]) == SWITCHBACK_PARAMS
-        assert rec["params"]["dtype"] == "fp16"
+    for row, shape in zip(rows, shapes):
+        assert set(shape) == {"16bit", "switchback", "switchback_rowwise"}
+        for rec in shape.values():
+            assert rec["bench"] == "switchback" and set(rec["params"]) == SWITCHBACK_PARAMS | TIDY_FIELDS
+            assert rec["params"]["dtype"] == "fp16"
+        seed = wide(list(shape.values()))
         keys = [k for k in row if k not in ("repeat", *SWITCHBACK_PARAMS)]
-        mismatched += [(rec["case"], k) for k in keys if rec["metrics"][k] != row[k] or rec["units"][k] != units.MS]
+        mismatched += [(row["batch_size"], k) for k in keys if seed[k] != row[k]]
+        assert shape["switchback"]["metrics"]["kernels_ms"] == row["time_global"]
+        assert shape["16bit"]["metrics"]["fwd_ms"] == row["standard_fwd"]
+        assert shape["switchback_rowwise"]["metrics"]["quantize_w_t_ms"] == row["w_quantize_colwise_transpose"]
     assert not mismatched, f"seed values not kept exactly, first: {mismatched[:5]}"
     assert_units_complete(records)
 
@@ -68,31 +91,27 @@ def test_bnb_every_line_becomes_a_record_with_seed_keys():
 def test_bnb_derived_metrics_follow_their_definitions():
     _, records = importers.read_file(BNB)
     row = seed_json_lines()[57]  # an arbitrary line: every line goes through the same code
-    rec = records[57]
+    shape = bnb_shapes(records)[57]
+    sb, row_wise, standard = (shape[v]["metrics"] for v in ("switchback", "switchback_rowwise", "16bit"))
     m, k, n = row["batch_size"], row["dim_in"], row["dim_out"]
-    assert close(rec["metrics"]["speedup_global"], row["time_standard"] / row["time_global"])
-    assert close(
-        rec["metrics"]["pct_saved_rowwise"], 100 * (row["time_standard"] - row["time_rowwise"]) / row["time_standard"]
-    )
-    assert close(rec["metrics"]["standard_gw_tflops"], 2 * m * k * n / row["standard_gw"] / 1e9)
-    assert close(rec["metrics"]["global_fwd_tops"], 2 * m * k * n / row["global_fwd"] / 1e9)
+    assert close(sb["kernels_speedup"], row["time_standard"] / row["time_global"])
+    saved = 100 * (row["time_standard"] - row["time_rowwise"]) / row["time_standard"]
+    assert close(row_wise["kernels_pct_saved"], saved)
+    assert close(standard["gw_tflops"], 2 * m * k * n / row["standard_gw"] / 1e9)
+    assert close(sb["fwd_tops"], 2 * m * k * n / row["global_fwd"] / 1e9)
     # columnwise quantize of W (N x K): fp16 in, int8 out, one fp16 scale per column
-    assert close(
-        rec["metrics"]["w_quantize_colwise_transpose_gbps"],
-        (3 * n * k + 2 * k) / row["w_quantize_colwise_transpose"] / 1e6,
-    )
-    assert rec["units"]["speedup_global"] == units.SPEEDUP and rec["units"]["global_fwd_tops"] == units.TOPS
+    assert close(row_wise["quantize_w_t_gbps"], (3 * n * k + 2 * k) / row["w_quantize_colwise_transpose"] / 1e6)
+    units_of = shape["switchback"]["units"]
+    assert units_of["kernels_speedup"] == units.SPEEDUP and units_of["fwd_tops"] == units.TOPS
 
 
 def test_bnb_totals_in_the_seed_are_the_documented_sums():
     """The seed's totals equal the sums the reference documents, so the imported keys mean what qbench's do."""
     _, records = importers.read_file(BNB)
-    parts = ("x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_global", "w_quantize_global_transpose",
-             "standard_gw", "global_fwd", "global_bwd")  # fmt: skip
-    off = [
-        r["case"] for r in records if not close(sum(r["metrics"][p] for p in parts), r["metrics"]["time_global"], 1e-12)
-    ]
-    assert not off, f"time_global is not the documented sum for {off[:3]}"
+    parts = ("quantize_x_ms", "quantize_g_ms", "quantize_w_ms", "quantize_w_t_ms", "gw_ms", "fwd_ms", "bwd_ms")
+    sums = [shape["switchback"]["metrics"] for shape in bnb_shapes(records)]
+    off = [i for i, m in enumerate(sums) if not close(sum(m[p] for p in parts), m["kernels_ms"], 1e-12)]
+    assert not off, f"time_global is not the documented sum for lines {off[:3]}"
 
 
 # ---- MoE step logs ----------------------------------------------------------------------------
@@ -293,7 +312,7 @@ def test_import_command_writes_a_run(tmp_path, capsys):
     assert exit_info.value.code == 0
     printed = json.loads(capsys.readouterr().out)
     env, records = store.load_run(out)
-    assert len(printed) == len(records) == 142 and env["gpu_name"] == "NVIDIA A100"
+    assert len(printed) == len(records) == 3 * 142 and env["gpu_name"] == "NVIDIA A100"  # 3 variants a line
 
 
 @pytest.mark.parametrize(
@@ -314,8 +333,10 @@ def test_import_command_bad_input_is_one_line_exit_2(tmp_path, capsys, args):
 
 def gpu_switchback_run(path: Path, rows: list[dict], seed: int = 0) -> Path:
     """A small stored switchback run on another GPU, at three of the seed's shapes, with fresh
-    random times (qbench.store, as a bench would write it)."""
+    random times (qbench.store, tidy as the bench writes them)."""
     import random
+
+    from qbench.migration.switchback import tidy
 
     rng = random.Random(seed)
     records = []
@@ -323,8 +344,8 @@ def gpu_switchback_run(path: Path, rows: list[dict], seed: int = 0) -> Path:
         params = {k: row[k] for k in ("batch_size", "dim_in", "dim_out", "wm", "switch")} | {"dtype": "fp16"}
         samples = {k: [row[k] * rng.uniform(0.3, 0.6) for _ in range(12)] for k in ("time_standard", "time_global")}
         metrics = {k: statistics.median(v) for k, v in samples.items()}
-        records.append(store.make_record("switchback", params, metrics, units=dict.fromkeys(metrics, units.MS),
-                                         samples=samples, device="cuda"))  # fmt: skip
+        records += [store.make_record("switchback", p, m, samples=kept, device="cuda")
+                    for p, m, kept in tidy(params, metrics, samples)]
     env = {"gpu_name": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0", "driver": "580", "cuda": "13.0"}
     with store.RunWriter(path, env) as writer:
         for rec in records:
@@ -334,18 +355,19 @@ def gpu_switchback_run(path: Path, rows: list[dict], seed: int = 0) -> Path:
 
 @pytest.mark.parametrize("cross_env", [False, True])
 def test_compare_seed_file_with_a_gpu_run(tmp_path, capsys, cross_env):
+    """The seed file's kernel sums of SwitchBack against a tidy GPU run's, paired by their params."""
     rows = [seed_json_lines()[i] for i in (3, 40, 101)]
     run = gpu_switchback_run(tmp_path / "h200", rows)
     _, candidates = store.load_run(run)
-    args = ["compare", str(BNB), str(run), "--metric", "time_global", "--json"] + (["--cross-env"] if cross_env else [])
+    args = ["compare", str(BNB), str(run), "--metric", "kernels_ms", "-k", "variant=switchback/", "--json"]
     with pytest.raises(SystemExit) as exit_info:
-        main(args)
+        main(args + (["--cross-env"] if cross_env else []))
     captured = capsys.readouterr()
     assert exit_info.value.code == 0
     assert "gpu_name 'NVIDIA A100' -> 'NVIDIA H200'" in " ".join(captured.err.split())
-    compared = [r for r in json.loads(captured.out)["rows"] if r["metric"] == "time_global"]
+    compared = [r for r in json.loads(captured.out)["rows"] if r["metric"] == "kernels_ms"]
     assert len(compared) == len(rows)
-    expected = {r["case"]: r["metrics"]["time_global"] for r in candidates}
+    expected = {r["case"]: r["metrics"]["kernels_ms"] for r in candidates if r["params"]["variant"] == "switchback"}
     for row in compared:
         assert close(row["ratio"], expected[row["case"]] / row["reference_value"]), row
         assert (row["marker"] == "x") != cross_env  # not comparable unless --cross-env

@@ -12,8 +12,9 @@ import pytest
 from qbench import plots, store, units
 from qbench.cli import main
 from qbench.errors import QbenchUsageError
+from qbench.migration.switchback import tidy
 from qbench.plots import base as plots_base
-from qbench.plots.switchback import by_dim, focus_batch
+from qbench.plots.switchback import by_dim, focus_batch, of_variant
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,7 +28,8 @@ def write(path: Path, records: list[dict], gpu: str = "NVIDIA H200") -> Path:
 
 
 def switchback_records(rng: random.Random) -> list[dict]:
-    """Odd sizes, both projections, two M, two dtypes; totals are sums of the drawn components."""
+    """Odd sizes, both projections, two M, two dtypes; totals are sums of the drawn components; each shape's
+    values in the bench's wide keys, recorded tidy as the bench records them (one record per variant)."""
     records = []
     for dim, batch, switch, dtype in [
         (d, b, s, t) for d in (96, 1000) for b in (24, 32768) for s in (False, True) for t in ("fp16", "bf16")
@@ -57,11 +59,7 @@ def switchback_records(rng: random.Random) -> list[dict]:
         metrics["speedup_global"] = metrics["time_standard"] / metrics["time_global"]
         metrics["pct_saved_global"] = 100 * (1 - metrics["time_global"] / metrics["time_standard"])
         metrics["speedup_fp8"] = rng.uniform(0.8, 1.6)
-        unit_of = {
-            k: units.SPEEDUP if k.startswith("speedup") else units.PERCENT_SAVED if k.startswith("pct") else units.MS
-            for k in metrics
-        }
-        records.append(store.make_record("switchback", params, metrics, units=unit_of, device="cuda"))
+        records += [store.make_record("switchback", p, m, device="cuda") for p, m, _ in tidy(params, metrics)]
     return records
 
 
@@ -199,12 +197,12 @@ def test_mixed_benches_in_one_figure(tmp_path):
 
 def test_by_dim_averages_up_and_down_projections():
     records = switchback_records(random.Random())
-    fp16 = [r for r in records if r["params"]["dtype"] == "fp16"]
-    dims, values = by_dim(fp16, "time_global", 32768)
-    assert dims == [96, 1000]
+    fp16 = of_variant([r for r in records if r["params"]["dtype"] == "fp16"], "switchback")
+    dims, values = by_dim(fp16, "kernels_ms", 32768)
+    assert dims == [96, 1000] and len(fp16) == 8
     for dim, got in zip(dims, values):
         pair = [
-            r["metrics"]["time_global"]
+            r["metrics"]["kernels_ms"]
             for r in fp16
             if r["params"]["batch_size"] == 32768 and min(r["params"]["dim_in"], r["params"]["dim_out"]) == dim
         ]

@@ -7,7 +7,9 @@ import json
 
 from qbench import store
 from qbench.analysis.join import join_params
-from qbench.importers.bnb import SEED_KEYS, format_bnb_jsonl, read_bnb_jsonl, seed_line
+from qbench.importers import bnb
+from qbench.importers.bnb import SEED_KEYS, format_bnb_jsonl, read_bnb_jsonl
+from qbench.migration.switchback import shapes, wide
 from tests.test_switchback_cli import qbench
 
 SEED_TYPES = {"repeat": int, "batch_size": int, "dim_out": int, "dim_in": int, "switch": bool}
@@ -33,26 +35,62 @@ def test_cpu_run_in_seed_format_reads_back_through_import(tmp_path):
     _, records = store.load_run(out)
     text = (out / "info.jsonl").read_text()
     rows = [json.loads(line) for line in text.splitlines()]
-    assert len(rows) == 2
-    for row, rec in zip(rows, records):
+    seeds = [{**group[0]["params"], **wide(group)} for group in shapes(records)]
+    assert len(rows) == len(seeds) == 2
+    for row, shape in zip(rows, seeds):
         assert tuple(row) == SEED_KEYS
         assert all(type(row[k]) is t for k, t in SEED_TYPES.items()) and type(row["wm"]) is int
-        assert all(type(row[k]) is float and row[k] == rec["metrics"][k] for k in SEED_KEYS[6:])
-        assert row["repeat"] == rec["metrics"]["repeat"] == 2
+        assert all(type(row[k]) is float and row[k] == shape[k] for k in SEED_KEYS[6:])
+        assert row["repeat"] == shape["repeat"] == 2
     _, imported = read_bnb_jsonl(text)
-    for back, rec in zip(imported, records):
+    for back, rec in zip(shapes(imported), shapes(records)):
         # fp16: the seed format has no dtype, the reader assumes fp16; nor a backward thread (PyTorch's default)
-        assert join_params(back["params"]) == join_params(rec["params"])
-        assert {k: back["metrics"][k] for k in SEED_KEYS if k in back["metrics"]} == {
-            k: rec["metrics"][k] for k in SEED_KEYS if k in rec["metrics"]}
-        assert seed_line(back) == seed_line(rec)
+        assert join_params(shape_params(back)) == join_params(shape_params(rec))
+        assert {k: v for k, v in wide(back).items() if k in SEED_KEYS} == {
+            k: v for k, v in wide(rec).items() if k in SEED_KEYS}
+        assert bnb.shape_line(back) == bnb.shape_line(rec)
+
+
+def shape_params(records: list[dict]) -> dict:
+    """The params a shape's records share (without the variant, exec and timing that tell them apart)."""
+    return {k: v for k, v in records[0]["params"].items() if k not in ("variant", "exec", "timing")}
+
+
+def _shape(variant_metrics: dict[str, dict], status: str = "ok", **params) -> list[dict]:
+    base = {"batch_size": 8, "dim_in": 4, "dim_out": 16, "wm": 4.0, "switch": False, **params}
+    return [{"bench": "switchback", "status": status, "metrics": metrics,
+             "params": {**base, "variant": variant, "exec": "eager", "timing": "per_kernel"}}
+            for variant, metrics in variant_metrics.items()]
 
 
 def test_records_without_every_seed_key_are_left_out():
-    full = {"bench": "switchback", "status": "ok", "params": {"batch_size": 8, "dim_in": 4, "dim_out": 16,
-                                                               "wm": 4.0, "switch": False}}
-    full["metrics"] = {k: 0.5 for k in SEED_KEYS[6:]} | {"repeat": 3}
-    partial = {**full, "metrics": {k: v for k, v in full["metrics"].items() if k != "rowwise_fwd"}}
-    failed = {**full, "status": "error"}
-    lines, left_out = format_bnb_jsonl([full, partial, failed])
+    """One line per shape whose records hold every seed key; a shape missing one, or with a record that is not
+    ok, is left out and counted."""
+    full = {variant: dict.fromkeys(names, 0.5) for variant, names in (
+        ("16bit", ("fwd_ms", "gw_ms", "gx_ms", "kernels_ms", "cast_x_ms", "cast_g_ms", "cast_w_ms")),
+        ("switchback", ("fwd_ms", "bwd_ms", "quantize_x_ms", "quantize_g_ms", "quantize_w_ms", "quantize_w_t_ms",
+                        "kernels_ms")),
+        ("switchback_rowwise", ("fwd_ms", "bwd_ms", "quantize_w_ms", "quantize_w_t_ms", "kernels_ms")))}
+    full["16bit"]["repeat"] = 3
+    partial = {**full, "switchback_rowwise": {k: v for k, v in full["switchback_rowwise"].items() if k != "fwd_ms"}}
+    lines, left_out = format_bnb_jsonl([*_shape(full), *_shape(partial, dim_in=8), *_shape(full, "error", dim_in=12)])
     assert left_out == 2 and len(lines) == 1 and json.loads(lines[0])["wm"] == 4
+    assert json.loads(lines[0])["rowwise_fwd"] == 0.5 and json.loads(lines[0])["repeat"] == 3
+
+
+def test_every_committed_switchback_record_comes_back_from_its_tidy_records():
+    """wide(tidy(x)) == x for the metrics of every switchback record under results/ (schema 1, read as stored):
+    what --format seed writes from a tidy run is what the record held."""
+    from pathlib import Path
+
+    from qbench.migration.switchback import tidy
+
+    root = Path(__file__).resolve().parent.parent / "results"
+    stored = [json.loads(line) for path in sorted(root.rglob(store.RECORDS_FILE))
+              for line in path.read_text().splitlines() if line.strip()]
+    wide_records = [r for r in stored if r.get("bench") == "switchback" and r.get("metrics")]
+    assert len(wide_records) > 100  # the reference runs are there: the walk checks what it claims
+    for record in wide_records:
+        parts = [{"params": params, "metrics": metrics} for params, metrics, _ in tidy(record["params"],
+                                                                                   record["metrics"])]
+        assert wide(parts) == record["metrics"], record["case"]

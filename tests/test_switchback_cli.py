@@ -71,8 +71,10 @@ def test_gpu_torchao_peer_is_checked_and_timed_in_every_mode(tmp_path):
                  "--device", "cuda", "--out", str(out), cwd=tmp_path)
     _, records = store.load_run(out)
     assert records and [(r["case"], r["error"]) for r in records if r["status"] != "ok"] == []
-    for mode in ("", "_compile", "_graph"):
-        assert all(r["metrics"][f"speedup_module_torchao{mode}"] > 0 for r in records), mode
+    torchao = [(r["params"]["exec"], r["params"]["timing"], r["metrics"]["step_speedup"]) for r in records
+               if r["params"].get("variant") == "torchao"]
+    assert {mode for mode, timing, _ in torchao if timing == "per_step"} == {"eager", "compile", "graph"}
+    assert all(value > 0 for *_, value in torchao), torchao
     assert res.returncode == 0, res.stderr[-2000:]
 
 
@@ -99,70 +101,118 @@ def test_torchao_layer_only_where_it_can_run():
 
 def test_torchao_alone_brings_the_modules_it_is_timed_beside(tmp_path):
     """--variants torchao runs the module steps (torchao's speed-ups are over nn.Linear's); on the CPU the
-    torchao layer itself cannot run, so the record has the other modules and no torchao metric."""
+    torchao layer itself cannot run, so the run has the other modules' steps and no torchao record."""
     out = tmp_path / "run"
     res = qbench("--dims", "64", "--batch-sizes", "64", "--repeat", "2", "--variants", "torchao", "--out", str(out),
                  cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     _, records = store.load_run(out)
-    assert records and all("module_switchback_ms" in r["metrics"] for r in records)
-    assert not any(k.startswith(("module_torchao", "speedup_module_torchao")) for r in records for k in r["metrics"])
+    steps = [r for r in records if r["params"]["timing"] == "per_step"]
+    assert {r["params"]["variant"] for r in steps} >= {"16bit", "switchback"}
+    assert all(r["metrics"]["step_ms"] > 0 for r in steps)
+    assert not [r for r in records if r["params"]["variant"] == "torchao"]
 
 
-def test_cpu_run_writes_seed_compatible_records(tmp_path):
-    out = tmp_path / "run"
-    res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--out", str(out), cwd=tmp_path)
+def by_shape(records: list[dict]) -> list[dict[tuple, dict]]:
+    """Per measured shape, in run order: (variant, exec, timing) -> its record."""
+    from qbench.migration.switchback import shapes, where
+
+    return [{where(r): r for r in group} for group in shapes(records)]
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """One CPU run of two shapes (the up- and down-projection of 48), every variant the CPU runs."""
+    tmp = tmp_path_factory.mktemp("sb")
+    res = qbench("--dims", "48", "--batch-sizes", "40", "--repeat", "3", "--out", str(tmp / "run"), cwd=tmp)
     assert res.returncode == 0, res.stderr
-    assert "say nothing about GPU performance" in res.stderr
-    assert "SwitchBack int8 vs 16-bit" in res.stdout
-    env, records = store.load_run(out)
-    assert [(r["params"]["dim_in"], r["params"]["dim_out"], r["params"]["switch"]) for r in records] == [
-        (48, 192, False), (192, 48, True)]
+    return res, *store.load_run(tmp / "run")
+
+
+def test_cpu_run_records_are_tidy_and_declared(cpu_run):
+    """Every record holds one variant, exec and timing of one shape as params, and only metrics its family
+    declares, with their declared units; no metric name spells a variant, exec or timing."""
+    from qbench.metrics import TIMINGS, hidden_dimension, metric
+    from qbench.metrics.switchback import VARIANTS
+    from qbench.modes import EXECS
+
+    res, _, records = cpu_run
+    assert "say nothing about GPU performance" in res.stderr and "SwitchBack vs 16-bit" in res.stdout
+    shape = {"batch_size", "dim_in", "dim_out", "wm", "switch", "dtype", "backward_thread"}
     for rec in records:
-        assert rec["status"] == "ok", rec["error"]
-        assert set(rec["params"]) == {"batch_size", "dim_in", "dim_out", "wm", "switch", "dtype", "backward_thread"}
-        m = rec["metrics"]
-        assert all(k in m and m[k] > 0 for k in SEED_KEYS), [k for k in SEED_KEYS if k not in m]
+        p = rec["params"]
+        assert rec["status"] == "ok" and rec["device"] == "cpu" and set(p) == shape | {"variant", "exec", "timing"}
+        assert p["variant"] in VARIANTS and p["exec"] in EXECS and p["timing"] in TIMINGS, p
+        assert rec["metrics"] and rec["units"] == {m: metric("switchback", m).unit for m in rec["metrics"]}
+        assert not [m for m in rec["metrics"] if hidden_dimension("switchback", m)]
+        assert not [k for k in rec["metrics"] if k in ("sm_clock_mhz", "power_w")]  # no GPU, no readings
+    shapes = by_shape(records)
+    assert [(s[LAST]["params"]["dim_in"], s[LAST]["params"]["dim_out"], s[LAST]["params"]["switch"])
+            for s in shapes] == [(48, 192, False), (192, 48, True)]
+    kernels = {w[0] for s in shapes for w in s if w[1:] == ("eager", "per_kernel")}
+    assert kernels == {"16bit", "switchback", "switchback_rowwise"}  # the variants whose kernels a CPU runs
+    assert all(list(s)[-1] == LAST for s in shapes)  # written last: --resume knows a shape a crash cut
+
+
+LAST = ("16bit", "eager", "per_kernel")
+
+
+def test_cpu_run_keeps_the_seed_keys_and_totals(cpu_run):
+    """The kernel sums and speed-ups follow their definitions, and each shape's records give back the seed's
+    keys (migration.switchback.wide) with its totals the sums of its components."""
+    from qbench.migration.switchback import wide
+
+    _, _, records = cpu_run
+    for shape in by_shape(records):
+        seed = wide(list(shape.values()))
+        assert all(k in seed and seed[k] > 0 for k in SEED_KEYS), [k for k in SEED_KEYS if k not in seed]
         for total, keys in TOTALS.items():
-            if total in m:
-                assert math.isclose(m[total], sum(m[k] for k in keys), rel_tol=1e-12), total
-        assert math.isclose(m["speedup_global"], m["time_standard"] / m["time_global"], rel_tol=1e-12)
-        assert math.isclose(m["pct_saved_rowwise"], 100 * (1 - m["time_rowwise"] / m["time_standard"]),
+            if total in seed:
+                assert math.isclose(seed[total], sum(seed[k] for k in keys), rel_tol=1e-12), total
+        standard, sb = shape[LAST], shape[("switchback", "eager", "per_kernel")]
+        row = shape[("switchback_rowwise", "eager", "per_kernel")]
+        base = standard["metrics"]["kernels_ms"]
+        assert math.isclose(sb["metrics"]["kernels_speedup"], base / sb["metrics"]["kernels_ms"], rel_tol=1e-12)
+        assert math.isclose(row["metrics"]["kernels_pct_saved"], 100 * (1 - row["metrics"]["kernels_ms"] / base),
                             rel_tol=1e-9)
-        assert 1e-4 < m["relerr_global_fwd"] < 0.05 and 1e-4 < m["relerr_rowwise_bwd"] < 0.05
-        assert rec["units"]["speedup_global"] == "x" and rec["units"]["global_fwd_tops"] == "TOP/s"
-        assert len(rec["samples"]["time_global"]) == 3 and rec["device"] == "cpu"
-        assert m["module_switchback_ms"] > 0 and m["module_linear_ms"] > 0
-        assert not [k for k in m if k.startswith(("sm_clock_mhz_", "power_w_"))]  # no GPU, no readings
-        modes = [mode for mode in ("eager", "compile", "graph") if f"host_switchback_{mode}_ms" in m]
+        assert 1e-4 < sb["metrics"]["relerr_fwd"] < 0.05 and 1e-4 < row["metrics"]["relerr_bwd"] < 0.05
+        assert sb["units"]["kernels_speedup"] == "x" and sb["units"]["fwd_tops"] == "TOP/s"
+        assert len(sb["samples"]["kernels_ms"]) == 3
+
+
+def test_cpu_run_times_the_modules_in_each_mode_as_steps_and_as_a_loop(cpu_run):
+    """Per exec: the eager-steps' host time with its samples, the kernel chains, the speed-ups over nn.Linear
+    and the ratios to the kernel sums, per step (timed alone) and in a loop, each from its own records."""
+    _, _, records = cpu_run
+    for shape in by_shape(records):
+        kernels = shape[("switchback", "eager", "per_kernel")]["metrics"]["kernels_speedup"]
+        modes = [mode for mode in ("eager", "compile", "graph") if ("switchback", mode, "per_step") in shape]
         assert "eager" in modes
-        for mode in modes:  # the kernel chains timed with each mode's module steps; host samples kept
-            samples = rec["samples"][f"host_switchback_{mode}_ms"]
-            assert samples and math.isclose(m[f"host_switchback_{mode}_ms"], statistics.median(samples))
-            assert m[f"chain_standard_{mode}_ms"] > 0 and m[f"chain_global_{mode}_ms"] > 0
-            assert math.isclose(m[f"speedup_chain_{mode}"],
-                                m[f"chain_standard_{mode}_ms"] / m[f"chain_global_{mode}_ms"], rel_tol=1e-12)
-            module = m["speedup_module" + ("" if mode == "eager" else f"_{mode}")]
-            assert math.isclose(m[f"module_chain_ratio_{mode}"], module / m[f"speedup_chain_{mode}"], rel_tol=1e-12)
-            assert rec["units"][f"module_chain_ratio_{mode}"] == "x"
-            # the same steps and chains timed as a loop runs them, with their own speed-ups and ratios
-            loop = m[f"loop_linear_{mode}_ms"] / m[f"loop_switchback_{mode}_ms"]
-            assert len(rec["samples"][f"loop_switchback_{mode}_ms"]) > 0 and m[f"loop_chain_global_{mode}_ms"] > 0
-            assert math.isclose(m[f"speedup_loop_{mode}"], loop, rel_tol=1e-12)
-            assert math.isclose(m[f"loop_kernel_ratio_{mode}"], loop / m["speedup_global"], rel_tol=1e-12)
-            chain = m[f"loop_chain_standard_{mode}_ms"] / m[f"loop_chain_global_{mode}_ms"]
-            assert math.isclose(m[f"loop_chain_ratio_{mode}"], loop / chain, rel_tol=1e-12)
-            assert rec["units"][f"loop_kernel_ratio_{mode}"] == rec["units"][f"speedup_loop_{mode}"] == "x"
+        for mode in modes:
+            for timing in ("per_step", "loop"):
+                sb, linear = shape[("switchback", mode, timing)], shape[("16bit", mode, timing)]
+                m = sb["metrics"]
+                assert math.isclose(m["step_speedup"], linear["metrics"]["step_ms"] / m["step_ms"], rel_tol=1e-12)
+                assert math.isclose(m["chain_speedup"], linear["metrics"]["chain_ms"] / m["chain_ms"], rel_tol=1e-12)
+                assert math.isclose(m["step_over_chain"], m["step_speedup"] / m["chain_speedup"], rel_tol=1e-12)
+                assert len(sb["samples"]["step_ms"]) > 0 and sb["units"]["step_over_chain"] == "x"
+            loop = shape[("switchback", mode, "loop")]["metrics"]
+            assert math.isclose(loop["step_over_kernels"], loop["step_speedup"] / kernels, rel_tol=1e-12)
+            step = shape[("switchback", mode, "per_step")]
+            assert math.isclose(step["metrics"]["host_ms"], statistics.median(step["samples"]["host_ms"]))
 
 
 def test_pairs_json_and_bf16(tmp_path):
     res = qbench("--pairs", "40x72", "--batch-sizes", "24", "--dtype", "bf16", "--variants", "global",
                  "--repeat", "2", "--json", "--out", str(tmp_path / "r"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    (rec,) = json.loads(res.stdout)
-    assert rec["params"] == {"batch_size": 24, "dim_in": 40, "dim_out": 72, "wm": 1.8, "switch": False,
-                             "dtype": "bf16", "backward_thread": "device"}
-    assert "time_global" in rec["metrics"] and "time_rowwise" not in rec["metrics"]
+    records = json.loads(res.stdout)
+    shape = {"batch_size": 24, "dim_in": 40, "dim_out": 72, "wm": 1.8, "switch": False, "dtype": "bf16",
+             "backward_thread": "device"}
+    assert all({k: v for k, v in r["params"].items() if k not in ("variant", "exec", "timing")} == shape
+               for r in records)
+    kernels = {r["params"]["variant"] for r in records if "kernels_ms" in r["metrics"]}
+    assert kernels == {"16bit", "switchback"}  # --variants global: no rowwise total
 
 
 @pytest.mark.parametrize("args,message", [
@@ -187,16 +237,17 @@ def test_module_steps_run_once_per_backward_thread(tmp_path):
                  "--backward-thread", "device,calling", "--out", str(tmp_path / "r"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     _, records = store.load_run(tmp_path / "r")
-    assert [r["params"]["backward_thread"] for r in records] == ["device", "calling"]
-    assert all(r["status"] == "ok" and r["metrics"]["module_switchback_ms"] > 0 for r in records)
+    shapes = by_shape(records)
+    assert [s[LAST]["params"]["backward_thread"] for s in shapes] == ["device", "calling"]
     assert "bwd thread" in res.stdout
-    for r in records:  # the eager steps' calls, each timed alone, and their sums (host_calls.py)
-        m = r["metrics"]
-        for layer in ("switchback", "linear"):
-            parts = [v for k, v in m.items() if k.startswith(f"host_call_{layer}_")]
-            assert len(parts) == (6 if layer == "switchback" else 4) and all(v > 0 for v in parts), m
-            assert m[f"host_calls_{layer}_ms"] == pytest.approx(sum(parts))
-            assert r["units"][f"host_calls_{layer}_ms"] == "ms"
+    for shape in shapes:  # the eager steps' calls, each timed alone, and their sums (host_calls.py)
+        for variant, calls in (("switchback", 6), ("16bit", 4)):
+            rec = shape[(variant, "eager", "per_step")]
+            m = rec["metrics"]
+            assert rec["status"] == "ok" and m["step_ms"] > 0
+            parts = [v for k, v in m.items() if k.startswith("host_") and k not in ("host_ms", "host_calls_ms")]
+            assert len(parts) == calls and all(v > 0 for v in parts), m
+            assert m["host_calls_ms"] == pytest.approx(sum(parts)) and rec["units"]["host_calls_ms"] == "ms"
 
 
 def test_help_ends_with_examples(tmp_path):
@@ -214,7 +265,10 @@ def test_plan_covers_up_and_down_projections_of_the_seed_pairs():
 
 def test_seed_keys_and_totals_agree_with_the_original(fixtures_dir, tmp_path):
     """Three lines of the original info.jsonl: our totals' definitions reproduce its totals from its
-    components, and a qbench record carries every one of its keys (params or metrics)."""
+    components, and a shape's qbench records carry every one of its keys (params, or metrics that
+    migration.switchback.wide names the seed's way)."""
+    from qbench.migration.switchback import wide
+
     seed = [json.loads(line) for line in (fixtures_dir / "switchback_seed_lines.jsonl").read_text().splitlines()]
     for line in seed:
         for total in ("time_standard", "time_rowwise", "time_global"):
@@ -222,65 +276,102 @@ def test_seed_keys_and_totals_agree_with_the_original(fixtures_dir, tmp_path):
     res = qbench("--dims", "32", "--batch-sizes", "16", "--variants", "global,rowwise", "--repeat", "1",
                  "--json", "--out", str(tmp_path / "r"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    rec = json.loads(res.stdout)[0]
-    missing = set(seed[0]) - set(rec["params"]) - set(rec["metrics"])
+    shape = list(by_shape(json.loads(res.stdout))[0].values())
+    missing = set(seed[0]) - set(shape[0]["params"]) - set(wide(shape))
     assert not missing, missing
 
 
 def test_fp8_quantizers_are_put_next_to_their_int8_twins():
     """<fp8 quantizer>_over_int8 = its time over the int8 quantizer of the same shape and layout (a
-    ratio: lower is better); a quantizer timed without its twin gets none."""
+    ratio: lower is better), recorded as quantize_<t>_over_int8 of the fp8 variants; a quantizer timed without
+    its twin gets none."""
     from qbench.benches.switchback import peers
-    from qbench.benches.switchback.sweep import units_of
+    from qbench.metrics import metric
+    from qbench.migration.switchback import tidy
 
     medians = {"fp8_quantize_x": 0.22, "x_quantize_rowwise": 0.2, "fp8_quantize_g": 0.5, "fp8_quantize_w_t": 0.1,
                "w_quantize_colwise_transpose": 0.125}
     ratios = peers.twin_ratios(medians)
     assert ratios == pytest.approx({"fp8_quantize_x_over_int8": 1.1, "fp8_quantize_w_t_over_int8": 0.8})
-    assert set(units_of(ratios).values()) == {"ratio"}
+    (params, tidy_metrics, _), = tidy({}, ratios)  # alone, the ratios go to the first fp8 variant that uses them
+    assert params["variant"] == "fp8" and (params["exec"], params["timing"]) == ("eager", "per_kernel")
+    assert tidy_metrics == pytest.approx({"quantize_x_over_int8": 1.1, "quantize_w_t_over_int8": 0.8})
+    assert {metric("switchback", name).unit for name in tidy_metrics} == {"ratio"}
 
 
-def test_slowest_component_is_a_share_of_time_global_or_nothing():
-    from qbench.benches.switchback.table import slowest
-
-    parts = dict.fromkeys(TOTALS["time_global"], 1.0)
-    parts["standard_gw"] = 2.0
-    assert slowest({**parts, "time_global": sum(parts.values())}) == f"standard_gw {100 * 2 / sum(parts.values()):.0f}%"
-    # a --variants run without global: only the shared 16-bit components, no total to take a share of
-    assert slowest({"standard_gw": 2.0, "standard_fwd": 1.0}) == "-"
+def _record(variant, exec_, timing, metrics, status="ok", error=None, **shape):
+    params = {"batch_size": 64, "dim_in": 32, "dim_out": 128, "backward_thread": "device", **shape}
+    if variant:
+        params.update(variant=variant, exec=exec_, timing=timing)
+    return {"params": params, "metrics": metrics, "status": status, "error": error}
 
 
-def test_table_shows_a_speedup_column_only_where_a_record_has_it():
-    """A CPU run (or a --variants run) times fewer peers: their columns are left out, not printed as dashes."""
+def test_table_is_one_row_per_shape_with_a_column_per_variant_and_exec():
+    """The pivot: a shape's records make one row; the kernel sums' speed-ups per variant, SwitchBack's step per
+    exec, each in the column of its record (never another variant's or exec's value)."""
     from qbench.benches.switchback.table import table
 
-    params = {"batch_size": 64, "dim_in": 32, "dim_out": 128, "backward_thread": "device"}
-    records = [{"params": params, "metrics": {"time_standard": 1.0, "speedup_global": 1.2}, "status": "ok",
-                "error": None},
-               {"params": params, "metrics": {"speedup_fp8": 1.3}, "status": "ok", "error": None},
-               {"params": params, "metrics": {}, "status": "error", "error": "relative error [1e-1] > bound"}]
-    headers = [str(c.header) for c in table(records).columns]
-    assert "x glob" in headers and "x fp8" in headers
-    assert not {"x tao/c", "x mod/g", "x f8mm"} & set(headers)
+    rows = [_record("16bit", "eager", "per_kernel", {"kernels_ms": 2.0}),
+            _record("switchback", "eager", "per_kernel", {"kernels_speedup": 1.25}),
+            _record("fp8", "eager", "per_kernel", {"kernels_speedup": 1.5}),
+            _record("switchback", "graph", "per_step", {"step_speedup": 1.125}),
+            _record("switchback", "graph", "loop", {"step_speedup": 9.0}),
+            _record("fp8", "graph", "per_step", {"step_speedup": 7.0}),
+            _record("16bit", "eager", "per_kernel", {"kernels_ms": 4.0}, dim_in=64),
+            _record(None, None, None, {}, "error", "relative error [1e-1] > bound", dim_in=96)]
+    fitted = table(rows)
+    headers = [c.text for c in fitted.columns]
+    assert headers == ["in", "16bit\nms", "sb\nkern", "fp8\nkern", "sb\ngraph", "status"]
+    cells = [[cell.plain for cell in row] for row in fitted.rows]
+    assert cells == [["32", "2.000", "1.25", "1.50", "1.12", "ok"], ["64", "4.000", "-", "-", "-", "ok"],
+                     ["96", "-", "-", "-", "-", "error [1]"]]
+    assert "[1] relative error [1e-1] > bound" in fitted.notes and "fixed: M=64, out=128, bwd thread=device" \
+        in fitted.notes
 
 
-def test_resume_runs_only_what_a_cut_run_lacks_and_keeps_what_it_has(tmp_path):
+def test_table_fits_120_columns_with_every_variant_and_exec():
+    """A GPU run's table (six kernel variants, three execs, a reason) prints as one table 120 characters wide."""
+    from rich.console import Console
+
+    from qbench.benches.switchback.table import table
+
+    rows = []
+    for m in (8192, 131072):
+        rows.append(_record("16bit", "eager", "per_kernel", {"kernels_ms": 80.212}, batch_size=m, dim_in=16384))
+        rows += [_record(v, "eager", "per_kernel", {"kernels_speedup": 1.234}, batch_size=m, dim_in=16384)
+                 for v in ("switchback", "switchback_rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas")]
+        rows += [_record("switchback", e, "per_step", {"step_speedup": 0.987}, batch_size=m, dim_in=16384)
+                 for e in ("eager", "compile", "graph")]
+    rows.append(_record(None, None, None, {}, "skipped", "needs 90 GB", batch_size=131072, dim_in=32384))
+    console = Console(width=120, record=True)
+    console.print(table(rows))
+    lines = console.export_text().splitlines()
+    assert sum(line.startswith("┏") for line in lines) == 1 and max(map(len, lines)) <= 120
+
+
+def test_resume_runs_only_the_shapes_a_cut_run_lacks_and_keeps_the_others(tmp_path):
+    """--resume of a tidy run: a shape whose records are all there is kept as it was; a shape with a record
+    that failed, and one whose last records a crash cut (a partial line, the rest never written), run again."""
     out = tmp_path / "run"
     args = ("--pairs", "48x96", "--batch-sizes", "40,56,72", "--variants", "global", "--repeat", "2", "--out", str(out))
     assert qbench(*args, cwd=tmp_path).returncode == 0
     lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
-    failed = json.loads(lines[1])
+    shapes = [[line for line in lines if f'"batch_size": {m},' in line] for m in (40, 56, 72)]
+    assert [len(s) for s in shapes] == [len(shapes[0])] * 3 and len(shapes[0]) > 2
+    assert sum(map(len, shapes)) == len(lines)
+    failed = json.loads(shapes[1][1])
     failed["status"], failed["error"] = "error", "RuntimeError: lost"
-    # a crash: record 1 failed, record 2 was cut mid-line
-    (out / "results.jsonl").write_text(lines[0] + json.dumps(failed) + "\n" + lines[2][:40])
+    cut = shapes[2][:2] + [shapes[2][2][:40]]  # a crash: two records of the last shape, then half a line
+    (out / "results.jsonl").write_text("".join([*shapes[0], shapes[1][0], json.dumps(failed) + "\n", *shapes[1][2:],
+                                                *cut]))
     res = qbench("--resume", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     after = (out / "results.jsonl").read_text().splitlines(keepends=True)
-    assert after[0] == lines[0]  # kept as it was, not measured again
+    assert after[:len(shapes[0])] == shapes[0]  # kept as it was, not measured again
     records = store.read_records(out)
-    assert sorted(r["params"]["batch_size"] for r in records) == [40, 56, 72]
+    assert sorted(r["params"]["batch_size"] for r in records) == sorted([40, 56, 72] * len(shapes[0]))
     assert all(r["status"] == "ok" for r in records)  # the error ran again and replaced its record
-    assert "2 records added; 3 records in" in res.stderr
+    assert f"{2 * len(shapes[0])} records added" in res.stderr
     again = qbench("--resume", *args, cwd=tmp_path)
     assert again.returncode == 0 and "nothing to run" in again.stderr
     assert (out / "results.jsonl").read_text().splitlines(keepends=True) == after
@@ -398,7 +489,7 @@ def test_trace_profiles_each_layers_eager_step_after_its_timing(tmp_path):
                  "--trace", str(out / "traces"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     _, records = store.load_run(out)
-    assert [r["status"] for r in records] == ["ok"]
+    assert {r["status"] for r in records} == {"ok"} and len({r["params"]["batch_size"] for r in records}) == 1
     names = sorted(p.name for p in (out / "traces").iterdir())
     assert names == [f"{layer}-64x64x128-fp16-device-rank0.{ext}" for layer in ("linear", "switchback")
                      for ext in ("csv", "json.gz")]

@@ -16,9 +16,8 @@ Examples:
   qbench import tests/fixtures/nvbench_output.json            # nvbench --json
 """
 
-# The columns shown after an import, per bench: (params, metrics).
+# The columns shown after an import, per bench: (params, metrics); switchback's records print as its own table.
 COLUMNS = {
-    "switchback": (("batch_size", "dim_in", "dim_out"), ("time_standard", "time_global", "speedup_global")),
     "moe": (("num_local_experts", "world_size"), ("step_time", "forward_time", "backward_time", "tflops")),
     "fragmented": (
         ("in_features", "batch_size", "layer", "mode", "fragments"),
@@ -33,6 +32,10 @@ FORMAT_CHOICES = ("auto", *FORMATS)
 def _table(records: list[dict], source: str):
     from qbench import report
 
+    if records[0]["bench"] == "switchback":  # a row per shape, as `qbench switchback` prints its tidy records
+        from qbench.benches.switchback.table import table
+
+        return table(records)
     params, metrics = COLUMNS.get(records[0]["bench"]) or (
         tuple(dict.fromkeys(k for r in records for k in r["params"])),
         tuple(dict.fromkeys(k for r in records for k in r["metrics"])))

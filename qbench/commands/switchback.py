@@ -48,10 +48,10 @@ def _layer_bench(f: dict) -> str:
 
     from qbench import report, store
     from qbench.benches import switchback as bench
-    from qbench.metrics import FIELDS
-    from qbench.commands.common import over_dtypes, resumed, run_and_store
+    from qbench.commands.common import DONE, over_dtypes, resumed, run_and_store
     from qbench.commands.limits import check_switchback
     from qbench.commands.switchback_block import write_seed
+    from qbench.metrics import FIELDS
 
     if f["dims"] and f["pairs"]:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
@@ -64,6 +64,8 @@ def _layer_bench(f: dict) -> str:
         check_switchback(c, bench.plan(c))
     measured = functools.partial(store.measured_id, split=FIELDS)  # a shape's tidy records, one measurement
     done = resumed(bench.BENCH, f["out"], f["resume"], f["force"], key=measured)
+    if done:  # a shape is done when all its records are: one cut short or with an error runs again
+        done = bench.finished(store.read_records(f["out"]), DONE)
     config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
     total = sum(len(bench.pending(c, done)) for c in configs)
     out = f["out"] or str(store.default_run_dir(bench.BENCH))

@@ -71,5 +71,5 @@ def write_seed(out: str) -> None:
         return
     lines, left_out = format_bnb_jsonl(store.read_records(out))
     path = store.write_export(out, "info.jsonl", lines)
-    skipped = f"; {left_out} records left out (not ok, or a --variants subset lacks seed keys)" if left_out else ""
+    skipped = f"; {left_out} shapes left out (a record not ok, or --variants lacks seed keys)" if left_out else ""
     report.notice(f"seed format: {len(lines)} lines in {path}{skipped}", style="dim")

@@ -2,11 +2,11 @@
 
 The file is a few non-JSON header lines (kept in env["header"]), then one JSON object per measured
 layer: batch_size (M tokens), dim_in, dim_out, wm, switch, repeat, and times in ms per call (seed
-keys such as standard_fwd, global_fwd, x_quantize_rowwise, time_standard, time_global). Each line
-becomes one "switchback" record with the seed's keys as metrics, plus the TFLOP/s, TOP/s, GB/s,
-speed-up and % saved derived from them.
-The writer (format_bnb_jsonl, `qbench switchback --format seed`) is the inverse: one JSON line per ok
-switchback record, with exactly the seed's keys, in its order and of its types (SEED_KEYS).
+keys such as standard_fwd, global_fwd, x_quantize_rowwise, time_standard, time_global). Each line, with
+the TFLOP/s, TOP/s, GB/s, speed-up and % saved derived from it, becomes the tidy "switchback" records a
+run of that shape writes (one per variant; qbench/migration/switchback.py places each seed key).
+The writer (format_bnb_jsonl, `qbench switchback --format seed`) is the inverse: one JSON line per shape
+whose records are all ok, with exactly the seed's keys, in its order and of its types (SEED_KEYS).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from qbench import store, units
 from qbench.errors import QbenchUsageError
+from qbench.migration.switchback import shapes, tidy, wide
 from qbench.record_schema import is_number
 
 # Timing keys of the bitsandbytes benchmark, each in ms per call.
@@ -53,8 +54,8 @@ def _bnb_traffic(key: str, m: int, k: int, n: int) -> int | None:
     return 3 * elements + 2 * scales
 
 
-def bnb_record(row: dict[str, Any]) -> dict[str, Any]:
-    """One bitsandbytes info.jsonl line -> one switchback record (seed keys kept as metrics)."""
+def bnb_records(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """One bitsandbytes info.jsonl line -> the tidy switchback records of its shape, one per variant."""
     params = {k: row[k] for k in BNB_PARAM_KEYS}
     params["dtype"] = "fp16"  # the seed benchmark builds every input with dtype=torch.float16
     metrics: dict[str, Any] = {k: float(row[k]) for k in BNB_TIME_KEYS if k in row}
@@ -71,7 +72,8 @@ def bnb_record(row: dict[str, Any]) -> dict[str, Any]:
         elif (traffic := _bnb_traffic(key, m, k, n)) is not None:
             metrics[f"{key}_gbps"], unit_of[f"{key}_gbps"] = traffic / (value * 1e-3) / 1e9, units.GBPS
     _bnb_totals(metrics, unit_of)
-    return store.make_record("switchback", params, metrics, units=unit_of, device="cuda")
+    return [store.make_record("switchback", tidy_params, tidy_metrics, device="cuda")
+            for tidy_params, tidy_metrics, _ in tidy(params, metrics)]
 
 
 def _bnb_totals(metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
@@ -103,7 +105,7 @@ def read_bnb_jsonl(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         if why is not None:
             skipped.append(f"line {number}: {why}")
             continue
-        records.append(bnb_record(row))
+        records.extend(bnb_records(row))
     if not records:
         found = f" ({skipped[0]})" if skipped else ""
         raise QbenchUsageError(f"no valid bitsandbytes JSON line found{found}")
@@ -150,12 +152,9 @@ def json_object(line: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def seed_line(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The info.jsonl line of one record (SEED_KEYS exactly), or None when the record is not an ok
-    switchback record or lacks one of the keys (a run of a subset of --variants)."""
-    if record.get("bench") != "switchback" or record.get("status", "ok") != "ok":
-        return None
-    values = {**record.get("metrics", {}), **record.get("params", {})}
+def seed_line(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The info.jsonl line of one shape (SEED_KEYS exactly) from its params and wide metrics in one dict,
+    or None when one of the keys is missing (a run of a subset of --variants)."""
     if any(values.get(k) is None for k in SEED_KEYS):
         return None
     wm = values["wm"]
@@ -166,7 +165,18 @@ def seed_line(record: dict[str, Any]) -> dict[str, Any] | None:
     return line
 
 
+def shape_line(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The info.jsonl line of one shape's tidy records (migration.switchback.wide rebuilds the seed keys),
+    or None when one of them is not ok or a seed key is missing."""
+    if any(r.get("status", "ok") != "ok" for r in records):
+        return None
+    from qbench.metrics import FIELDS
+
+    params = {k: v for k, v in records[0]["params"].items() if k not in FIELDS}
+    return seed_line({**wide(records), **params})
+
+
 def format_bnb_jsonl(records: list[dict[str, Any]]) -> tuple[list[str], int]:
-    """(info.jsonl lines, how many records were left out: not ok, or missing seed keys)."""
-    lines = [seed_line(r) for r in records]
+    """(info.jsonl lines, how many shapes were left out: a record not ok, or missing seed keys)."""
+    lines = [shape_line(group) for group in shapes([r for r in records if r.get("bench") == "switchback"])]
     return [json.dumps(line) for line in lines if line is not None], sum(line is None for line in lines)

@@ -148,24 +148,57 @@ WIDE: dict[str, list[Where]] = _table()  # wide key -> where each of its values 
 def tidy(params: Mapping, metrics: Mapping, samples: Mapping | None = None) -> list[tuple[dict, dict, dict]]:
     """The tidy (params, metrics, samples) of one shape's wide metrics, one per (variant, exec, timing), in
     the order the variants and modes first appear. A wide key the table does not know is a KeyError naming
-    it (a bench that records a new key declares it here and in qbench/metrics/switchback.py)."""
+    it (a bench that records a new key declares it here and in qbench/metrics/switchback.py). A group that
+    holds only keys shared with a kept one (standard_gw and repeat of an fp8 variant a CPU run never timed)
+    is left out: it would be a record of a variant that was not measured."""
     groups: dict[tuple[str, str, str], tuple[dict, dict]] = {}
-    for key, value in metrics.items():
+    for key in metrics:
         if key not in WIDE:
             raise KeyError(f"switchback: no tidy place for the wide key {key!r} (qbench/migration/switchback.py)")
-        for variant, mode, timing, name in WIDE[key]:
-            values, kept = groups.setdefault((variant, mode, timing), ({}, {}))
-            values[name] = value
-            if samples and samples.get(key):
-                kept[name] = list(samples[key])
+    for place in _measured(metrics):
+        values, kept = groups.setdefault(place[:3], ({}, {}))
+        key, name = place[3], place[4]
+        values[name] = metrics[key]
+        if samples and samples.get(key):
+            kept[name] = list(samples[key])
     return [({**params, "variant": v, "exec": m, "timing": t}, values, kept)
             for (v, m, t), (values, kept) in groups.items()]
 
 
+def _measured(metrics: Mapping) -> list[tuple[str, str, str, str, str]]:
+    """(variant, exec, timing, wide key, tidy name) of each value, in the order of `metrics`, for the groups
+    that hold a key no other group holds, and for a shared key that no such group holds, its first group."""
+    places = [(*place[:3], key, place[3]) for key in metrics for place in WIDE[key]]
+    owned = {p[:3] for p in places if len(WIDE[p[3]]) == 1}
+    covered = {p[3] for p in places if p[:3] in owned}
+    first = {}
+    for p in places:
+        if p[3] not in covered:
+            first.setdefault(p[3], p[:3])
+    return [p for p in places if p[:3] in owned or first.get(p[3]) == p[:3]]
+
+
+def where(record: Mapping) -> tuple:
+    """(variant, exec, timing) of a tidy record; Nones for the one error or skipped record of a shape."""
+    return tuple(record["params"].get(field) for field in ("variant", "exec", "timing"))
+
+
+def shapes(records: list[Mapping]) -> list[list[Mapping]]:
+    """The records of each measured shape (their params but variant, exec and timing alike, as store.measured_id
+    groups them; the store reads records through this module, so it is not imported here), in the order the
+    shapes first appear: what wide() takes."""
+    from qbench.metrics import FIELDS
+
+    groups: dict[tuple, list[Mapping]] = {}
+    for record in records:
+        shape = tuple(sorted((k, repr(v)) for k, v in record["params"].items() if k not in FIELDS))
+        groups.setdefault(shape, []).append(record)
+    return list(groups.values())
+
+
 def wide(records: list[Mapping]) -> dict:
     """The wide dict (seed keys) of one shape's tidy records: the inverse of tidy() on their metrics."""
-    at = {(r["params"].get("variant"), r["params"].get("exec"), r["params"].get("timing")): r["metrics"]
-          for r in records}
+    at = {where(r): r["metrics"] for r in records}
     out = {}
     for key, places in WIDE.items():
         for variant, mode, timing, name in places:

@@ -1,6 +1,7 @@
 """SwitchBack figure: the original two panels (times at one M; % saved per M) plus the speed-ups of
-SwitchBack and its int8 / fp8 peers. "dim" is the layer width min(dim_in, dim_out); each point
-averages the up-projection (switch false) and the down-projection (switch true), as the original did.
+SwitchBack and its int8 / fp8 peers, from the kernel sums (tidy records of timing per_kernel). "dim" is the
+layer width min(dim_in, dim_out); each point averages the up-projection (switch false) and the
+down-projection (switch true), as the original did.
 """
 
 from __future__ import annotations
@@ -13,22 +14,30 @@ from qbench.plots.base import dim_ticks, mean, no_data, one_dtype, value
 DIM_LABEL = "dim = min(dim_in, dim_out); mean of up/down projections"
 FOCUS_M = 32768  # the original plot's M (tokens) for the time panel
 SAVED_MS = (16384, 32768, 65536, 131072)  # the original plot's M lines for the % saved panel
-TOTALS = (("time_standard", "16-bit total"), ("time_global", "SwitchBack (global) total"))
+KERNELS = {"exec": "eager", "timing": "per_kernel"}  # the kernel sums' records
+TOTALS = (("16bit", "16-bit total"), ("switchback", "SwitchBack (global) total"))  # kernels_ms of each
 COMPONENTS = (
-    "standard_fwd", "standard_gw", "standard_gx", "global_fwd", "global_bwd",
-    "x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_global", "w_quantize_global_transpose",
-)  # fmt: skip
+    ("16bit", "fwd_ms"), ("16bit", "gw_ms"), ("16bit", "gx_ms"), ("switchback", "fwd_ms"), ("switchback", "bwd_ms"),
+    ("switchback", "quantize_x_ms"), ("switchback", "quantize_g_ms"), ("switchback", "quantize_w_ms"),
+    ("switchback", "quantize_w_t_ms"),
+)  # (variant, metric) of the original plot's component lines
 SPEEDUPS = (
-    ("speedup_global", "SwitchBack global (int8)"),
-    ("speedup_rowwise", "SwitchBack rowwise (int8)"),
-    ("speedup_int8_cublas", "torch._int_mm int8"),
-    ("speedup_fp8", "fp8 (SwitchBack's kernels)"),
-    ("speedup_fp8_cublas", "fp8 (torch._scaled_mm)"),
-)
+    ("switchback", "SwitchBack global (int8)"),
+    ("switchback_rowwise", "SwitchBack rowwise (int8)"),
+    ("int8_cublas", "torch._int_mm int8"),
+    ("fp8", "fp8 (SwitchBack's kernels)"),
+    ("fp8_cublas", "fp8 (torch._scaled_mm)"),
+)  # kernels_speedup of each
 
 
 def _dim(record: dict[str, Any]) -> int:
     return min(record["params"]["dim_in"], record["params"]["dim_out"])
+
+
+def of_variant(records: list[dict[str, Any]], variant: str) -> list[dict[str, Any]]:
+    """The kernel-sum records of one variant."""
+    return [r for r in records if r["params"].get("variant") == variant
+            and all(r["params"].get(k) == v for k, v in KERNELS.items())]
 
 
 def by_dim(records: list[dict[str, Any]], metric: str, batch: int) -> tuple[list[int], list[float]]:
@@ -53,14 +62,14 @@ def times_panel(ax, records, env) -> None:
     batch = focus_batch(records)
     if batch is None:
         return no_data(ax, "no switchback records")
-    for name, label in TOTALS:
-        dims, values = by_dim(records, name, batch)
+    for variant, label in TOTALS:
+        dims, values = by_dim(of_variant(records, variant), "kernels_ms", batch)
         if dims:
             ax.plot(dims, values, marker="o", linewidth=2.5, label=label)
-    for name in COMPONENTS:
-        dims, values = by_dim(records, name, batch)
+    for variant, name in COMPONENTS:
+        dims, values = by_dim(of_variant(records, variant), name, batch)
         if dims:
-            ax.plot(dims, values, marker=".", linewidth=1, linestyle="--", label=name)
+            ax.plot(dims, values, marker=".", linewidth=1, linestyle="--", label=f"{variant} {name}")
     ax.set(xscale="log", yscale="log", xlabel=DIM_LABEL, ylabel="time (ms)", title=f"M = {batch}, {dtype}")
     dim_ticks(ax, {_dim(r) for r in records})
     ax.legend(fontsize=6, ncol=2)
@@ -71,11 +80,11 @@ def saved_panel(ax, records, env) -> None:
     batches = sorted({r["params"].get("batch_size") for r in records})
     chosen = [b for b in SAVED_MS if b in batches] or batches[-4:]
     for batch in chosen:
-        dims, values = by_dim(records, "pct_saved_global", batch)
+        dims, values = by_dim(of_variant(records, "switchback"), "kernels_pct_saved", batch)
         if dims:
             ax.plot(dims, values, marker="o", label=f"M = {batch}")
     if not ax.lines:
-        return no_data(ax, "no pct_saved_global in these records")
+        return no_data(ax, "no kernels_pct_saved of variant switchback in these records")
     ax.axhline(0, color="0.5", linewidth=0.8)
     ax.set(xscale="log", xlabel=DIM_LABEL, ylabel="% time saved", title=f"SwitchBack (global) vs 16-bit, {dtype}")
     dim_ticks(ax, {_dim(r) for r in records})
@@ -86,8 +95,8 @@ def speedup_panel(ax, records, env) -> None:
     records, dtype = one_dtype(records)
     batch = focus_batch(records)
     missing = []
-    for name, label in SPEEDUPS:
-        dims, values = by_dim(records, name, batch) if batch else ([], [])
+    for variant, label in SPEEDUPS:
+        dims, values = by_dim(of_variant(records, variant), "kernels_speedup", batch) if batch else ([], [])
         if dims:
             ax.plot(dims, values, marker="o", label=label)
         else:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from qbench import store
 from qbench.benches.switchback import components as comp
 from qbench.benches.switchback import modules, peers
-from qbench.migration.switchback import tidy
+from qbench.migration.switchback import shapes, tidy, where
 from qbench.modes import resolved_execs
 from qbench.telemetry import GpuReadings
 from qbench.timing import backward_thread
@@ -162,8 +162,29 @@ def measure(shape: Shape, config: SwitchbackConfig) -> list[dict]:
     samples = {k: total_samples(timings, comp.TOTALS[k]) for k in comp.TOTALS if k in metrics}
     samples.update({k: v[:MAX_SAMPLES] for k, v in module_samples.items()})
     metrics["repeat"] = min(len(t.samples_ms) for t in timings.values())  # the seed's key: timed calls per key
-    return [store.make_record(BENCH, tidy_params, tidy_metrics, samples=tidy_samples, device=config.device)
-            for tidy_params, tidy_metrics, tidy_samples in tidy(params, metrics, samples)]
+    return tidy_records(params, metrics, samples, config.device)
+
+
+# (variant, exec, timing) of the record a measured shape writes last: the 16-bit kernel sums, which every
+# shape times; a shape whose records a crash cut short lacks it, so --resume measures it again (finished)
+LAST = ("16bit", "eager", "per_kernel")
+
+
+def tidy_records(params: dict, metrics: dict, samples: dict, device: str) -> list[dict]:
+    """The tidy records of one measured shape (qbench/migration/switchback.py), LAST last."""
+    records = [store.make_record(BENCH, tidy_params, tidy_metrics, samples=tidy_samples, device=device)
+               for tidy_params, tidy_metrics, tidy_samples in tidy(params, metrics, samples)]
+    return sorted(records, key=lambda record: where(record) == LAST)  # stable: the others keep their order
+
+
+def finished(records: list[dict], done: tuple[str, ...]) -> frozenset[str]:
+    """The shapes (store.measured_id) of a run that --resume keeps: every record's status in `done`, and a
+    measured shape's LAST record among them (a crash between a shape's records leaves it out)."""
+    from qbench.metrics import FIELDS
+
+    return frozenset(store.measured_id(group[0], FIELDS) for group in shapes(records)
+                     if all(r["status"] in done for r in group)
+                     and any(where(r) in (LAST, (None, None, None)) for r in group))
 
 
 def trace_label(shape: Shape, dtype: str) -> str:

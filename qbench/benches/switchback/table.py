@@ -1,49 +1,93 @@
-"""The rich table of `qbench switchback`: per shape the totals, the speed-ups (kernel sums and the
-module in each execution mode), the module's host time per eager step, and the slowest component."""
+"""The rich table of `qbench switchback`, a pivot of its tidy records that fits 120 columns: a row per shape;
+the 16-bit layer's training step as the sum of its kernels (ms), each variant's kernels_speedup over it, then
+SwitchBack's module step_speedup over nn.Linear's in each exec whose module steps ran (timing per_step). The
+rest of a run (components, loop timings, host times, the fp8 and torchao modules' steps) is one
+`qbench summary RUN --metric NAME -k variant=... -k exec=...` away."""
 
 from __future__ import annotations
 
 from qbench import units
-from qbench.benches.switchback.components import TOTALS
+from qbench.metrics.switchback import VARIANTS
+from qbench.migration import switchback
+from qbench.modes import EXECS
 
-TABLE_TOTALS = {"time_standard": "16-bit", "time_global": "global", "time_rowwise": "rowwise"}
-TABLE_SPEEDUPS = {"speedup_global": "x glob", "speedup_chain_graph": "x chain", "speedup_rowwise": "x row",
-                  "speedup_fp8": "x fp8", "speedup_fp8_all": "x fp8all", "speedup_fp8_cublas": "x f8mm",
-                  "speedup_int8_cublas": "x i8mm",
-                  "speedup_module": "x mod", "speedup_module_compile": "x mod/c", "speedup_module_graph": "x mod/g",
-                  "speedup_module_torchao_compile": "x tao/c"}
-
-
-KEYS = {"batch_size": "M", "dim_in": "in", "dim_out": "out", "backward_thread": "bwd thread"}  # param -> header
+KEYS = {"batch_size": "M", "dim_in": "in", "dim_out": "out", "dtype": "dtype",
+        "backward_thread": "bwd thread"}  # shape param -> header
+# variant -> its header, five characters at most: columns as narrow as their values ("1.23"; the title names the
+# unit) keep the table to 120 columns with six kernel variants and three execs
+LABELS = {"switchback": "sb", "switchback_rowwise": "row", "fp8": "fp8", "fp8_all": "fp8a", "fp8_cublas": "f8mm",
+          "int8_cublas": "i8mm"}
+KERNELS = ("eager", "per_kernel")  # (exec, timing) of the kernel sums
+STEPS = "switchback"  # the module variant whose step the table shows: the layer this bench is about
 
 
 def table(records: list[dict]):
-    """Per shape: the three totals (ms), the speed-ups, the host time and the slowest component of time_global,
-    as a table that fits the console (report.FittedTable); the shape parameters every record shares listed
-    once below it, status reasons numbered below it."""
+    """The pivot as a report.FittedTable; the shape params every record shares listed once below it, the
+    reasons of error and skipped shapes numbered below it. A column only where some record has its value."""
     from qbench import report
 
-    keys, fixed = report.split_fixed(records, list(KEYS), KEYS)
-    # a speed-up's column only where some record has it (a CPU run, or --variants, times fewer peers)
-    speedups = {k: label for k, label in TABLE_SPEEDUPS.items() if any(k in r["metrics"] for r in records)}
-    names = (*TABLE_TOTALS.values(), *speedups.values(), "host ms", "slowest")
-    columns = [*(report.Column(KEYS[k], key=True) for k in keys), *map(report.Column, names), report.STATUS]
+    shapes = switchback.shapes(records)
+    firsts = [group[0] for group in shapes]
+    keys, fixed = report.split_fixed(firsts, list(KEYS), KEYS)
+    cells = _value_columns(records)
+    columns = [*(report.Column(KEYS[k], key=True) for k in keys), *(c for c, _ in cells), report.STATUS]
     reasons, rows = report.Notes(), []
-    for rec in records:
-        m = rec["metrics"]
-        cells = [str(rec["params"].get(k)) for k in keys] + [report.format_value(m.get(k)) for k in TABLE_TOTALS]
-        cells += [report.value_cell(m.get(k), units.SPEEDUP) for k in speedups]
-        cells += [report.format_value(m.get("host_switchback_eager_ms")), slowest(m), report.status_cell(rec, reasons)]
-        rows.append(cells)
-    return report.FittedTable(columns, rows, title="SwitchBack int8 vs 16-bit: ms per layer training step, speed-ups",
-                              notes=[*report.fixed_line(fixed), *reasons.lines()])
+    for group in shapes:
+        at = {switchback.where(r): r["metrics"] for r in group}
+        row = [report.param_text(group[0]["params"].get(k)) for k in keys]
+        row += [cell(at) for _, cell in cells]
+        rows.append([*row, report.status_cell(_worst(group), reasons)])
+    return report.FittedTable(columns, rows, title="SwitchBack vs 16-bit: a layer's training step, speed-ups (x)",
+                              notes=[*report.fixed_line(fixed), *legend([c for c, _ in cells]), *reasons.lines()])
 
 
-def slowest(metrics: dict) -> str:
-    """The largest component of time_global and its share; '-' without time_global (a --variants run without
-    global times only the components it shares, e.g. standard_gw)."""
-    total = metrics.get("time_global")
-    if not total:
-        return "-"
-    value, name = max((metrics[k], k) for k in TOTALS["time_global"])
-    return f"{name.replace('_quantize', '_q')} {100 * value / total:.0f}%"
+def _value_columns(records: list[dict]) -> list[tuple]:
+    """(Column, cell(at) -> text) of each value column some record fills, in table order."""
+    from qbench import report
+
+    has = {(*switchback.where(r), name) for r in records for name in r["metrics"]}
+    out = []
+    if ("16bit", *KERNELS, "kernels_ms") in has:
+        out.append((report.Column("16bit", "ms"), _cell(("16bit", *KERNELS), "kernels_ms", units.MS)))
+    for variant in VARIANTS:
+        if (variant, *KERNELS, "kernels_speedup") in has:
+            out.append((report.Column(LABELS[variant], "kern"), _cell((variant, *KERNELS), "kernels_speedup")))
+    for mode in EXECS:
+        if (STEPS, mode, "per_step", "step_speedup") in has:
+            out.append((report.Column(LABELS[STEPS], mode), _cell((STEPS, mode, "per_step"), "step_speedup")))
+    return out
+
+
+def _cell(where: tuple[str, str, str], name: str, unit: str = units.SPEEDUP):
+    """cell(at) -> the text of metric `name` of the record at `where`; a speed-up without its 'x' (the title
+    says the unit), green or red as report.value_cell colours it."""
+    from rich.text import Text
+
+    from qbench import report
+
+    def cell(at: dict) -> Text:
+        value = at.get(where, {}).get(name)
+        if unit != units.SPEEDUP or value is None:
+            return Text(report.format_value(value, unit))
+        return Text(f"{value:.2f}", style=report.speedup_style(value))
+
+    return cell
+
+
+def _worst(group: list[dict]) -> dict:
+    """The record whose status the shape's row shows: its first error or skip, else its first record."""
+    return next((r for r in group if r.get("status", "ok") != "ok"), group[0])
+
+
+def legend(columns: list) -> list[str]:
+    """What the value columns shown hold, a line each, under the table."""
+    units_shown, headers = {c.unit for c in columns}, {c.header for c in columns}
+    lines = []
+    if "kern" in units_shown:
+        lines.append("kern: the step as the sum of its kernels, each timed alone (16bit: ms; the others: speed-up "
+                     "over it)")
+    if modes := [mode for mode in EXECS if mode in units_shown]:
+        lines.append(f"{', '.join(modes)}: SwitchBackLinear's forward + backward timed alone in that exec, its "
+                     "speed-up over nn.Linear's")
+    names = ", ".join(f"{label} {name}" for name, label in LABELS.items() if label in headers and label != name)
+    return [*lines, f"variants: {names}"] if names else lines

@@ -42,6 +42,31 @@ def _phases() -> list[Metric]:
     return out
 
 
+# what `qbench import` reads from the seeds' MoE logs besides the step times (qbench/importers/moe.py)
+IMPORTED = {
+    "summary_step_ms": (units.MS, "the [Summary] line's mean step time"),
+    "summary_forward_ms": (units.MS, "the [Summary] line's mean forward time"),
+    "summary_backward_ms": (units.MS, "the [Summary] line's mean backward time"),
+    "summary_steps": (units.COUNT, "trailing STEP lines the [Summary] averages (found by recomputing it)"),
+    "steps_logged": (units.COUNT, "STEP lines in the block"),
+    "warmup_steps": (units.COUNT, "leading STEP lines left out of the medians"),
+    "experts_per_rank": (units.COUNT, "experts a rank holds (the printed FMoELinear num_expert)"),
+    "replicated_expert_slots": (units.COUNT, "experts_per_rank minus num_local_experts"),
+    "total_experts": (units.COUNT, "the gate's output features"),
+    "moe_forward_ms": (units.MS, "MixMoE's printed MoE forward (max over ranks per step)"),
+    "first_gemm_fwd_ms": (units.MS, "MixMoE's printed first expert GEMM forward (max over ranks per step)"),
+    "first_gemm_bwd_ms": (units.MS, "MixMoE's printed first expert GEMM backward (max over ranks per step)"),
+    "weight_grad_ms": (units.MS, "MixMoE's printed weight gradient (max over ranks per step)"),
+    "second_gemm_bwd_ms": (units.MS, "MixMoE's printed second expert GEMM backward (max over ranks per step)"),
+    "linear1_bwd_ms": (units.MS, "MixMoE's printed Linear 1 backward (max over ranks per step)"),
+    "linear2_bwd_ms": (units.MS, "MixMoE's printed Linear 2 backward (max over ranks per step)"),
+}
+
+
+def _imported() -> list[Metric]:
+    return [Metric(name, unit, f"imported seed logs: {what}") for name, (unit, what) in IMPORTED.items()]
+
+
 METRICS = (
     Metric("step_ms", units.MS, "one training step (forward + backward; eval: forward) of the layer"),
     Metric("forward_ms", units.MS, "the step's forward (steps without phase events; graph replays: none)"),
@@ -72,8 +97,6 @@ METRICS = (
     Metric("remote_fraction", units.RATIO, "blocks: remote blocks over all blocks (all ranks; per rank with `rank`)"),
     Metric("block_imbalance", units.RATIO, "blocks: the busiest rank's blocks over the mean"),
     Metric("remote_rows", units.COUNT, "blocks: the most rows a rank pulls from other ranks"),
-    Metric("summary_step_ms", units.MS, "imported seed logs: the [Summary] line's mean step time"),
-    Metric("summary_forward_ms", units.MS, "imported seed logs: the [Summary] line's mean forward time"),
-    Metric("summary_backward_ms", units.MS, "imported seed logs: the [Summary] line's mean backward time"),
+    *_imported(),
     *TELEMETRY,
 )

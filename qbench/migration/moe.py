@@ -38,7 +38,7 @@ RENAMED = {
 PER_RANK = re.compile(r"(.+?)_rank(\d+)$")
 RANK_RENAMED = {"blocks": "block_count", "remote_blocks": "remote_block_count", "remote_fraction": "remote_fraction",
                 "ag_fwd_ms": "ag_ms", "ga_fwd_ms": "ga_ms", "ag_bwd_ms": "backward_ag_ms",
-                "ga_bwd_ms": "backward_ga_ms",
+                "ga_bwd_ms": "backward_ga_ms", "plan_ms": "host_plan_ms",
                 **{f"{phase}_time": f"{PHASES[phase][0]}_ms" for phase in ("ag", "ga", "backward_ag", "backward_ga")}}
 MEASURED_APART = ("timing", "rank")  # params that split one measurement into several records
 

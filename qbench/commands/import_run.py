@@ -19,7 +19,8 @@ Examples:
 # The columns shown after an import, per bench: (params, metrics).
 COLUMNS = {
     "switchback": (("batch_size", "dim_in", "dim_out"), ("time_standard", "time_global", "speedup_global")),
-    "moe": (("num_local_experts", "world_size"), ("step_time", "forward_time", "backward_time", "tflops")),
+    "moe": (("num_local_experts", "world_size", "rank"),
+            ("step_ms", "forward_ms", "backward_ms", "tflops", "block_count", "remote_fraction")),
     "fragmented": (
         ("in_features", "batch_size", "layer", "mode", "fragments"),
         ("forward_ms", "backward_optimizer_ms", "peak_memory_mb"),

@@ -92,7 +92,8 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
            "--seed-format", "--device", "cpu", "--out", str(out), "--trace", str(out / "traces")]  # inside the run
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(triton=False), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    record, skipped = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+    record, loop, skipped = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+    assert (record["params"]["timing"], loop["params"]["timing"], loop["status"]) == ("per_step", "loop", "ok")
     assert record["status"] == "ok" and record["params"]["model"] == "attn-moe" and record["params"]["exec"] == "eager"
     assert record["metrics"]["host_ms"] > 0
     # compile at world size 2 under DDP: skipped, with a one-line reason
@@ -102,7 +103,7 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
         names = {e.get("name") for e in trace["traceEvents"]}
         assert {"step 0", "forward", "backward", "gate", "dispatch"} <= names, sorted(n for n in names if n)[:20]
         assert (out / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.csv").exists()
-    assert len(record["samples"]["step_time"]) == 2
+    assert len(record["samples"]["step_ms"]) == 2
     from qbench.importers.moe import STEP, SUMMARY
 
     steps = [line for line in proc.stdout.splitlines() if STEP.search(line)]
@@ -118,10 +119,11 @@ def test_world_size_1_runs_eager_and_compiled_steps(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["params"]["timing"] == "per_step"]
     assert [(r["params"]["exec"], r["status"]) for r in records] == [("eager", "ok"), ("compile", "ok")], records
     for r in records:
-        assert r["metrics"]["host_ms"] > 0 and r["metrics"]["step_time"] > 0
-    assert "experts_time" in records[0]["metrics"] and "forward_time" in records[1]["metrics"]
+        assert r["metrics"]["host_ms"] > 0 and r["metrics"]["step_ms"] > 0
+    assert "experts_ms" in records[0]["metrics"] and "forward_ms" in records[1]["metrics"]
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")

@@ -11,11 +11,11 @@ from qbench.options import case_filter_option, metrics_option, strict_option
 EPILOG = """\b
 Examples:
   qbench compare results/moe-h200x4-static-8518c40/run{1,2}   # the shell expands it to the two runs
-  qbench compare results/moe-h200x4-static-8518c40/run{1,2} --metric step_time --threshold 3% --only-changed
+  qbench compare results/moe-h200x4-static-8518c40/run{1,2} --metric step_ms --threshold 3% --only-changed
   qbench compare results/switchback-h200-modes-c4c2232/run{1,2} --fail-on time_global:5   # exit 1 on a regression
   qbench compare tests/fixtures/seed_bnb_info.jsonl results/switchback-h200-modes-c4c2232/run1 --cross-env --markdown
   qbench compare results/fragmented-h200-clocks-797e89f/run1 --across exec   # graph vs eager, one run
-  qbench compare results/moe-h200-ws1/threads-797e89f/run1 --across backward_thread=device --metric step_time
+  qbench compare results/moe-h200-ws1/threads-797e89f/run1 --across backward_thread=device --metric step_ms
   qbench compare --group 3 results/switchback-h200-modes-c4c2232/run{1,2,3} \
       results/switchback-h200-torchao/layers-run{1,2,3} -k batch_size=32768/ --metric speedup_module_graph
 """

@@ -10,9 +10,9 @@ EPILOG = """\b
 Examples:
   qbench summary results/switchback-h200-modes-c4c2232/run1 --metric speedup_global --by batch_size
   qbench summary results/switchback-h200-modes-c4c2232/run1 --metric time_global -k "dim_in=4096/" --markdown
-  qbench summary results/moe-h200x4-static-8518c40/overlap --metric step_time --by a2a_ffn_overlap_degree
-  qbench summary run-a run-b --metric step_time --by run                 # runs side by side
-  qbench summary run-a run-b run-c --metric step_time --across-runs median   # median of 3 runs
+  qbench summary results/moe-h200x4-static-8518c40/overlap --metric step_ms --by a2a_ffn_overlap_degree
+  qbench summary run-a run-b --metric step_ms --by run                 # runs side by side
+  qbench summary run-a run-b run-c --metric step_ms --across-runs median   # median of 3 runs
   qbench summary results/fragmented-h200-trace-d2f98b5 --metric forward_ms --json
   qbench summary results/fragmented-h200-clocks-797e89f/run{1,2,3} --metric fwd_bwd_ms --ratio-to layer=linear \
       --across-runs median                                          # fragmented over dense, median of 3

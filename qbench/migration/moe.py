@@ -82,9 +82,7 @@ OLD_BENCH = "moe"
 def migrate(record: dict) -> list[dict]:
     """A schema-1 moe record as its tidy records (an error or skip stays one record, its params tidy)."""
     from qbench.migration import split
-    from qbench.store import case_id
 
     params = tidy_params(record["params"])
-    if not record.get("metrics"):
-        return split({**record, "params": params, "case": case_id(params)}, [])
-    return split(record, tidy(params, record["metrics"], record.get("samples")))
+    # an error or skip without metrics: one record, its params (and so its case id) tidy
+    return split(record, tidy(params, record.get("metrics") or {}, record.get("samples")) or [(params, {}, {})])

@@ -155,4 +155,5 @@ def test_two_node_torchrun_launch_over_loopback(tmp_path):
             log.close()
     assert all(p.returncode == 0 for p, _ in procs), logs()
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert len(records) == 1 and records[0]["params"]["world_size"] == 2 and records[0]["status"] == "ok"
+    assert [r["params"]["timing"] for r in records] == ["per_step", "loop"]  # one measurement, its two records
+    assert all(r["params"]["world_size"] == 2 and r["status"] == "ok" for r in records)

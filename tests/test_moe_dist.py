@@ -19,6 +19,13 @@ pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent
 
 
+def test_spawned_ranks_get_rank_and_world_size_as_arguments(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    seen = list(dist.launch(moe_workers.job_seen, world_size=2, backend="gloo", device="cpu", timeout_s=120))
+    assert seen == [(0, 2, None, None)]  # rank 0's items; nothing of the job in its environment
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_layer_matches_dense_reference(world_size):
     cases = moe_workers.CASES_4 if world_size == 4 else moe_workers.CASES  # 4 ranks on 2 cores: fewer cases

@@ -79,8 +79,8 @@ def test_moe_runs_its_layer_over_a_dtype_list(tmp_path):
                      "--out", str(out), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     _, records = store.load_run(out)
-    assert [(r["bench"], r["params"]["dtype"], r["status"]) for r in records] == [("moe", "fp32", "ok"),
-                                                                                  ("moe", "bf16", "ok")]
+    assert [(r["bench"], r["params"]["dtype"], r["params"]["timing"], r["status"]) for r in records] == [
+        ("moe", dtype, timing, "ok") for dtype in ("fp32", "bf16") for timing in ("per_step", "loop")]
 
 
 def _parsed(command: str, *args) -> dict:

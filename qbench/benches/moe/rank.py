@@ -58,7 +58,7 @@ def one_case(ctx, config: MoEBenchConfig, case: Case) -> Iterator[dict]:
     try:
         model, moe, x, dy, choice = build(ctx, config, case)
         params["transport"] = getattr(getattr(moe, "transport", None), "name", "a2a")
-        params.update(_system_versions(case))
+        params.update(_tutel_versions(case))
     except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
         error = f"{type(exc).__name__}: {exc}"
     if not agree(error is None, ctx.device):  # every rank skips together (no stray collective)
@@ -74,7 +74,7 @@ def one_case(ctx, config: MoEBenchConfig, case: Case) -> Iterator[dict]:
     yield from measure(ctx, config, case, params, (model, moe, x, dy), max_error)
 
 
-def _system_versions(case: Case) -> dict[str, str]:
+def _tutel_versions(case: Case) -> dict[str, str]:
     """Variant tutel: Tutel's version and commit (params); nothing for qbench's own variants."""
     if case.variant != "tutel":
         return {}
@@ -138,6 +138,8 @@ def measure_mode(ctx, config, case, params, built, stats, max_error: float, want
     return record_of(config, case, params, ctx.world_size, samples, stats, extra, max_error, device, finite)
 
 
+# the per-step samples a record keeps (the seed lines and compare's significance tests read them), besides the
+# per-rank phase samples of variant blocks (<phase>_time_rank<r>)
 KEPT_SAMPLES = ("step_time", "forward_time", "backward_time", "step_time_instrumented", "loop_step_time")
 
 

@@ -44,7 +44,7 @@ Examples:
   qbench fragmented --sizes 2048,4096
   qbench moe --world-size 4
   qbench model lstm --config deepflow
-  qbench compare results/moe-h200x4-static-8518c40/run{1,2} --fail-on step_time:5
+  qbench compare results/moe-h200x4-static-8518c40/run{1,2} --fail-on step_ms:5
   qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --metric kernels_speedup --by variant
   qbench trace results/moe-h200-ws1/trace-a1036c8/traces/a2a-L8-D1-hot0-randn-triton-rank0.csv --by phase
 """

@@ -84,7 +84,10 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _init(rank: int, world_size: int, local_rank: int, backend: str, device: str, timeout_s: float) -> RankContext:
+def _init(rank: int, world_size: int, local_rank: int, backend: str, device: str, timeout_s: float,
+          init_method: str | None = None) -> RankContext:
+    """Join the process group as `rank` of `world_size`. init_method None: torchrun's environment (env://);
+    a spawned rank is given its rendezvous address instead, so nothing about the job is in its environment."""
     import torch
     import torch.distributed as dist
 
@@ -97,9 +100,11 @@ def _init(rank: int, world_size: int, local_rank: int, backend: str, device: str
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world_size)))
     kwargs = {"device_id": torch.device(device)} if device.startswith("cuda") else {}
     dist.init_process_group(
-        backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s), **kwargs
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s),
+        **kwargs
     )
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # set by torchrun, not by spawn
+    # torchrun's LOCAL_WORLD_SIZE; spawned ranks all run on this node
+    local_world_size = world_size if init_method else int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     return RankContext(rank, world_size, local_rank, backend, device, local_world_size)
 
 
@@ -153,10 +158,8 @@ def _worker(rank, world_size, port, backend, device, timeout_s, fn, args, channe
     if parent is not None:
         die_with_parent(parent)
     threading.Thread(target=_beat, args=(beats, rank), daemon=True, name="qbench-heartbeat").start()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    try:
-        ctx = _init(rank, world_size, rank, backend, device, timeout_s)
+    try:  # rank and world size are arguments here: RANK / WORLD_SIZE in the environment mean a torchrun job
+        ctx = _init(rank, world_size, rank, backend, device, timeout_s, init_method=f"tcp://127.0.0.1:{port}")
         for item in fn(ctx, *args):
             if rank == 0:
                 channel.put(("item", rank, item))

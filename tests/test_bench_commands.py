@@ -63,8 +63,11 @@ def test_grouped_and_its_old_spelling_write_grouped_gemm_records(tmp_path, spell
     assert res.returncode == 0, res.stderr
     env, records = store.load_run(out)
     assert env["launch_path"] == "interpreter" and "grouped_gemm_fwd" in env["launch_paths"]
-    assert [r["params"]["shape"] for r in records] == ["a fwd x@w1", "b fwd act@w2", "c dgrad dy@w2^T",
-                                                       "d dgrad dpre@w1^T"]
+    assert list(dict.fromkeys(r["params"]["shape"] for r in records)) == ["a fwd x@w1", "b fwd act@w2",
+                                                                          "c dgrad dy@w2^T", "d dgrad dpre@w1^T"]
+    # tidy: one record per shape and variant, exec eager, timing per_kernel
+    assert [r["params"]["variant"] for r in records[:3]] == ["tma", "pointer", "dense"]
+    assert {(r["params"]["exec"], r["params"]["timing"]) for r in records} == {("eager", "per_kernel")}
     assert {(r["bench"], r["params"]["dtype"], r["status"]) for r in records} == {("grouped_gemm", "bf16", "ok")}
 
 
@@ -76,8 +79,8 @@ def test_moe_runs_its_layer_over_a_dtype_list(tmp_path):
                      "--out", str(out), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     _, records = store.load_run(out)
-    assert [(r["bench"], r["params"]["dtype"], r["status"]) for r in records] == [("moe", "fp32", "ok"),
-                                                                                  ("moe", "bf16", "ok")]
+    assert [(r["bench"], r["params"]["dtype"], r["params"]["timing"], r["status"]) for r in records] == [
+        ("moe", dtype, timing, "ok") for dtype in ("fp32", "bf16") for timing in ("per_step", "loop")]
 
 
 def _parsed(command: str, *args) -> dict:

@@ -102,8 +102,8 @@ def test_no_case_in_common_is_a_usage_error(tmp_path):
     with pytest.raises(QbenchUsageError, match=r"no case in common$"):
         compare.compare_runs(runs, compare.CompareOptions())
     other = _runs(tmp_path / "other", [timed_record({"m": 1}, FAST)],
-                  [timed_record({"m": 1}, FAST, bench="moe")])
-    with pytest.raises(QbenchUsageError, match=r"no case in common \(benches moe against toy\)"):
+                  [timed_record({"m": 1}, FAST, bench="other")])
+    with pytest.raises(QbenchUsageError, match=r"no case in common \(benches other against toy\)"):
         compare.compare_runs(other, compare.CompareOptions())
 
 

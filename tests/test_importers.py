@@ -128,8 +128,22 @@ def step_blocks(path: Path) -> list[list[tuple[float, float, float]]]:
     return blocks
 
 
+def moe_measurements(records: list[dict]) -> list[tuple[dict, dict[int, dict]]]:
+    """(the block's per_step record, rank -> its per-rank record) of each imported log block, in order."""
+    out: list[tuple[dict, dict[int, dict]]] = []
+    for rec in records:
+        assert rec["params"]["exec"] == "eager" and rec["params"]["timing"] == "per_step"
+        if "rank" in rec["params"]:
+            out[-1][1][rec["params"]["rank"]] = rec
+        else:
+            out.append((rec, {}))
+    return out
+
+
 def test_mixmoe_log_has_four_blocks_of_100_steps():
     env, records = importers.read_file(MIXMOE)
+    assert_units_complete(records)
+    records = [rec for rec, _ in moe_measurements(records)]
     blocks = step_blocks(MIXMOE)
     assert env["source"] == "moe-log" and env["gpu_name"] is None and env["moe_layer"] == "MixMOETransformerMLP"
     assert [r["params"]["num_local_experts"] for r in records] == [8, 16, 32, 64]
@@ -137,22 +151,23 @@ def test_mixmoe_log_has_four_blocks_of_100_steps():
     for rec, steps in zip(records, blocks):
         assert rec["bench"] == "moe" and rec["params"]["top_k"] == 2 and rec["params"]["dtype"] == "float16"
         assert rec["metrics"]["steps_logged"] == 100
+        assert rec["params"]["variant"] == "blocks"  # MixMoE's block dispatch
         kept = steps[rec["metrics"]["warmup_steps"] :]
-        assert rec["samples"]["step_time"] == [s[0] for s in kept]
-        assert rec["samples"]["backward_time"] == [s[2] for s in kept]
-        assert rec["metrics"]["step_time"] == statistics.median(s[0] for s in kept)
-        assert rec["metrics"]["forward_time"] == statistics.median(s[1] for s in kept)
-    assert_units_complete(records)
+        assert rec["samples"]["step_ms"] == [s[0] for s in kept]
+        assert rec["samples"]["backward_ms"] == [s[2] for s in kept]
+        assert rec["metrics"]["step_ms"] == statistics.median(s[0] for s in kept)
+        assert rec["metrics"]["forward_ms"] == statistics.median(s[1] for s in kept)
 
 
 @pytest.mark.parametrize(("path", "window"), [(MIXMOE, 10), (BASELINE, 60)])
 def test_summary_averages_recomputed_from_step_lines(path, window):
     """The seed's [Summary] is the mean of its last `window` STEP lines (10 for MixMoE, 60 for the baseline)."""
     _, records = importers.read_file(path)
+    records = [rec for rec, _ in moe_measurements(records)]
     summaries = [re.findall(r"[\d.]*\d", x)[:3] for x in path.read_text().splitlines() if x.startswith("[Summary]")]
     for rec, steps, printed in zip(records, step_blocks(path), summaries):
         assert rec["metrics"]["summary_steps"] == window
-        for i, name in enumerate(("summary_step_time", "summary_forward_time", "summary_backward_time")):
+        for i, name in enumerate(("summary_step_ms", "summary_forward_ms", "summary_backward_ms")):
             assert rec["metrics"][name] == float(printed[i])
             recomputed = sum(s[i] for s in steps[-window:]) / window
             assert abs(recomputed - float(printed[i])) < 1e-5, (rec["case"], name, recomputed, printed[i])
@@ -164,7 +179,7 @@ def test_moe_tflops_uses_the_seed_formula():
     rec = records[0]
     p = rec["params"]
     flop = p["samples"] * p["model_dim"] * p["hidden_size"] * 4 * p["top_k"] * 3
-    assert close(rec["metrics"]["tflops"], flop / rec["metrics"]["step_time"] / 1e9)
+    assert close(rec["metrics"]["tflops"], flop / rec["metrics"]["step_ms"] / 1e9)
     perf = [
         (float(a), float(b)) for a, b in re.findall(r"step_time = ([\d.]+) ms.*perf = ([\d.]+)", BASELINE.read_text())
     ]
@@ -175,27 +190,29 @@ def test_moe_tflops_uses_the_seed_formula():
 def test_mixmoe_experts_and_per_rank_diagnostics():
     _, records = importers.read_file(MIXMOE)
     text = MIXMOE.read_text()
-    for rec in records:
+    measured = moe_measurements(records)
+    for rec, ranks in measured:
         e = rec["params"]["num_local_experts"]
         assert rec["metrics"]["total_experts"] == e * rec["params"]["world_size"]  # the gate's out_features
         assert rec["metrics"]["replicated_expert_slots"] == rec["metrics"]["experts_per_rank"] - e
         assert f"num_expert={rec['metrics']['experts_per_rank']}," in text
-        fractions = [rec["metrics"][f"remote_fraction_rank{r}"] for r in range(4)]
+        assert sorted(ranks) == [0, 1, 2, 3]  # one record per rank, param rank
+        fractions = [ranks[r]["metrics"]["remote_fraction"] for r in range(4)]
         for r in range(4):
-            total, remote = rec["metrics"][f"blocks_rank{r}"], rec["metrics"][f"remote_blocks_rank{r}"]
+            total, remote = ranks[r]["metrics"]["block_count"], ranks[r]["metrics"]["remote_block_count"]
             assert f"block_info {total} {remote}" in text and f"AG, {remote / total:.6f}," in text
-            assert rec["units"][f"ag_fwd_ms_rank{r}"] == units.MS
-        assert close(rec["metrics"]["remote_fraction"], sum(rec["metrics"][f"remote_blocks_rank{r}"] for r in range(4))
-                     / sum(rec["metrics"][f"blocks_rank{r}"] for r in range(4)))  # fmt: skip
+            assert ranks[r]["units"]["ag_ms"] == units.MS
+        assert close(rec["metrics"]["remote_fraction"], sum(ranks[r]["metrics"]["remote_block_count"] for r in range(4))
+                     / sum(ranks[r]["metrics"]["block_count"] for r in range(4)))  # fmt: skip
         assert 0 < min(fractions) <= max(fractions) < 1
-    first = records[0]["metrics"]  # rank 0 of the 8-expert block prints "0 wait time" then 228 blocks
-    assert (first["blocks_rank0"], first["remote_blocks_rank0"]) == (228, 16)
+    first = measured[0][1][0]["metrics"]  # rank 0 of the 8-expert block prints "0 wait time" then 228 blocks
+    assert (first["block_count"], first["remote_block_count"]) == (228, 16)
 
 
 def test_baseline_log_is_one_record_without_diagnostics():
     env, records = importers.read_file(BASELINE)
-    assert len(records) == 1 and env["moe_layer"] is None
-    assert not [m for m in records[0]["metrics"] if "rank" in m or m.startswith("experts")]
+    assert len(records) == 1 and env["moe_layer"] is None and records[0]["params"]["variant"] == "a2a"
+    assert not [m for m in records[0]["metrics"] if "rank" in m or m.startswith("experts") or "block" in m]
 
 
 # ---- FragmentedLinear report ------------------------------------------------------------------

@@ -103,9 +103,9 @@ def test_hottest_breaks_ties_to_the_lower_id():
 def test_seed_format_lines_parse_with_the_seed_pattern():
     record = {"params": {"world_size": 4, "dtype": "float16", "model_dim": 1024, "hidden_size": 4096,
                          "samples": 8192, "num_local_experts": 8, "top_k": 2, "a2a_ffn_overlap_degree": 1},
-              "samples": {"step_time": [27.462656, 3.1], "forward_time": [25.060352, 1.0],
-                          "backward_time": [2.301952, 2.0]}, "device": "cuda"}
-    lines = seed_lines(record)
+              "samples": {"step_ms": [27.462656, 3.1], "forward_ms": [25.060352, 1.0],
+                          "backward_ms": [2.301952, 2.0]}, "device": "cuda"}
+    lines = seed_lines([record])
     assert lines[0].startswith("[Benchmark] world_size = 4, dtype = float16") and "device = `cuda:0`" in lines[0]
     steps = [SEED_STEP.match(line) for line in lines[1:3]]
     assert all(steps) and steps[0].group(5) == "30.03"  # the seeds' own check: 824.6 GFLOP / 27.46 ms

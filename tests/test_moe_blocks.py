@@ -1,4 +1,4 @@
-"""`qbench moe --system blocks`: the block plan against plain loops, locality statistics, the blocks
+"""`qbench moe --variant blocks`: the block plan against plain loops, locality statistics, the blocks
 layer and its fallback transport over gloo against the dense reference at world sizes 2 and 4, the
 CLI's usage errors, and one end-to-end sweep whose seed-format lines the importer reads back."""
 
@@ -119,7 +119,8 @@ def _qbench(*args, timeout=240):
     (["--locality", "x"], "probabilities"),
     (["--locality", "0.5", "--routing", "zipf:1.2", "--device", "cpu"], "randn or uniform"),
     (["--locality", "0.5", "--num-local-experts", "1", "--device", "cpu"], ">= --top-k"),
-    (["--system", "fused"], "choose from a2a, blocks"),
+    (["--variant", "fused"], "choose from a2a, blocks"),
+    (["--system", "fused"], "choose from a2a, blocks"),  # the flag's other spelling
     (["--block-size", "0"], "0"),
     (["--transport", "symm", "--device", "cpu"], "needs CUDA"),
 ])
@@ -132,39 +133,45 @@ def test_bad_blocks_input_is_one_line_and_exit_2(args, word):
 @pytest.mark.dist
 def test_sweep_end_to_end_and_seed_lines_read_back(tmp_path):
     out = tmp_path / "run"
-    proc = _qbench("--system", "a2a,blocks", "--locality", "0.5,1.0", "--world-size", "2", "--device", "cpu",
+    proc = _qbench("--variant", "a2a,blocks", "--locality", "0.5,1.0", "--world-size", "2", "--device", "cpu",
                    "--num-local-experts", "3", "--model-dim", "32", "--hidden-size", "48", "--samples", "45",
                    "--num-steps", "3", "--warmup", "1", "--block-size", "8", "--seed-format", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [(r["params"]["system"], r["params"]["locality"]) for r in records] == [
-        ("a2a", 0.5), ("blocks", 0.5), ("a2a", 1.0), ("blocks", 1.0)]
     assert all(r["status"] == "ok" for r in records), [r["error"] for r in records]
-    blocks = [r for r in records if r["params"]["system"] == "blocks"]
+    steps = [r for r in records if r["params"]["timing"] == "per_step" and "rank" not in r["params"]]
+    assert [(r["params"]["variant"], r["params"]["locality"]) for r in steps] == [
+        ("a2a", 0.5), ("blocks", 0.5), ("a2a", 1.0), ("blocks", 1.0)]
+    blocks = [r for r in steps if r["params"]["variant"] == "blocks"]
     assert all(r["params"]["transport"] == "a2a" and r["params"]["block_size"] == 8 for r in blocks)
     half, full = (r["metrics"] for r in blocks)
-    assert full["remote_fraction"] == 0 and full["blocks_remote"] == 0  # locality 1: nothing crosses ranks
-    assert half["remote_fraction"] > 0 and half["blocks_total"] >= half["blocks_remote"] > 0
-    for name in ("ag_time", "ga_time", "backward_ag_time", "backward_ga_time", "plan_time"):
+    assert full["remote_fraction"] == 0 and full["remote_block_count"] == 0  # locality 1: nothing crosses ranks
+    assert half["remote_fraction"] > 0 and half["block_count"] >= half["remote_block_count"] > 0
+    for name in ("ag_ms", "ga_ms", "backward_ag_ms", "backward_ga_ms", "plan_ms"):
         assert half[name] > 0, name
-    _read_back(proc.stdout, blocks)
+    ranks = [[r for r in records if "rank" in r["params"] and r["params"]["locality"] == b["params"]["locality"]]
+             for b in blocks]  # each blocks measurement's per-rank records
+    assert [[r["params"]["rank"] for r in found] for found in ranks] == [[0, 1], [0, 1]]
+    _read_back(proc.stdout, ranks)
 
 
 def _read_back(stdout, blocks):
-    """The importer reads the printed block_info / AG / GA lines back into the record's numbers."""
+    """The importer reads the printed block_info / AG / GA lines back into the per-rank records' numbers
+    (blocks: each blocks measurement's per-rank records)."""
     from qbench.importers.moe import read_moe_log
 
     _, imported = read_moe_log(stdout)
-    assert len(imported) == 4
-    for record, got in zip(blocks, (imported[1], imported[3])):
-        m, g = record["metrics"], got["metrics"]
-        for r in (0, 1):
-            assert g[f"blocks_rank{r}"] == m[f"blocks_rank{r}"]
-            assert g[f"remote_blocks_rank{r}"] == m[f"remote_blocks_rank{r}"]
-            for phase, name in (("ag", "ag_fwd_ms"), ("backward_ga", "ga_bwd_ms")):
-                kept = record["samples"][f"{phase}_time_rank{r}"][1:]  # the importer skips the first of 3 steps
-                assert g[f"{name}_rank{r}"] == pytest.approx(statistics.median(kept), abs=1e-6), (name, r)
-        assert g["remote_fraction"] == pytest.approx(m["remote_fraction"])
+    got_ranks = [r for r in imported if "rank" in r["params"]]
+    assert len(imported) - len(got_ranks) == 4 and len(got_ranks) == 4  # 4 blocks; 2 ranks each of 2 blocks runs
+    for measured, got in zip(blocks, (got_ranks[:2], got_ranks[2:])):
+        for mine, read in zip(measured, got):
+            m, g = mine["metrics"], read["metrics"]
+            assert read["params"]["rank"] == mine["params"]["rank"]
+            assert (g["block_count"], g["remote_block_count"]) == (m["block_count"], m["remote_block_count"])
+            for name in ("ag_ms", "backward_ga_ms"):
+                kept = mine["samples"][name][1:]  # the importer skips the first of 3 steps
+                assert g[name] == pytest.approx(statistics.median(kept), abs=1e-6), (name, mine["params"]["rank"])
+            assert g["remote_fraction"] == pytest.approx(m["remote_fraction"])
 
 
 @pytest.mark.parametrize("W,L,B", [(1, 3, 4), (3, 2, 5), (4, 5, 64)])

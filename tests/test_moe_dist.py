@@ -19,6 +19,13 @@ pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent
 
 
+def test_spawned_ranks_get_rank_and_world_size_as_arguments(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    seen = list(dist.launch(moe_workers.job_seen, world_size=2, backend="gloo", device="cpu", timeout_s=120))
+    assert seen == [(0, 2, None, None)]  # rank 0's items; nothing of the job in its environment
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_layer_matches_dense_reference(world_size):
     cases = moe_workers.CASES_4 if world_size == 4 else moe_workers.CASES  # 4 ranks on 2 cores: fewer cases
@@ -92,7 +99,8 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
            "--seed-format", "--device", "cpu", "--out", str(out), "--trace", str(out / "traces")]  # inside the run
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(triton=False), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    record, skipped = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+    record, loop, skipped = (json.loads(line) for line in (out / "results.jsonl").read_text().splitlines())
+    assert (record["params"]["timing"], loop["params"]["timing"], loop["status"]) == ("per_step", "loop", "ok")
     assert record["status"] == "ok" and record["params"]["model"] == "attn-moe" and record["params"]["exec"] == "eager"
     assert record["metrics"]["host_ms"] > 0
     # compile at world size 2 under DDP: skipped, with a one-line reason
@@ -102,7 +110,7 @@ def test_command_runs_and_prints_seed_lines(tmp_path):
         names = {e.get("name") for e in trace["traceEvents"]}
         assert {"step 0", "forward", "backward", "gate", "dispatch"} <= names, sorted(n for n in names if n)[:20]
         assert (out / "traces" / f"a2a-L2-D2-hot0-randn-auto-rank{rank}.csv").exists()
-    assert len(record["samples"]["step_time"]) == 2
+    assert len(record["samples"]["step_ms"]) == 2
     from qbench.importers.moe import STEP, SUMMARY
 
     steps = [line for line in proc.stdout.splitlines() if STEP.search(line)]
@@ -118,10 +126,11 @@ def test_world_size_1_runs_eager_and_compiled_steps(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    records = [r for r in records if r["params"]["timing"] == "per_step"]
     assert [(r["params"]["exec"], r["status"]) for r in records] == [("eager", "ok"), ("compile", "ok")], records
     for r in records:
-        assert r["metrics"]["host_ms"] > 0 and r["metrics"]["step_time"] > 0
-    assert "experts_time" in records[0]["metrics"] and "forward_time" in records[1]["metrics"]
+        assert r["metrics"]["host_ms"] > 0 and r["metrics"]["step_ms"] > 0
+    assert "experts_ms" in records[0]["metrics"] and "forward_ms" in records[1]["metrics"]
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
@@ -153,4 +162,5 @@ def test_two_node_torchrun_launch_over_loopback(tmp_path):
             log.close()
     assert all(p.returncode == 0 for p, _ in procs), logs()
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert len(records) == 1 and records[0]["params"]["world_size"] == 2 and records[0]["status"] == "ok"
+    assert [r["params"]["timing"] for r in records] == ["per_step", "loop"]  # one measurement, its two records
+    assert all(r["params"]["world_size"] == 2 and r["status"] == "ok" for r in records)

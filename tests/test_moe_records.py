@@ -7,16 +7,17 @@ import torch
 
 from qbench import samples
 from qbench.benches.moe import MoEBenchConfig, modes, plan
+from qbench.benches.moe.cases import Case
 from qbench.benches.moe.rank import record_of
 from qbench.layers.moe import MoELayer, MoEOptions
 
 CONFIG = MoEBenchConfig(world_size=1, backend="gloo", device="cpu", dtype="fp32", model_dim=16, hidden_size=24,
                         samples=32, num_steps=40, warmup=1, execs=("eager", "compile"))
-CASE = dict(num_local_experts=2, a2a_ffn_overlap_degree=1, replicate_hot=0, routing="randn", gemm="auto",
-            locality=None, system="a2a")
+CASE = Case(num_local_experts=2, a2a_ffn_overlap_degree=1, replicate_hot=0, routing="randn", gemm="auto",
+            locality=None, variant="a2a")
 STATS = {"expert_load_max_over_mean": 1.0, "rank_load_max_over_mean": 1.0, "dropped_tokens": 0.0,
          "computed_rows": 64.0, "sent_rows": 64.0}
-DETAIL = "max error 1.00e-06 in out (tolerance 0.0001); dropped 0 vs 0; rows {}"
+MAX_ERROR = 1.25e-6  # the reference check's largest relative error
 
 
 def _steps(first: float, last: float, n: int = 40) -> list[float]:
@@ -24,10 +25,18 @@ def _steps(first: float, last: float, n: int = 40) -> list[float]:
     return [first + (last - first) * i / (n - 1) + (0.01 if i % 2 else -0.01) for i in range(n)]
 
 
-def _record(samples: list[float], finite: bool = True) -> dict:
-    params = {"exec": "eager", "world_size": 1}
+def _records(samples: dict, exec: str = "eager", device: str = "cpu", finite: bool = True) -> dict[str, dict]:
+    """timing (or "rank <r>") -> the record of one measurement with these samples."""
+    params = {"exec": exec, "world_size": 1, "variant": "a2a"}
     extra = {"peak_memory_mb": None, "host_ms": 0.5}
-    return record_of(CONFIG, CASE, params, 1, {"step_time": samples}, dict(STATS), extra, DETAIL, "cpu", finite)
+    records = record_of(CONFIG, CASE, params, 1, samples, dict(STATS), extra, MAX_ERROR, device, finite)
+    return {r["params"].get("timing", "none") if "rank" not in r["params"] else f"rank {r['params']['rank']}": r
+            for r in records}
+
+
+def _record(samples: list[float], finite: bool = True) -> dict:
+    (record,) = _records({"step_time": samples}, finite=finite).values()
+    return record
 
 
 def test_drift_compares_the_last_tenth_with_the_first():
@@ -40,26 +49,27 @@ def test_drift_compares_the_last_tenth_with_the_first():
 
 def test_a_drifting_run_records_an_error_never_ok():
     steady = _record(_steps(2.0, 2.1))
-    assert steady["status"] == "ok" and steady["metrics"]["step_time"] > 0 and steady["metrics"]["host_ms"] == 0.5
-    drifting = _record(_steps(2.0, 3.0))
-    assert drifting["status"] == "error", "a run 45% slower at its end was recorded as ok"
-    assert "drifted" in drifting["error"] and drifting["samples"]["step_time"], drifting["error"]
+    assert steady["status"] == "ok" and steady["metrics"]["step_ms"] > 0 and steady["metrics"]["host_ms"] == 0.5
+    assert steady["metrics"]["check_max_rel_error"] == MAX_ERROR  # the check's value, not parsed from a message
+    drifting = _records({"step_time": _steps(2.0, 3.0), "loop_step_time": [1.0, 1.1, 1.0]})
+    assert set(drifting) == {"per_step", "loop"}
+    for record in drifting.values():  # the whole measurement, loop included, is an error
+        assert record["status"] == "error", "a run 45% slower at its end was recorded as ok"
+        assert "drifted" in record["error"] and record["samples"]["step_ms"], record["error"]
 
 
 def test_clock_and_power_samples_get_their_units_and_medians():
-    params = {"exec": "graph", "world_size": 1}
-    extra = {"peak_memory_mb": None, "host_ms": 0.5}
     samples = {"step_time": _steps(2.0, 2.0), "sm_clock_mhz_step": [1980.0, 1515.0, 1500.0],
                "power_w_step": [600.0, 690.0, 700.0]}
-    record = record_of(CONFIG, CASE, params, 1, samples, dict(STATS), extra, DETAIL, "cuda")
+    record = _records(samples, exec="graph", device="cuda")["per_step"]
     m, u = record["metrics"], record["units"]
-    assert (m["sm_clock_mhz_step"], m["power_w_step"]) == (1515.0, 690.0)
-    assert (u["sm_clock_mhz_step"], u["power_w_step"], u["step_time"]) == ("MHz", "W", "ms")
+    assert (m["sm_clock_mhz"], m["power_w"]) == (1515.0, 690.0)
+    assert (u["sm_clock_mhz"], u["power_w"], u["step_ms"]) == ("MHz", "W", "ms")
 
 
 def test_loop_readings_are_named_for_the_loop_and_left_out_without_readings():
-    """The loop's clock and power (the sustained regime of loop_step_time) are samples of their own, next to the
-    plain pass's; a pass NVML could not read adds no key."""
+    """The loop's clock and power (the sustained regime of the loop's step) are samples of their own, next to
+    the plain pass's, and land in the loop's record; a pass NVML could not read adds no key."""
     from qbench.benches.moe.steps import _telemetry
     from qbench.telemetry import GpuReadings
 
@@ -67,29 +77,29 @@ def test_loop_readings_are_named_for_the_loop_and_left_out_without_readings():
     read.clock_mhz, read.power_w = [1770.0, 1650.0], [634.0, 640.0]
     assert _telemetry(read, "loop") == {"sm_clock_mhz_loop": [1770.0, 1650.0], "power_w_loop": [634.0, 640.0]}
     assert _telemetry(GpuReadings("cpu"), "loop") == {}
-    params = {"exec": "eager", "world_size": 1}
-    samples = {"step_time": _steps(2.0, 2.0), **_telemetry(read, "loop")}
-    record = record_of(CONFIG, CASE, params, 1, samples, dict(STATS), {"peak_memory_mb": None, "host_ms": 0.5},
-                       DETAIL, "cuda")
-    assert (record["units"]["sm_clock_mhz_loop"], record["units"]["power_w_loop"]) == ("MHz", "W")
-    assert record["metrics"]["sm_clock_mhz_loop"] == 1710.0
+    samples = {"step_time": _steps(2.0, 2.0), "loop_step_time": [1.9, 2.0, 2.1], **_telemetry(read, "loop")}
+    records = _records(samples, device="cuda")
+    loop = records["loop"]
+    assert (loop["units"]["sm_clock_mhz"], loop["units"]["power_w"]) == ("MHz", "W")
+    assert loop["metrics"]["sm_clock_mhz"] == 1710.0 and loop["metrics"]["step_ms"] == 2.0
+    assert "sm_clock_mhz" not in records["per_step"]["metrics"]  # the plain pass was not read
 
 
-def test_the_table_shows_the_loop_clock_only_where_a_record_has_it():
+def test_the_table_shows_the_clock_only_where_a_record_has_it():
     from rich.console import Console
 
     from qbench.benches.moe.output import table
 
     def rendered(samples):
-        record = record_of(CONFIG, CASE, {"exec": "eager", "world_size": 1}, 1, samples, dict(STATS),
-                           {"peak_memory_mb": None, "host_ms": 0.5}, DETAIL, "cuda")
         console = Console(record=True, width=400)
-        console.print(table([record]))
+        console.print(table(list(_records(samples, device="cuda").values())))
         return console.export_text()
 
-    assert "loop clock" not in rendered({"step_time": _steps(2.0, 2.0)})
-    with_clock = rendered({"step_time": _steps(2.0, 2.0), "sm_clock_mhz_loop": [1635.0, 1620.0, 1672.0]})
-    assert "loop clock" in with_clock and "1,635" in with_clock  # the median of the loop's readings
+    assert "clock" not in rendered({"step_time": _steps(2.0, 2.0), "loop_step_time": [1.0, 1.1, 1.2]})
+    with_clock = rendered({"step_time": _steps(2.0, 2.0), "loop_step_time": [1.0, 1.1, 1.2],
+                           "sm_clock_mhz_loop": [1635.0, 1620.0, 1672.0]})
+    assert "clock" in with_clock and "1,635" in with_clock  # the median of the loop's readings
+    assert "timing" in with_clock and "per_step" in with_clock and "loop" in with_clock
 
 
 def test_a_diverged_run_records_an_error():
@@ -172,16 +182,29 @@ def test_a_cpu_run_records_each_backward_thread_and_restores_the_engine(tmp_path
     printed = capsys.readouterr().out
     assert exc.value.code == 0, printed
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [(r["params"]["backward_thread"], r["status"]) for r in records] == [("device", "ok"), ("calling", "ok")]
-    for r in records:  # the step in a loop too: its samples (3 blocks at least), median and throughput
-        assert len(r["samples"]["loop_step_time"]) == 3 and r["units"]["loop_step_time"] == "ms"
-        assert r["metrics"]["loop_step_time"] > 0 and r["metrics"]["loop_tflops"] > 0
+    assert [(r["params"]["backward_thread"], r["params"]["timing"], r["status"]) for r in records] == [
+        (thread, timing, "ok") for thread in ("device", "calling") for timing in ("per_step", "loop")]
+    for r in records[1::2]:  # the step in a loop too: its samples (3 blocks at least), median and throughput
+        assert len(r["samples"]["step_ms"]) == 3 and r["units"]["step_ms"] == "ms"
+        assert r["metrics"]["step_ms"] > 0 and r["metrics"]["tflops"] > 0
     assert "bwd" in printed  # the column, shown because the records differ in it
     assert torch.autograd.is_multithreading_enabled()  # the default is back once the run is over
 
 
-def test_resume_runs_the_configurations_a_cut_run_lacks(tmp_path, capsys):
+def test_resume_runs_the_configurations_a_cut_run_lacks(tmp_path, capsys, monkeypatch):
+    import contextlib
+
+    from qbench import report
     from qbench.cli import main
+
+    bars: list[list] = []  # per command: [total, the label of each advance]
+
+    @contextlib.contextmanager
+    def progress(total, description):
+        bars.append([total])
+        yield lambda label="": bars[-1].append(label)
+
+    monkeypatch.setattr(report, "progress", progress)
 
     out = tmp_path / "run"
     args = ["moe", "--device", "cpu", "--world-size", "1", "--model-dim", "16", "--hidden-size", "24",
@@ -195,13 +218,17 @@ def test_resume_runs_the_configurations_a_cut_run_lacks(tmp_path, capsys):
         return err
 
     qbench()
+    assert bars[-1][0] == 2 and len(bars[-1]) == 3  # progress counts the 2 measurements, not their 4 records
     first = (out / "results.jsonl").read_text().splitlines(keepends=True)
-    (out / "results.jsonl").write_text(first[0])  # the run stopped after its first record
+    assert [(json.loads(line)["params"]["num_local_experts"], json.loads(line)["params"]["timing"])
+            for line in first] == [(2, "per_step"), (2, "loop"), (4, "per_step"), (4, "loop")]
+    (out / "results.jsonl").write_text("".join(first[:2]))  # the run stopped after its first measurement
     err = qbench("--resume")
     lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
-    assert lines[0] == first[0] and len(lines) == 2  # the kept record as it was, the missing one measured
-    assert [json.loads(line)["params"]["num_local_experts"] for line in lines] == [2, 4]
-    assert "1 record added; 2 records in" in err
+    assert lines[:2] == first[:2] and len(lines) == 4  # the kept records as they were, the missing ones measured
+    assert [json.loads(line)["params"]["num_local_experts"] for line in lines] == [2, 2, 4, 4]
+    assert "2 records added; 4 records in" in err
+    assert bars[-1][0] == 1 and len(bars[-1]) == 2  # one measurement left, one advance
 
 
 @pytest.mark.gpu
@@ -223,6 +250,6 @@ def test_graph_mode_reuses_no_gradient_accumulator_of_an_earlier_capture(tmp_pat
     printed = capfd.readouterr()
     assert exc.value.code == 0, printed.err[-2000:]
     record = json.loads((out / "results.jsonl").read_text().splitlines()[0])
-    assert record["status"] == "ok" and "forward_time" in record["metrics"], record
+    assert record["status"] == "ok" and "forward_ms" in record["metrics"], record
     assert not [w for w in seen if "AccumulateGrad" in str(w.message)]
     assert "AccumulateGrad" not in printed.err

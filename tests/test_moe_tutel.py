@@ -1,4 +1,4 @@
-"""`qbench moe --system tutel`: Tutel's layer in the same run and table as qbench's, checked against the same
+"""`qbench moe --variant tutel`: Tutel's layer in the same run and table as qbench's, checked against the same
 dense reference, its version and commit in the record; a one-line usage error where Tutel does not import.
 
 Tutel is optional and never committed: the run test looks for it importable, or built into the git-ignored
@@ -39,26 +39,27 @@ def _tutel_site() -> Path | None:
 
 def test_tutel_runs_beside_qbench_in_one_table_checked_and_versioned(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "2", "--system", "a2a,tutel", "--capacity-factor",
+    cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "2", "--variant", "a2a,tutel", "--capacity-factor",
            "1.0", *SMALL, "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(_tutel_site()), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [r["params"]["system"] for r in records] == ["a2a", "tutel"]
+    records = [r for r in records if r["params"]["timing"] == "per_step"]
+    assert [r["params"]["variant"] for r in records] == ["a2a", "tutel"]
     assert all(r["status"] == "ok" for r in records), [r.get("error") for r in records]
     qbench, tutel = records
     assert tutel["params"]["tutel_version"] and len(tutel["params"]["tutel_commit"]) >= 7
     assert tutel["metrics"]["check_max_rel_error"] <= 1e-4  # fp32 against the dense reference
-    assert tutel["metrics"]["step_time"] > 0 and tutel["metrics"]["host_ms"] > 0
+    assert tutel["metrics"]["step_ms"] > 0 and tutel["metrics"]["host_ms"] > 0
     same = ("world_size", "model_dim", "hidden_size", "samples", "num_local_experts", "capacity_factor", "routing")
     assert all(qbench["params"][k] == tutel["params"][k] for k in same)
-    assert "tutel" in proc.stdout  # one table: the system column
+    assert "tutel" in proc.stdout  # one table: the variant column
 
 
-def test_without_tutel_the_system_is_a_one_line_usage_error():
+def test_without_tutel_the_variant_is_a_one_line_usage_error():
     if importlib.util.find_spec("tutel") is not None:
         pytest.skip("tutel is importable in this environment")
-    cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "1", "--system", "tutel", *SMALL]
+    cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "1", "--variant", "tutel", *SMALL]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(None), timeout=120)
-    assert proc.returncode == 2 and "--system tutel needs Tutel importable" in proc.stderr
+    assert proc.returncode == 2 and "--variant tutel needs Tutel importable" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

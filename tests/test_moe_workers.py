@@ -111,3 +111,11 @@ def fail_on_rank(ctx, bad_rank):
         raise ValueError(f"deliberate failure on rank {bad_rank}")
     dist.barrier()
     yield "unreachable"
+
+
+def job_seen(ctx):
+    """What a spawned rank knows of its job: its context's rank and world size, and the job variables in its
+    environment (none: they are arguments; RANK / WORLD_SIZE in the environment mean a torchrun job)."""
+    import os
+
+    yield ctx.rank, ctx.world_size, os.environ.get("RANK"), os.environ.get("WORLD_SIZE")

@@ -12,6 +12,7 @@ import pytest
 from qbench import plots, store, units
 from qbench.cli import main
 from qbench.errors import QbenchUsageError
+from qbench.migration import moe as moe_migration
 from qbench.migration.switchback import tidy
 from qbench.plots import base as plots_base
 from qbench.plots.switchback import by_dim, focus_batch, of_variant
@@ -87,8 +88,9 @@ def moe_records(rng: random.Random) -> list[dict]:
             "blocks_rank1": 31,
             "remote_blocks_rank1": 4,
         }
-        unit_of = {k: units.COUNT if "blocks" in k else units.TFLOPS if k == "tflops" else units.MS for k in metrics}
-        records.append(store.make_record("moe", params, metrics, units=unit_of, samples={"step_time": steps}))
+        measured = {**params, "variant": "blocks", "exec": "eager"}  # tidy, as `qbench moe` records a measurement
+        records += [store.make_record("moe", p, m, samples=s)
+                    for p, m, s in moe_migration.tidy(measured, metrics, {"step_time": steps})]
     return records
 
 
@@ -96,12 +98,13 @@ def moe_phase_records(rng: random.Random) -> list[dict]:
     """As `qbench moe` writes them: phase times and load imbalance instead of per-rank block counts."""
     records = []
     for record in moe_records(rng):
-        metrics = {k: v for k, v in record["metrics"].items() if "blocks" not in k}
-        phases = ("gate", "plan", "dispatch", "experts", "combine", "backward_a2a", "backward_experts")
-        metrics.update({f"{p}_time": rng.uniform(0.01, 0.2) for p in phases})
+        if "rank" in record["params"]:
+            continue
+        metrics = dict(record["metrics"])
+        phases = ("gate", "plan", "dispatch", "experts", "combine", "backward_exchange", "backward_experts")
+        metrics.update({f"{p}_ms": rng.uniform(0.01, 0.2) for p in phases})
         metrics.update(expert_load_max_over_mean=rng.uniform(1, 3), rank_load_max_over_mean=rng.uniform(1, 2))
-        unit_of = {k: units.RATIO if "load" in k else record["units"].get(k, units.MS) for k in metrics}
-        records.append(store.make_record("moe", record["params"], metrics, units=unit_of))
+        records.append(store.make_record("moe", {**record["params"], "variant": "a2a"}, metrics))
     return records
 
 
@@ -247,7 +250,7 @@ def test_moe_figure_tells_apart_records_that_differ_in_mode_or_backward_thread()
     from qbench.plots import moe as moe_plot
 
     params = {"world_size": 1, "num_local_experts": 8}
-    records = [store.make_record("moe", dict(params, exec=e, backward_thread=t), {"step_time": ms, "tflops": 1 / ms})
+    records = [store.make_record("moe", dict(params, exec=e, backward_thread=t), {"step_ms": ms, "tflops": 1 / ms})
                for e, t, ms in (("eager", "device", 3.0), ("eager", "calling", 2.7), ("graph", "device", 1.8))]
     assert moe_plot.labels(records) == ["exec=eager\nbwd=device", "exec=eager\nbwd=calling", "exec=graph\nbwd=device"]
     series = moe_plot._series(records)  # one line per mode and thread, never one line through all three

@@ -235,7 +235,7 @@ def test_append_refuses_a_run_of_another_bench(tmp_path):
         store.RunWriter(run, {}, append=True, bench="moe")
     with pytest.raises(QbenchUsageError, match="not moe"):  # a writer not told its bench checks each record
         with store.RunWriter(run, {}, append=True) as writer:
-            writer.write(store.make_record("moe", {"world_size": 2}, {"step_time": 1.0}))
+            writer.write(store.make_record("moe", {"world_size": 2}, {"step_ms": 1.0}))
     assert (run / store.RECORDS_FILE).read_text() == before
 
 

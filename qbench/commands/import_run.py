@@ -18,7 +18,8 @@ Examples:
 
 # The columns shown after an import, per bench: (params, metrics); switchback's records print as its own table.
 COLUMNS = {
-    "moe": (("num_local_experts", "world_size"), ("step_time", "forward_time", "backward_time", "tflops")),
+    "moe": (("num_local_experts", "world_size", "rank"),
+            ("step_ms", "forward_ms", "backward_ms", "tflops", "block_count", "remote_fraction")),
     "fragmented": (
         ("in_features", "batch_size", "layer", "mode", "fragments"),
         ("forward_ms", "backward_optimizer_ms", "peak_memory_mb"),

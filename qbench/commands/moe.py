@@ -11,8 +11,8 @@ Examples:
   qbench moe --world-size 4                              # 4 GPUs (NCCL), or 4 CPU ranks (gloo)
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --a2a-ffn-overlap-degree 1,2,4
   qbench moe --world-size 4 --routing rand-skew --replicate-hot 0,4 --trace runs/moe-traces
-  qbench moe --world-size 4 --system a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --format seed
-  qbench moe --world-size 4 --system a2a,tutel           # Tutel's layer beside qbench's (where tutel imports)
+  qbench moe --world-size 4 --variant a2a,blocks --locality 0.25,0.5,0.75,1.0 --gemm triton,torch --format seed
+  qbench moe --world-size 4 --variant a2a,tutel          # Tutel's layer beside qbench's (where tutel imports)
   qbench moe --world-size 1 --capacity-factor 1.0 --exec eager,compile,graph   # one GPU, the three modes
   qbench moe --world-size 4 --num-local-experts 8,16,32,64 --out runs/moe-e --resume   # finish a cut sweep
   torchrun --nnodes 2 --nproc-per-node 8 --node-rank 0 --master-addr HOST -m qbench moe   # 2 GPU nodes
@@ -39,7 +39,8 @@ def command(fmt, plot, steps, dtypes, out, append, force, as_json, resume, **fie
     configs = [bench.resolve(bench.MoEBenchConfig(num_steps=steps, dtype=dtype, **fields))
                for dtype in dtypes or (None,)]  # None: the device's default dtype
     _check_flags(configs[0], plot, resume)
-    done = resumed(bench.BENCH, out, resume, force, key=lambda record: bench.resume_id(record["params"]))
+    measured = lambda record: bench.resume_id(record["params"])  # noqa: E731 - one measurement's records share it
+    done = resumed(bench.BENCH, out, resume, force, key=measured)
     # each validates now: usage errors before any notice or record
     config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
     if not dist.is_primary():  # ranks > 0 of a torchrun job measure but never write results
@@ -49,11 +50,12 @@ def command(fmt, plot, steps, dtypes, out, append, force, as_json, resume, **fie
     try:
         total = sum(len(bench.plan(c, done)) for c in configs)
         kept = run_and_store(bench.BENCH, config, records, total=total, out=out, append=append or resume, force=force,
-                             as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device))
+                             as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device),
+                             unit=measured)
     except dist.RankFailure as exc:
         raise click.ClickException(str(exc)) from None
-    for record in [r for r in kept if r["status"] == "ok" and fmt == "seed"]:
-        click.echo("\n".join(bench.seed_lines(record)))
+    for measured in bench.measurements([r for r in kept if r["status"] == "ok" and fmt == "seed"]):
+        click.echo("\n".join(bench.seed_lines(measured)))
     draw_figure(plot, out)
 
 

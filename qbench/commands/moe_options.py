@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from qbench.benches.moe.config import GEMMS, KERNEL_BENCHES, SYSTEMS, TRANSPORTS
+from qbench.benches.moe.config import GEMMS, KERNEL_BENCHES, TRANSPORTS
+from qbench.metrics.moe import VARIANTS
 from qbench.options import (
     MAX_SIZE,
     WARMUP_STEPS,
@@ -55,14 +56,14 @@ OPTIONS = [
     _opt("--replicate-hot", parser=_counts, default="0", help="Hot experts computed locally on every rank."),
     _opt("--routing", "routings", _words, default="randn", help="randn, rand-skew, uniform, zipf:S, trace:FILE."),
     _opt("--gemm", "gemms", parse_names(GEMMS), default="auto", help=f"Grouped GEMM: {', '.join(GEMMS)} (a list)."),
-    _opt("--system", "systems", parse_names(SYSTEMS), default="a2a",
-         help="a2a (all-to-all + grouped GEMM), blocks (block dispatch fused with the GEMMs) or tutel (Tutel's "
-              "layer, where it imports); a list sweeps."),
-    _opt("--block-size", type=_INT, default=64, help="Rows per block of --system blocks."),
+    click.option("--variant", "--system", "variants", callback=callback(parse_names(VARIANTS)), default="a2a",
+                 show_default=True, help="a2a (all-to-all + grouped GEMM), blocks (block dispatch fused with the "
+                 "GEMMs) or tutel (Tutel's layer, where it imports); a list sweeps. --system: the same."),
+    _opt("--block-size", type=_INT, default=64, help="Rows per block of --variant blocks."),
     _opt("--locality", "localities", lambda v: _floats(v) or (None,),
          help="P[,P...]: each choice's expert lives on the token's own rank with probability P (forced routing)."),
     _opt("--transport", type=click.Choice(TRANSPORTS), default="auto",
-         help="--system blocks: symmetric memory where available (auto), or force one."),
+         help="--variant blocks: symmetric memory where available (auto), or force one."),
     _opt("--model", type=click.Choice(("layer", "attn-moe")), default="layer"),
     steps_option("Timed steps (100; CPU: 10).", "--num-steps"),
     _opt("--warmup", type=WARMUP_STEPS, help="Untimed steps (10; CPU: 2)."), device_option,

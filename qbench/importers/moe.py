@@ -7,10 +7,12 @@ A log holds one or more benchmark blocks, each:
   [Summary] Average synchronized step_time = 22.85 ms, forward = 20.66, backward = 2.13.
 Only rank 0 prints STEP lines, so "max over ranks" is not available for step times. Times are ms.
 
-Each block becomes one "moe" record: the header params; step/forward/backward time as the median
-of the STEP lines after WARMUP_STEPS (those lines are the samples); TFLOP/s by the seed's formula;
-the seed's own summary and the number of trailing steps it averages (found by recomputing it);
-the printed expert count; and, for MixMoE, per-rank diagnostics (see _diagnostics).
+Each block becomes the tidy "moe" records of one measurement (qbench/migration/moe.py tidy; variant blocks
+where the log has MixMoE's block diagnostics, else a2a; exec eager, timing per_step): the header params;
+step/forward/backward time as the median of the STEP lines after WARMUP_STEPS (those lines are the samples);
+TFLOP/s by the seed's formula; the seed's own summary and the number of trailing steps it averages (found by
+recomputing it); the printed expert count; and, for MixMoE, per-rank diagnostics (see _diagnostics), the
+per-rank ones as records with param `rank`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from qbench import store, units
+from qbench import store
 from qbench.errors import QbenchUsageError
 
 WARMUP_STEPS = 10  # qbench's MoE rule: at least 10 warm-up steps before the measured ones
@@ -37,13 +39,13 @@ INT_KEYS = ("world_size", "model_dim", "hidden_size", "samples", "num_local_expe
 
 
 def read_moe_log(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One "moe" record per benchmark block; a STEP line that does not parse and a block whose header
+    """The "moe" records of each benchmark block; a STEP line that does not parse and a block whose header
     lacks a size are skipped and named in env["skipped"]."""
     lines, skipped = _parsable(text.splitlines())
     records = []
     for number, block in enumerate(_blocks(lines), start=1):
         try:
-            records.append(_block_record(block))
+            records.extend(_block_records(block))
         except (ValueError, ArithmeticError) as exc:  # a value that does not parse, a zero time or count
             skipped.append(f"benchmark block {number}: {str(exc)[:120]}")
     if not records:
@@ -134,7 +136,9 @@ def summary_window(steps: list[tuple[float, ...]], summary: tuple[float, float, 
     return found
 
 
-def _block_record(lines: list[str]) -> dict[str, Any]:
+def _block_records(lines: list[str]) -> list[dict[str, Any]]:
+    from qbench.migration.moe import tidy
+
     params = _header(lines)
     steps, chunks = _steps(lines)
     kept = slice(WARMUP_STEPS, None) if len(steps) > WARMUP_STEPS else slice(min(1, len(steps) - 1), None)
@@ -142,31 +146,31 @@ def _block_record(lines: list[str]) -> dict[str, Any]:
         name: [s[i] for s in steps[kept]] for i, name in enumerate(("step_time", "forward_time", "backward_time"))
     }
     metrics = {name: statistics.median(values) for name, values in columns.items()}
-    unit_of = dict.fromkeys(metrics, units.MS)
     flop = params["samples"] * params["model_dim"] * params["hidden_size"] * 4 * params["top_k"] * 3
-    metrics["tflops"], unit_of["tflops"] = flop / (metrics["step_time"] * 1e-3) / 1e12, units.TFLOPS
-    counts = {"steps_logged": len(steps), "warmup_steps": len(steps) - len(steps[kept])}
-    metrics.update(counts)
-    unit_of.update(dict.fromkeys(counts, units.COUNT))
-    _summary(lines, steps, metrics, unit_of)
-    _experts(lines, params, metrics, unit_of)
-    _diagnostics(chunks[kept], metrics, unit_of)
-    return store.make_record("moe", params, metrics, units=unit_of, samples=columns, device="cuda")
+    metrics["tflops"] = flop / (metrics["step_time"] * 1e-3) / 1e12
+    metrics.update(steps_logged=len(steps), warmup_steps=len(steps) - len(steps[kept]))
+    _summary(lines, steps, metrics)
+    _experts(lines, params, metrics)
+    _diagnostics(chunks[kept], metrics)
+    blocks = any(name.startswith("blocks_rank") for name in metrics)
+    measured = {**params, "variant": "blocks" if blocks else "a2a", "exec": "eager"}
+    return [store.make_record("moe", p, values, samples=kept_samples, device="cuda")
+            for p, values, kept_samples in tidy(measured, metrics, columns)]
 
 
-def _summary(lines, steps, metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
+def _summary(lines, steps, metrics: dict[str, Any]) -> None:
     match = next((SUMMARY.search(x) for x in lines if SUMMARY.search(x)), None)
     if match is None:
         return
     values = tuple(float(v) for v in match.groups())
     for name, value in zip(("summary_step_time", "summary_forward_time", "summary_backward_time"), values):
-        metrics[name], unit_of[name] = value, units.MS
+        metrics[name] = value
     window = summary_window(steps, values)
     if window is not None:
-        metrics["summary_steps"], unit_of["summary_steps"] = window, units.COUNT
+        metrics["summary_steps"] = window
 
 
-def _experts(lines, params, metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
+def _experts(lines, params, metrics: dict[str, Any]) -> None:
     """Experts held per rank (the printed FMoELinear num_expert) and the gate's total expert count."""
     text = "\n".join(lines)
     per_rank = re.search(r"FMoELinear\(num_expert=(\d+)", text)
@@ -176,9 +180,6 @@ def _experts(lines, params, metrics: dict[str, Any], unit_of: dict[str, str]) ->
         metrics["replicated_expert_slots"] = int(per_rank.group(1)) - params["num_local_experts"]
     if gate:
         metrics["total_experts"] = int(gate.group(1))
-    unit_of.update(
-        {k: units.COUNT for k in ("experts_per_rank", "replicated_expert_slots", "total_experts") if k in metrics}
-    )
 
 
 def _max_per_step(chunks: list[list[str]], pattern: str) -> float | None:
@@ -203,28 +204,25 @@ UNLABELLED = {
 }
 
 
-def _diagnostics(chunks: list[list[str]], metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
+def _diagnostics(chunks: list[list[str]], metrics: dict[str, Any]) -> None:
     """MixMoE's per-rank lines: `block_info TOTAL REMOTE` (64-token blocks), `AG|GA, remote
     fraction, ms, 0` (fused gather+GEMM / GEMM+scatter; first per step = forward, second = backward),
     `cuda:R process time: ms` (host planning). Absent in other logs: nothing is added."""
     for name, pattern in UNLABELLED.items():
         value = _max_per_step(chunks, pattern)
         if value is not None:
-            metrics[name], unit_of[name] = value, units.MS
+            metrics[name] = value
     ranks = _rank_blocks(chunks)
     if not ranks:
         return
     for rank, (total, remote) in sorted(ranks.items()):
         metrics[f"blocks_rank{rank}"], metrics[f"remote_blocks_rank{rank}"] = total, remote
         metrics[f"remote_fraction_rank{rank}"] = remote / total
-        unit_of.update({f"blocks_rank{rank}": units.COUNT, f"remote_blocks_rank{rank}": units.COUNT})
-        unit_of[f"remote_fraction_rank{rank}"] = units.RATIO
     totals = [t for t, _ in ranks.values()]
     metrics["remote_fraction"] = sum(r for _, r in ranks.values()) / sum(totals)
     metrics["block_imbalance"] = max(totals) / (sum(totals) / len(totals))  # busiest rank / mean
-    unit_of.update(remote_fraction=units.RATIO, block_imbalance=units.RATIO)
-    _transfer_times(chunks, ranks, metrics, unit_of)
-    _planning_times(chunks, metrics, unit_of)
+    _transfer_times(chunks, ranks, metrics)
+    _planning_times(chunks, metrics)
 
 
 RANKED_BLOCKS = re.compile(r"block_info (\d+) (\d+) rank (\d+)")
@@ -254,7 +252,7 @@ def _rank_blocks(chunks: list[list[str]]) -> dict[int, tuple[int, int]]:
     return ranks
 
 
-def _transfer_times(chunks, ranks, metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
+def _transfer_times(chunks, ranks, metrics: dict[str, Any]) -> None:
     """AG/GA ms per rank (median over steps), matched to ranks by their remote fraction."""
     fraction_rank = {round(remote / total, 6): rank for rank, (total, remote) in ranks.items()}
     times: dict[str, list[float]] = {}
@@ -271,14 +269,14 @@ def _transfer_times(chunks, ranks, metrics: dict[str, Any], unit_of: dict[str, s
             seen[(kind, rank)] += 1
             times.setdefault(f"{kind}_{phase}_ms_rank{rank}", []).append(float(m.group(3)))
     for name, values in sorted(times.items()):
-        metrics[name], unit_of[name] = statistics.median(values), units.MS
+        metrics[name] = statistics.median(values)
 
 
-def _planning_times(chunks, metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
+def _planning_times(chunks, metrics: dict[str, Any]) -> None:
     per_rank: dict[int, list[float]] = {}
     for chunk in chunks:
         for line in chunk:
             if m := re.match(r"cuda:(\d+) process time:\s*([\d.]+)", line):
                 per_rank.setdefault(int(m.group(1)), []).append(float(m.group(2)))
     for rank, values in sorted(per_rank.items()):
-        metrics[f"plan_ms_rank{rank}"], unit_of[f"plan_ms_rank{rank}"] = statistics.median(values), units.MS
+        metrics[f"plan_ms_rank{rank}"] = statistics.median(values)

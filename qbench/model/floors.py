@@ -165,13 +165,13 @@ def moe(params: Mapping, metrics: Mapping, hw: Hardware) -> dict[str, Floor]:
                    bytes_moved=fwd.bytes_moved + bwd.bytes_moved)
     if params.get("eval"):  # forward only: the step is the forward
         step = fwd
-    return {"forward_time": fwd, "backward_time": bwd, "step_time": step}
+    return {"forward_ms": fwd, "backward_ms": bwd, "step_ms": step}  # the moe records' metric names
 
 
 def _transfer_ms(params: Mapping, metrics: Mapping, n: int, row_bytes: float, hw: Hardware) -> float:
     """One direction of the token exchange: an all-to-all of the rows one rank sends, of which (n-1)/n
-    leave it; for --system blocks only the busiest rank's remote rows cross NVLink (+ 5 us a call)."""
-    if params.get("system") == "blocks" and metrics.get("remote_rows") is not None:
+    leave it; for --variant blocks only the busiest rank's remote rows cross NVLink (+ 5 us a call)."""
+    if params.get("variant") == "blocks" and metrics.get("remote_rows") is not None:
         return metrics["remote_rows"] * row_bytes / hw.nvlink_bytes_per_s * 1e3 + 5e-3
     sent = metrics.get("sent_rows") or params["samples"] * params["top_k"]
     return collective_ms(sent * row_bytes, n, hw, kind="all_to_all")

@@ -139,7 +139,7 @@ NUMERIC = {
 
 # The other parameters each workload's floors read (qbench.model.floors); any other key is a typo.
 WORDS = {"gemm": ("dtype",), "switchback": ("dtype",), "fragmented": ("dtype", "layer", "mode"),
-         "moe": ("dtype", "system")}
+         "moe": ("dtype", "variant")}
 
 
 def _check_numbers(workload: str, params: dict) -> None:

@@ -13,7 +13,6 @@ from qbench.modes import EXECS  # the execution modes (this bench prepares them 
 
 BENCH = "moe"
 GEMMS = ("auto", "triton", "torch", "reference")  # grouped GEMM backends (kernels/grouped_gemm.py)
-SYSTEMS = ("a2a", "blocks", "tutel")  # tutel: Tutel's moe_layer where it imports (tutel.py)
 TRANSPORTS = ("auto", "symm", "symm-fused-ga", "symm-fused", "a2a")  # blocks: qbench/layers/moe/transport.py
 # Every mode the device runs: on a GPU all three (a configuration a mode cannot run is a `skipped`
 # record with the reason: compile at world size > 1, graph where the shapes follow the routing), on
@@ -51,7 +50,7 @@ class MoEBenchConfig:
     seed: int = 0
     timeout_s: float = 600.0
     trace_dir: str | None = None  # also record a few profiled steps per configuration here
-    systems: tuple[str, ...] = ("a2a",)
+    variants: tuple[str, ...] = ("a2a",)
     block_size: int = 64
     localities: tuple[float | None, ...] = (None,)  # None: the routing kind alone decides
     transport: str = "auto"  # blocks: auto (symm where available, else a2a) | symm[-fused-ga|-fused] | a2a

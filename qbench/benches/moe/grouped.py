@@ -16,18 +16,18 @@ Rows per segment are uneven and seeded (expert popularity: softmax of N(0, 0.6^2
 Every case is first checked (both kernels against the plain-torch reference and each other); any
 mismatch makes every record an error and nothing is timed. Then all three are timed (qbench.timing,
 L2 flushed between repeats). The wall clock of each kernel's first call (Triton compile + autotune)
-is kept as a note, not a result. Records: bench "grouped_gemm", one per case.
+is kept as a note, not a result. Records: bench "grouped_gemm", one per case and variant (tma, pointer,
+dense; qbench/metrics/grouped.py), through qbench/migration/grouped.py's tidy().
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qbench import store, units
+from qbench import store
 from qbench.dtypes import tolerance
-
-BENCH = "grouped_gemm"
-ABS_ERROR = "abs. error"  # informative unit (no direction) for the max absolute errors
+from qbench.metrics.grouped import BENCH
+from qbench.migration.grouped import tidy
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,10 @@ def run(config):
             metrics = {**timed, **metrics}
         elif not error:  # checked and right, but a record without timings is not a result
             status, error = "skipped", f"not timed: {', '.join(failed)} failed the check"
-        yield store.make_record(BENCH, _params(case, config.dtype, inputs[case]), metrics, units=_units(metrics),
-                                samples=samples, status=status, error=error, device=device)
+        params = _params(case, config.dtype, inputs[case])
+        for tidy_params, values, kept in tidy(params, metrics, samples) or [(params, {}, {})]:
+            yield store.make_record(BENCH, tidy_params, values, samples=kept, status=status, error=error,
+                                    device=device)
 
 
 def _counts(groups: int, rows: int, sources: int, R: int, gen):
@@ -178,12 +180,6 @@ def _errors(got, want) -> tuple[float, float]:
     return err, err / max(float(want.float().abs().max()), 1e-6)
 
 
-def _units(metrics: dict) -> dict:
-    suffix = {"_ms": units.MS, "_tflops": units.TFLOPS, "_rel_err": units.REL_ERROR, "_abs_err": ABS_ERROR,
-              "speedup_tma": units.SPEEDUP}
-    return {k: next(u for end, u in suffix.items() if k.endswith(end)) for k in metrics}
-
-
 def _params(case: Case, dtype: str, inp: dict) -> dict:
     return {"shape": case.name, "dtype": dtype, "groups": case.groups, "segments_per_group": case.sources,
             "rows": inp["rows"], "empty_segments": inp["empty"], "K": case.K, "N": case.N,
@@ -199,7 +195,6 @@ def _seed(case: Case) -> int:
 def table(records: list[dict]):
     from qbench.report import records_table
 
-    metrics = ["tma_ms", "pointer_ms", "dense_ms", "tma_tflops", "pointer_tflops", "dense_tflops", "speedup_tma",
-               "tma_rel_err", "tma_first_call_ms", "pointer_first_call_ms"]
-    return records_table(records, ["shape", "dtype", "rows", "w_layout"], metrics,
+    metrics = ["kernel_ms", "tflops", "speedup", "rel_err", "first_call_ms"]
+    return records_table(records, ["shape", "dtype", "rows", "w_layout", "variant"], metrics,
                          title="grouped GEMM, TMA vs pointer kernels (first_call_ms: compile + autotune, a note)")

@@ -1,4 +1,5 @@
-"""Metrics of one `qbench moe` record from its per-step samples and routing statistics.
+"""The measured values of one `qbench moe` measurement from its per-step samples and routing statistics,
+under the timing code's names (qbench/migration/moe.py turns them into tidy records with declared units).
 
 Times in ms (median over steps of the max over ranks); tflops by the seeds' formula, tflops_full
 over the rows actually computed; floor_ms and roofline_fraction from the performance model.
@@ -9,8 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from qbench import units
-from qbench.benches.moe.cases import params_of
+from qbench.benches.moe.cases import Case, params_of
 from qbench.benches.moe.config import MoEBenchConfig
 
 
@@ -41,45 +41,26 @@ def experts_tflops(config: MoEBenchConfig, stats: dict, world_size: int, metrics
     return flops / ((forward + (0.0 if config.eval else backward)) * 1e-3) / 1e12
 
 
-def summarize(config, case, world_size, samples, stats, memory, device):
-    metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v and "_rank" not in k}
-    unit_of = {k: units.by_name(k) or units.MS for k in metrics}  # phase times in ms; clock, power by name
+def summarize(config, case: Case, world_size, samples, stats, memory, device) -> dict[str, Any]:
+    """The medians of the samples, throughputs, routing and block statistics and the floor of one measurement."""
+    metrics: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items() if v}
     step = metrics["step_time"]
-    E = case["num_local_experts"] * world_size
+    E = case.num_local_experts * world_size
     metrics["tflops"] = seed_flops(config) / (step * 1e-3) / 1e12
     metrics["tflops_full"] = full_flops(config, stats, world_size, E) / (step * 1e-3) / 1e12
-    unit_of.update(tflops=units.TFLOPS, tflops_full=units.TFLOPS)
     if "loop_step_time" in metrics:  # the seeds' formula over the step in a loop
         metrics["loop_tflops"] = seed_flops(config) / (metrics["loop_step_time"] * 1e-3) / 1e12
-        unit_of["loop_tflops"] = units.TFLOPS
     ffn = experts_tflops(config, stats, world_size, metrics)
     if ffn is not None:
-        metrics["experts_tflops"], unit_of["experts_tflops"] = ffn, units.TFLOPS
+        metrics["experts_tflops"] = ffn
     metrics.update(stats)
-    unit_of.update(expert_load_max_over_mean=units.RATIO, rank_load_max_over_mean=units.RATIO,
-                   dropped_tokens=units.COUNT, computed_rows=units.COUNT, sent_rows=units.COUNT)
-    _block_metrics(samples, stats, metrics, unit_of)
     if memory is not None:
-        metrics["peak_memory_mb"], unit_of["peak_memory_mb"] = memory, units.MB
+        metrics["peak_memory_mb"] = memory
     floor = floor_ms(params_of(config, case, world_size), stats, device)
     if floor is not None:
-        metrics["floor_ms"], unit_of["floor_ms"] = floor, units.MS
+        metrics["floor_ms"] = floor
         metrics["roofline_fraction"] = floor / step
-        unit_of["roofline_fraction"] = units.FRACTION_OF_ROOFLINE
-    return metrics, unit_of
-
-
-def _block_metrics(samples, stats, metrics: dict[str, Any], unit_of: dict[str, str]) -> None:
-    """System blocks: per-rank AG/GA medians under the seed importer's names (ag_fwd_ms_rank<r> ...),
-    and units of the block statistics (counts informative; fractions and imbalance lower-is-better)."""
-    for key, values in samples.items():
-        if "_time_rank" in key and values:
-            phase, rank = key.split("_time_rank")
-            name = f"{phase.removeprefix('backward_')}_{'bwd' if phase.startswith('backward_') else 'fwd'}_ms"
-            metrics[f"{name}_rank{rank}"], unit_of[f"{name}_rank{rank}"] = statistics.median(values), units.MS
-    for name in stats:
-        if name not in unit_of:
-            unit_of[name] = units.RATIO if "fraction" in name or "imbalance" in name else units.COUNT
+    return metrics
 
 
 def floor_ms(params: dict, stats: dict, device: str) -> float | None:
@@ -92,4 +73,4 @@ def floor_ms(params: dict, stats: dict, device: str) -> float | None:
     hardware = current_gpu_preset(device)
     if hardware is None:
         return None
-    return moe_floors(params, stats, hardware)["step_time"].floor_ms
+    return moe_floors(params, stats, hardware)["step_ms"].floor_ms

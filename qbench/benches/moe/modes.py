@@ -33,7 +33,7 @@ def refusal(mode: str, config, moe, world_size: int) -> str | None:
     if mode == "eager":
         return None
     if getattr(moe, "twin", None) is not None:
-        return f"{mode}: --system tutel is timed eager (Tutel's layer as its users run it)"
+        return f"{mode}: --variant tutel is timed eager (Tutel's layer as its users run it)"
     if config.model == "attn-moe":
         return (f"{mode}: the attn-moe model trains under DistributedDataParallel, whose gradient all-reduce is "
                 f"not {'traced' if mode == 'compile' else 'captured'} here; use --model layer")

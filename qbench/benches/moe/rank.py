@@ -19,9 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from qbench import units
 from qbench.benches.moe import modes
-from qbench.benches.moe.cases import case_label, mode_params, params_of, pending_cases, resolve_gemm
+from qbench.benches.moe.cases import Case, case_label, mode_params, params_of, pending_cases, resolve_gemm
 from qbench.benches.moe.config import BENCH, MoEBenchConfig
 from qbench.benches.moe.metrics import summarize
 from qbench.benches.moe.observe import Routed, last_plan, no_phase
@@ -31,6 +30,7 @@ from qbench.dist import max_over_ranks
 from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
 from qbench.layers.moe.reference import check_layer
 from qbench.layers.moe.routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
+from qbench.migration.moe import tidy
 from qbench.samples import drift_error
 from qbench.store import make_record
 from qbench.timing import backward_thread
@@ -47,36 +47,36 @@ def rank_main(ctx, config: MoEBenchConfig, done: frozenset[str] = frozenset()) -
         yield from one_case(ctx, config, case)
 
 
-def one_case(ctx, config: MoEBenchConfig, case: dict[str, Any]) -> Iterator[dict]:
+def one_case(ctx, config: MoEBenchConfig, case: Case) -> Iterator[dict]:
     """Build, check against the reference, then measure one configuration in every mode. A failure on
     any rank is an error record on every rank (they agree before each collective step, so none is left
     waiting)."""
     device = _device_kind(ctx)
-    case = dict(case, gemm=resolve_gemm(case["gemm"], device))
+    case = resolve_gemm(case, device)
     params = params_of(config, case, ctx.world_size)
     error = None
     try:
         model, moe, x, dy, choice = build(ctx, config, case)
         params["transport"] = getattr(getattr(moe, "transport", None), "name", "a2a")
-        params.update(_system_versions(case))
+        params.update(_tutel_versions(case))
     except Exception as exc:  # noqa: BLE001 - a configuration that cannot be built is an error record
         error = f"{type(exc).__name__}: {exc}"
     if not agree(error is None, ctx.device):  # every rank skips together (no stray collective)
         yield from _every_exec(config, params, device, error or "failed on another rank")
         return
     try:
-        ok, detail = check(ctx, moe, x, choice)
+        ok, max_error, detail = check(ctx, moe, x, choice)
     except Exception as exc:  # noqa: BLE001 - e.g. a GEMM backend that rejects these shapes on every rank
-        ok, detail = False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ok, max_error, detail = False, None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if not agree(ok, ctx.device) or not ok:
         yield from _every_exec(config, params, device, f"reference check failed: {detail}")
         return
-    yield from measure(ctx, config, case, params, (model, moe, x, dy), detail)
+    yield from measure(ctx, config, case, params, (model, moe, x, dy), max_error)
 
 
-def _system_versions(case) -> dict[str, str]:
-    """System tutel: Tutel's version and commit (params); nothing for qbench's own systems."""
-    if case.get("system") != "tutel":
+def _tutel_versions(case: Case) -> dict[str, str]:
+    """Variant tutel: Tutel's version and commit (params); nothing for qbench's own variants."""
+    if case.variant != "tutel":
         return {}
     from qbench.benches.moe.tutel import tutel_info
 
@@ -88,15 +88,15 @@ def _every_exec(config, params: dict[str, Any], device: str, error: str) -> Iter
         yield make_record(BENCH, p, status="error", error=error, device=device)
 
 
-def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str, Any], built,
-            detail: str) -> Iterator[dict]:
+def measure(ctx, config: MoEBenchConfig, case: Case, params: dict[str, Any], built,
+            max_error: float) -> Iterator[dict]:
     """Routing statistics, then per execution mode: skipped with its reason, or timed steps, the
-    divergence and drift checks and (eager, with trace_dir) profiled steps; `detail`: the reference
-    check's description (its max error is a metric)."""
+    divergence and drift checks and (eager, with trace_dir) profiled steps; `max_error`: the reference
+    check's largest relative error (a metric)."""
     model, moe, x, dy = built
-    twin = getattr(moe, "twin", None)  # system tutel: its routing is its twin's (same gate, same tokens)
+    twin = getattr(moe, "twin", None)  # variant tutel: its routing is its twin's (same gate, same tokens)
     stats, plan = routing_stats(ctx, model, moe, x) if twin is None else routing_stats(ctx, twin[0], twin[0], x)
-    if case.get("system") == "blocks":
+    if case.variant == "blocks":
         stats.update(block_stats(ctx, plan))
     want: list = []  # an eager step's output and gradients, taken once for the compile / graph checks
     for p in mode_params(config, params):
@@ -108,12 +108,12 @@ def measure(ctx, config: MoEBenchConfig, case: dict[str, Any], params: dict[str,
         if mode != "eager" and not want:
             want = _eager_results(config, model, x, dy)
         with backward_thread(p["backward_thread"]):
-            record = measure_mode(ctx, config, case, p, built, stats, detail, want)
-        yield record
+            records = measure_mode(ctx, config, case, p, built, stats, max_error, want)
+        yield from records
 
 
-def measure_mode(ctx, config, case, params, built, stats, detail: str, want: list) -> dict:
-    """One execution mode (params["exec"]) of a checked configuration: its record."""
+def measure_mode(ctx, config, case, params, built, stats, max_error: float, want: list) -> list[dict]:
+    """One execution mode (params["exec"]) of a checked configuration: its records."""
     model, moe, x, dy = built
     device, mode, out = _device_kind(ctx), params["exec"], {}
     try:
@@ -121,7 +121,7 @@ def measure_mode(ctx, config, case, params, built, stats, detail: str, want: lis
     except Exception as exc:  # noqa: BLE001 - e.g. a capture or compilation that fails here
         samples, step, failure = None, None, f"{mode}: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     if not agree(failure is None, ctx.device):
-        return make_record(BENCH, params, status="error", error=failure or "failed on another rank", device=device)
+        return [make_record(BENCH, params, status="error", error=failure or "failed on another rank", device=device)]
     finite = outputs_finite(ctx, out) and weights_finite(ctx, model)
     extra = {"peak_memory_mb": peak_memory_mb(ctx), "host_ms": host_ms(ctx, config, step)}
     if mode == "eager":  # after host_ms, in a pass of its own: its clocks are on no other measured path
@@ -130,32 +130,36 @@ def measure_mode(ctx, config, case, params, built, stats, detail: str, want: lis
         try:
             samples.update(modes.graph_phases(ctx, config, model, moe, x, dy, out))
         except Exception as exc:  # noqa: BLE001 - the record says why, the sweep goes on
-            return make_record(BENCH, params, status="error", device=device,
-                               error=f"graph phases: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+            return [make_record(BENCH, params, status="error", device=device,
+                                error=f"graph phases: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")]
     if config.trace_dir and mode == "eager":
         trace_steps(moe, lambda phase: make_step(config, model, x, dy, phase), Path(config.trace_dir),
                     case_label(case), ctx.rank)
-    return record_of(config, case, params, ctx.world_size, samples, stats, extra, detail, device, finite)
+    return record_of(config, case, params, ctx.world_size, samples, stats, extra, max_error, device, finite)
 
 
-def record_of(config, case, params, world_size: int, samples, stats, extra: dict, detail: str, device: str,
-              finite: bool = True) -> dict:
-    """The record of a timed mode: `error` (never `ok`) when its weights or outputs stopped being finite
-    or its step time drifted (qbench.samples.drift_error), else `ok`; metrics and samples are kept either way
-    but for a diverged layer (its times measured something else)."""
+# the per-step samples a record keeps (the seed lines and compare's significance tests read them), besides the
+# per-rank phase samples of variant blocks (<phase>_time_rank<r>)
+KEPT_SAMPLES = ("step_time", "forward_time", "backward_time", "step_time_instrumented", "loop_step_time")
+
+
+def record_of(config, case: Case, params, world_size: int, samples, stats, extra: dict, max_error: float,
+              device: str, finite: bool = True) -> list[dict]:
+    """The records of a timed mode (timing per_step, loop, and per rank: qbench/migration/moe.py tidy):
+    `error` (never `ok`) when its weights or outputs stopped being finite or its step time drifted
+    (qbench.samples.drift_error), else `ok`; metrics and samples are kept either way but for a diverged
+    layer (its times measured something else)."""
     if not finite:
-        return make_record(BENCH, params, status="error", device=device,
-                           error="weights or outputs not finite after the timed steps: the timing measured a "
-                                 "diverged layer")
-    metrics, unit_of = summarize(config, case, world_size, samples, stats, extra["peak_memory_mb"], device)
-    for name in (k for k in extra if k.startswith("host_")):  # host_ms, host_<phase>_ms, host_ms_instrumented
-        metrics[name], unit_of[name] = extra[name], units.MS
-    metrics["check_max_rel_error"] = float(detail.split("max error ")[1].split(" ")[0])
-    unit_of["check_max_rel_error"] = units.REL_ERROR
+        return [make_record(BENCH, params, status="error", device=device,
+                            error="weights or outputs not finite after the timed steps: the timing measured a "
+                                  "diverged layer")]
+    metrics = summarize(config, case, world_size, samples, stats, extra["peak_memory_mb"], device)
+    metrics.update((k, v) for k, v in extra.items() if k.startswith("host_"))  # host_ms, host_<phase>_ms, ...
+    metrics["check_max_rel_error"] = max_error
     drifted = drift_error(samples["step_time"])
-    keep = ("step_time", "forward_time", "backward_time", "step_time_instrumented", "loop_step_time")
-    return make_record(BENCH, params, metrics, units=unit_of, device=device, status="error" if drifted else "ok",
-                       error=drifted, samples={k: v for k, v in samples.items() if k in keep or "_time_rank" in k})
+    kept = {k: v for k, v in samples.items() if k in KEPT_SAMPLES or "_time_rank" in k}
+    return [make_record(BENCH, p, values, device=device, status="error" if drifted else "ok", error=drifted,
+                        samples=values_samples) for p, values, values_samples in tidy(params, metrics, kept)]
 
 
 def _mode_samples(ctx, config, mode: str, built, out: dict, want: list):
@@ -195,24 +199,24 @@ def _device_kind(ctx) -> str:
     return "cuda" if ctx.device.startswith("cuda") else "cpu"
 
 
-def build(ctx, config, case: dict[str, Any]):
+def build(ctx, config, case: Case):
     """(model, moe layer, x, dy, choice) for one configuration on this rank: choice, the routing kind's
     forced expert ids [T, k] (or None: the gate routes), which the model (observe.Routed) passes on."""
     dtype = torch_dtype(config.dtype)
-    opts = MoEOptions(config.model_dim, config.hidden_size, case["num_local_experts"], config.top_k,
+    opts = MoEOptions(config.model_dim, config.hidden_size, case.num_local_experts, config.top_k,
                       config.activation, config.capacity_factor, config.fp32_gate,
-                      case["a2a_ffn_overlap_degree"], case["replicate_hot"], case["gemm"])
+                      case.a2a_ffn_overlap_degree, case.replicate_hot, case.gemm)
     moe = _layer(ctx, config, case, opts, dtype)
-    spec = parse_routing(case["routing"])
+    spec = parse_routing(case.routing)
     gen = torch.Generator(device=ctx.device).manual_seed(config.seed * 1009 + ctx.rank + 1)
     x = make_input(spec, config.samples, config.model_dim, generator=gen, device=ctx.device, dtype=dtype)
     dy = torch.randn(x.shape, generator=gen, device=ctx.device).to(dtype)
     trace = load_trace(spec.trace, config.top_k, moe.num_experts) if spec.kind == "trace" else None
     choice = forced_choices(spec, config.samples, config.top_k, moe.num_experts, rank=ctx.rank,
                             step=0, trace=trace, device=ctx.device)
-    if case.get("locality") is not None:
+    if case.locality is not None:
         choice = locality_choices(config.samples, config.top_k, opts.num_local_experts, ctx.world_size,
-                                      case["locality"], rank=ctx.rank, step=0, device=ctx.device)
+                                  case.locality, rank=ctx.rank, step=0, device=ctx.device)
     model = moe
     if config.model == "attn-moe":
         model = ExampleModel(moe, max(1, config.model_dim // HEAD_DIM))
@@ -225,16 +229,16 @@ def build(ctx, config, case: dict[str, Any]):
 
 
 def _layer(ctx, config, case, opts, dtype):
-    """The a2a layer, or (system "blocks") the block-dispatch layer over its transport, or (system "tutel")
+    """The a2a layer, or (variant "blocks") the block-dispatch layer over its transport, or (variant "tutel")
     Tutel's layer with the a2a layer's weights (its gate without bias)."""
-    if case.get("system") == "tutel":
+    if case.variant == "tutel":
         from qbench.benches.moe.tutel import TutelLayer, zero_gate_bias
 
         twin = MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
                         seed=config.seed)
         zero_gate_bias(twin)
         return TutelLayer(twin)
-    if case.get("system", "a2a") == "blocks":
+    if case.variant == "blocks":
         from qbench.layers.moe import BlocksMoELayer
 
         return BlocksMoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device=ctx.device,
@@ -265,8 +269,9 @@ def weights_finite(ctx, model) -> bool:
     return agree(ok, ctx.device)
 
 
-def check(ctx, moe, x, choice=None) -> tuple[bool, str]:
-    """The MoE layer on its own tokens against the dense reference; a fresh dy for the check."""
+def check(ctx, moe, x, choice=None) -> tuple[bool, float, str]:
+    """The MoE layer on its own tokens against the dense reference, a fresh dy for the check: (every rank
+    passed, this rank's largest relative error over outputs and gradients, its description)."""
     x2 = x.reshape(-1, x.shape[-1])
     gen = torch.Generator(device=x2.device).manual_seed(4242 + ctx.rank)
     dy = torch.randn(x2.shape, generator=gen, device=x2.device).to(x2.dtype)
@@ -277,7 +282,7 @@ def check(ctx, moe, x, choice=None) -> tuple[bool, str]:
     else:
         result = check_layer(moe, x2, dy, choice)
     moe.zero_grad(set_to_none=True)
-    return agree(result.ok, ctx.device), result.describe()
+    return agree(result.ok, ctx.device), max(result.errors.values(), default=0.0), result.describe()
 
 
 @torch.no_grad()
@@ -288,7 +293,7 @@ def routing_stats(ctx, model, moe, x) -> tuple[dict[str, float], Any]:
     counts = routing.counts.clone().to(torch.float64)
     dist.all_reduce(counts)
     rank_rows = torch.zeros(ctx.world_size, dtype=torch.float64, device=counts.device)
-    # rows the expert GEMMs run on: what this rank received (both systems), plus its replicas' rows
+    # rows the expert GEMMs run on: what this rank received (both variants), plus its replicas' rows
     rank_rows[ctx.rank] = plan.recv_rows + sum(plan.kept[e] for e in plan.hot)
     dist.all_reduce(rank_rows)
     dropped = torch.tensor([float((~routing.keep).sum())], dtype=torch.float64, device=counts.device)

@@ -1,7 +1,7 @@
-"""`--system tutel`: Tutel's moe_layer (github.com/microsoft/tutel; optional, never a dependency) timed beside
+"""`--variant tutel`: Tutel's moe_layer (github.com/microsoft/tutel; optional, never a dependency) timed beside
 qbench's layer at the same configuration, on the same inputs, with the same timer and the same check.
 
-Tutel's layer takes the weights of the qbench MoELayer that system a2a builds (same seed), with the gate's
+Tutel's layer takes the weights of the qbench MoELayer that variant a2a builds (same seed), with the gate's
 bias zero (Tutel's gate has none), so that both compute the same function:
     gates[0].wg.weight [E, d] = gate.weight          experts.batched_fc1_w [L, h, d] = w1 [L, d, h] transposed
     experts.batched_fc1_bias [L, h] = b1             experts.batched_fc2_w [L, h, d] = w2
@@ -29,7 +29,7 @@ def tutel_info() -> dict[str, str] | None:
     """{"tutel_version", "tutel_commit"} where Tutel's moe_layer imports, else None."""
     try:
         import tutel
-        from tutel import moe  # noqa: F401 - what --system tutel needs
+        from tutel import moe  # noqa: F401 - what --variant tutel needs
     except Exception:  # noqa: BLE001 - any failure to import (missing, or built for another torch) means absent
         return None
     from importlib import metadata

@@ -76,21 +76,21 @@ def _validate_blocks(config: MoEBenchConfig) -> None:
 
 
 def _validate_tutel(config: MoEBenchConfig) -> None:
-    """--system tutel: Tutel importable, and only what Tutel's layer does (its gate routes; no replication)."""
-    if "tutel" not in config.systems:
+    """--variant tutel: Tutel importable, and only what Tutel's layer does (its gate routes; no replication)."""
+    if "tutel" not in config.variants:
         return
     from qbench.benches.moe.tutel import tutel_info
     from qbench.layers.moe.routing import parse_routing
 
     if tutel_info() is None:
-        raise QbenchUsageError("--system tutel needs Tutel importable: pip install --no-build-isolation --no-deps "
+        raise QbenchUsageError("--variant tutel needs Tutel importable: pip install --no-build-isolation --no-deps "
                                "--target DIR <a tutel checkout>, then put DIR on PYTHONPATH")
     if any(p is not None for p in config.localities) or any(
             parse_routing(r).kind not in ("randn", "rand-skew") for r in config.routings):
-        raise QbenchUsageError("--system tutel routes with Tutel's gate: use --routing randn or rand-skew, "
+        raise QbenchUsageError("--variant tutel routes with Tutel's gate: use --routing randn or rand-skew, "
                                "no --locality")
     if any(config.replicate_hot) or config.model != "layer":
-        raise QbenchUsageError("--system tutel times Tutel's layer alone: no --replicate-hot, --model layer")
+        raise QbenchUsageError("--variant tutel times Tutel's layer alone: no --replicate-hot, --model layer")
 
 
 def _validate_kernels(config: MoEBenchConfig) -> None:

@@ -21,7 +21,7 @@ COLUMNS = {
     "switchback": (("batch_size", "dim_in", "dim_out"), ("time_standard", "time_global", "speedup_global")),
     "moe": (("num_local_experts", "world_size"), ("step_time", "forward_time", "backward_time", "tflops")),
     "fragmented": (
-        ("in_features", "batch_size", "layer", "mode", "fragments"),
+        ("in_features", "batch_size", "variant", "task", "fragments"),
         ("forward_ms", "backward_optimizer_ms", "peak_memory_mb"),
     ),
     "model": (("workload",), ("time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s", "memory_total_gb")),

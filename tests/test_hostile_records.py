@@ -141,16 +141,16 @@ def test_a_warning_is_one_line_on_stderr_of_a_real_process(tmp_path):
                                         "object"]
 
 
-@pytest.mark.parametrize("bench", ["switchback", "fragmented", "moe", "model", "switchback_model",
-                                   "switchback_train"])
+@pytest.mark.parametrize("bench", ["switchback", "fragmented", "moe", "model", "block", "train_check"])
 @pytest.mark.parametrize("params", [{"x": "y"}, {"batch_size": "big", "dim_in": "wide", "dim_out": None,
                                                  "in_features": "a", "out_features": "b", "layer": 1,
                                                  "world_size": "w", "model": 3, "variant": 4, "exec": None}],
                          ids=["foreign params", "words for sizes"])
 def test_a_valid_record_with_foreign_params_is_never_a_crash(bench, params, tmp_path, capsys):
     """The schema checks types, not which parameters a bench has: the figure and the floors name the run."""
-    record = store.make_record(bench, params, {"time": 1.0, "forward_ms": 1.0, "step_time": 1.0},
-                               units={"time": "ms", "forward_ms": "ms", "step_time": "ms"})
+    record = {**store.make_record("toy", params, {"time": 1.0, "forward_ms": 1.0, "step_time": 1.0},
+                                  units={"time": "ms", "forward_ms": "ms", "step_time": "ms"}), "bench": bench}
+    record["case"] = store.case_id(params)  # a hand-written file: metrics its family does not declare, too
     run = _run(tmp_path, json.dumps(record), good=False)
     code, _, err = qbench(capsys, ["plot", run, "--out", tmp_path / "f.png"])
     assert code in (0, 2), err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from qbench import store
 from qbench.benches.model import against
 from qbench.benches.model.config import load_hardware
 from qbench.errors import QbenchUsageError
+from qbench.migration.switchback import tidy
 from qbench.model import floors, hardware
 from qbench.model.roofline import analyze, collective_ms, floor_ms, ridge_point, roofline_fraction
 
@@ -108,14 +110,21 @@ def switchback_record(M, K, N, dtype, slack):
     m["time_standard"] = m["standard_fwd"] + m["standard_gw"] + m["standard_gx"]
     metrics = {k: v * slack for k, v in m.items()}
     params = {"batch_size": M, "dim_in": K, "dim_out": N, "wm": 4, "switch": False, "dtype": dtype}
-    return store.make_record("switchback", params, metrics, device="cuda"), m
+    return [store.make_record("switchback", p, values, device="cuda") for p, values, _ in tidy(params, metrics)], m
+
+
+def placed(rows) -> set[tuple[str, str]]:
+    """(variant, metric) of each row of tidy switchback records."""
+    return {(re.search(r"variant=(\w+)", r.case).group(1), r.metric) for r in rows}
 
 
 def test_switchback_counts_match_the_ideal_exactly():
     """With measured = the ideal time, every fraction is 1: the flop and byte counts are the minimal ones."""
-    rec, _ = switchback_record(8192, 1024, 4096, "bf16", 1.0)
-    rows = against.rows_for([rec], H200)
-    assert {r.metric for r in rows} >= {"standard_fwd", "global_fwd", "x_quantize_rowwise", "time_standard"}
+    records, _ = switchback_record(8192, 1024, 4096, "bf16", 1.0)
+    rows = against.rows_for(records, H200)
+    # standard_fwd, global_fwd, x_quantize_rowwise, time_standard in the seed's names
+    assert placed(rows) >= {("16bit", "fwd_ms"), ("switchback", "fwd_ms"), ("switchback", "quantize_x_ms"),
+                            ("16bit", "kernels_ms")}
     off = [(r.metric, r.fraction) for r in rows if abs(r.fraction - 1) > 1e-9]
     assert not off, f"fractions off 1: {off[:3]}"
 
@@ -146,9 +155,9 @@ def write_run(path, records):
 
 def test_against_switchback_and_moe_runs_fraction_never_above_one(tmp_path):
     rng = random.Random(7)
-    sb = [switchback_record(rng.choice([1024, 3000, 32768]), rng.choice([1024, 1408, 8096]),
-                            rng.choice([4096, 5632, 1664]), rng.choice(["fp16", "bf16"]),
-                            rng.uniform(1.0, 4.0))[0] for _ in range(12)]
+    sb = [rec for _ in range(12) for rec in switchback_record(
+        rng.choice([1024, 3000, 32768]), rng.choice([1024, 1408, 8096]), rng.choice([4096, 5632, 1664]),
+        rng.choice(["fp16", "bf16"]), rng.uniform(1.0, 4.0))[0]]
     moe = [moe_record(rng, rng.uniform(1.0, 4.0)) for _ in range(12)]
     for name, records in (("switchback", sb), ("moe", moe)):
         run = write_run(tmp_path / name, records)
@@ -161,23 +170,24 @@ def test_against_switchback_and_moe_runs_fraction_never_above_one(tmp_path):
 
 def test_wrong_counts_are_caught():
     """A measurement faster than the floor reads above 1 (a wrong count or a cached run)."""
-    rec, ideal = switchback_record(4096, 4096, 4096, "bf16", 1.0)
-    rec["metrics"]["standard_fwd"] = ideal["standard_fwd"] / 2
-    row = next(r for r in against.rows_for([rec], H200) if r.metric == "standard_fwd")
+    records, ideal = switchback_record(4096, 4096, 4096, "bf16", 1.0)
+    (rec,) = [r for r in records if r["params"]["variant"] == "16bit"]
+    rec["metrics"]["fwd_ms"] = ideal["standard_fwd"] / 2
+    row = next(r for r in against.rows_for([rec], H200) if r.metric == "fwd_ms")
     assert row.fraction == pytest.approx(2.0)
 
 
 def test_fragmented_floors_are_lower_bounds():
-    params = {"in_features": 2048, "out_features": 2048, "batch_size": 16, "layer": "linear", "mode": "train",
+    params = {"in_features": 2048, "out_features": 2048, "batch_size": 16, "variant": "dense", "task": "train",
               "fragments": 0, "dtype": "fp32"}
     f = floors.fragmented(params, {"parameters": 2048 * 2048 + 2048}, H200)
     e = 4
     assert f["forward_ms"].flops == 2 * 16 * 2048 * 2048
     assert f["forward_ms"].bytes_moved == (2048 * 2048 + 16 * 4096) * e
     assert f["optimizer_ms"].bytes_moved == 7 * 2048 * 2048 * e  # Adam: 4 reads + 3 writes per parameter
-    hard = floors.fragmented({**params, "layer": "fragmented", "mode": "eval", "fragments": 8},
+    hard = floors.fragmented({**params, "variant": "fragmented", "task": "eval", "fragments": 8},
                              {"selected_fragments": 3}, H200)
-    soft = floors.fragmented({**params, "layer": "fragmented", "mode": "train", "fragments": 8}, {}, H200)
+    soft = floors.fragmented({**params, "variant": "fragmented", "task": "train", "fragments": 8}, {}, H200)
     assert hard["forward_ms"].bytes_moved < soft["forward_ms"].bytes_moved
 
 
@@ -187,7 +197,8 @@ def test_against_errors(tmp_path):
         against.against(run, gpu="h200")
     bare = tmp_path / "bare"
     with store.RunWriter(bare, {"gpu_name": "Some GPU"}) as w:
-        w.write(switchback_record(1024, 1024, 1024, "fp16", 1.0)[0])
+        for rec in switchback_record(1024, 1024, 1024, "fp16", 1.0)[0]:
+            w.write(rec)
     with pytest.raises(QbenchUsageError, match="no hardware preset"):
         against.against(bare)
     with pytest.raises(QbenchUsageError, match="unknown GPU"):

@@ -1,26 +1,11 @@
-"""`qbench switchback --model NAME`: a training step of a transformer block stack whose linear layers
-are 16-bit, SwitchBack int8 or fp8 (qbench.layers.transformer), in each execution mode.
+"""`qbench block`: a training step of a transformer block stack whose linear layers are 16-bit,
+SwitchBack int8, fp8 or torchao's (qbench.layers.transformer), in each execution mode.
 
-One record (bench "switchback_model") per preset x batch size x variant x execution mode; params:
-model, batch_size (images or sequences), tokens (per sequence), layers, width, mlp, heads, variant,
-exec, dtype. Metrics (ms are medians, their samples kept):
-  step_ms          forward + loss + backward + AdamW step (model_steps.py)
-  tokens_per_s     batch_size * tokens / step time
-  speedup_step     step_ms of 16bit / step_ms, same preset, batch size and execution mode
-  linear_ms        forward + backward of the stack's linear layers alone, same mode and shapes
-  linear_share     linear_ms / step_ms (see model_steps.py for what it does and does not say)
-  speedup_linears  linear_ms of 16bit / linear_ms
-  host_ms          CPU time spent issuing one step (steps issued back to back: qbench.timing.host_time)
-  sm_clock_mhz_step, power_w_step   the GPU's SM clock and power over the timed steps (medians, NVML;
-                   qbench.telemetry; GPU only)
-  peak_memory_mb   torch.cuda.max_memory_allocated over one step after warm-up (graph mode: over the
-                   eager step before its capture and the capture), less what was allocated before the
-                   model existed (input and target)
-  memory_estimate_mb  the estimate the bench checks against free memory before building anything
-  model_tflops     matmul flop of the step (6 x tokens x linear weights + 12 x B T^2 C x layers for
-                   attention, counted dense even when causal) / step time
-  relerr_output, relerr_loss, relerr_grads   against the eager 16-bit stack from the same weights
-Before timing, every (variant, mode) step from the reference weights is compared with the eager
+One record (bench "block") per preset x batch size x variant x exec; params: preset, batch_size (images or
+sequences), tokens (per sequence), layers, width, mlp, heads, variant, exec, dtype. Metrics: declared in
+qbench/metrics/block.py (steps.py says what linear_ms does and does not say; attention flops are counted
+dense even when causal; peak_memory_mb in graph mode is over the eager step before its capture and the
+capture). Before timing, every (variant, exec) step from the reference weights is compared with the eager
 16-bit step: a relative error above REL_ERROR[variant] is an error record, never timed.
 """
 
@@ -28,12 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from qbench import store, units
+from qbench import store
+from qbench.metrics.block import BENCH, VARIANTS
 from qbench.modes import resolved_execs
-
-BENCH = "switchback_model"
-# the linear layers of qbench.layers.transformer.LINEARS (named here too: the CLI parses them without torch)
-VARIANTS = ("16bit", "switchback", "fp8", "fp8_all", "torchao")
 
 
 @dataclass(frozen=True)
@@ -59,8 +41,8 @@ GPU_LAYERS, CPU_LAYERS = 4, 1  # 4 blocks: every kind of layer, fits any GPU, co
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    models: tuple[str, ...] = ("vit-h",)
+class BlockConfig:
+    presets: tuple[str, ...] = ("vit-h",)
     batch_sizes: tuple[int, ...] | None = None
     layers: int | None = None
     dtype: str = "bf16"
@@ -71,23 +53,23 @@ class ModelConfig:
     seed: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Case:
-    model: str
+    preset_name: str  # a PRESETS name
     batch_size: int
     layers: int
 
     @property
     def preset(self) -> Preset:
-        return PRESETS[self.model]
+        return PRESETS[self.preset_name]
 
     def params(self, variant: str, exec: str, dtype: str) -> dict:
         p = self.preset
-        return {"model": self.model, "batch_size": self.batch_size, "tokens": p.tokens, "layers": self.layers,
+        return {"preset": self.preset_name, "batch_size": self.batch_size, "tokens": p.tokens, "layers": self.layers,
                 "width": p.width, "mlp": p.mlp, "heads": p.heads, "variant": variant, "exec": exec, "dtype": dtype}
 
 
-def resolve(config: ModelConfig) -> ModelConfig:
+def resolve(config: BlockConfig) -> BlockConfig:
     """Device and its defaults; 16bit always runs first (every speed-up is over it)."""
     from qbench.env import usable_device
 
@@ -98,15 +80,15 @@ def resolve(config: ModelConfig) -> ModelConfig:
     return replace(config, device=device, execs=execs, variants=variants, layers=layers)
 
 
-def plan(config: ModelConfig) -> list[Case]:
+def plan(config: BlockConfig) -> list[Case]:
     cases = []
-    for name in config.models:
+    for name in config.presets:
         default = GPU_BATCHES[name] if config.device == "cuda" else (CPU_BATCH,)
-        cases += [Case(name, b, config.layers) for b in config.batch_sizes or default]
+        cases += [Case(preset_name=name, batch_size=b, layers=config.layers) for b in config.batch_sizes or default]
     return cases
 
 
-def count(config: ModelConfig) -> int:
+def count(config: BlockConfig) -> int:
     return len(plan(config)) * len(config.execs) * len(config.variants)
 
 
@@ -132,13 +114,8 @@ def step_flop(case: Case) -> float:
     return (linear + attention) * case.layers
 
 
-def units_of(metrics: dict) -> dict:
-    special = {"tokens_per_s": units.TOKENS_PER_S, "model_tflops": units.TFLOPS}
-    return {name: special.get(name) or units.by_name(name) or units.SHARE for name in metrics}
-
-
-def record(case: Case, config: ModelConfig, variant: str, exec: str, metrics=None, samples=None,
+def record(case: Case, config: BlockConfig, variant: str, exec: str, metrics=None, samples=None,
            status: str = "ok", error: str | None = None) -> dict:
-    return store.make_record(BENCH, case.params(variant, exec, config.dtype), metrics,
-                             units=units_of(metrics or {}), samples=samples, status=status, error=error,
-                             device=config.device)
+    """A record of one variant in one exec (units: qbench/metrics/block.py)."""
+    return store.make_record(BENCH, case.params(variant, exec, config.dtype), metrics, samples=samples,
+                             status=status, error=error, device=config.device)

@@ -49,10 +49,10 @@ def _layer_bench(f: dict) -> str:
 
     from qbench import report, store
     from qbench.benches import switchback as bench
-    from qbench.metrics import FIELDS
     from qbench.commands.common import over_dtypes, resumed, run_and_store
     from qbench.commands.limits import check_switchback
     from qbench.commands.switchback_block import write_seed
+    from qbench.metrics import FIELDS
 
     if f["dims"] and f["pairs"]:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")

@@ -121,8 +121,8 @@ def measure(case, config, variant: str, exec: str, data, base: dict) -> dict:
 
 
 def _measure(case, config, variant: str, exec: str, data) -> tuple[dict, dict, str | None]:
-    from qbench.benches.fragmented.steps import allocated, peak_mb, sync_and_reset
     from qbench.benches.block.config import memory_estimate_bytes
+    from qbench.benches.fragmented.steps import allocated, peak_mb, sync_and_reset
     from qbench.layers.transformer import block_linears, build
     from qbench.telemetry import GpuReadings
     from qbench.timing import host_time, time_fn

@@ -18,9 +18,8 @@ from dataclasses import dataclass, replace
 
 from qbench.env import usable_device
 from qbench.errors import QbenchUsageError
+from qbench.metrics.fragmented import BENCH, TASKS, VARIANTS  # noqa: F401  (the package exports them)
 from qbench.modes import resolved_execs
-
-from qbench.metrics.fragmented import BENCH, TASKS, VARIANTS
 
 BASELINES = ("dense", "blockdiag", "lowrank")
 GPU_DEFAULTS = {"sizes": (2048, 4096, 8192), "batch_sizes": (1, 8, 16), "fragments": (2, 8, 32, 128),

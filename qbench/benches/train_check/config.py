@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from qbench import store
 from qbench.metrics.train import BENCH
+
 CURVE_EVERY = 10
 
 

@@ -29,10 +29,10 @@ class Preset:
 
 
 PRESETS = {
-    "vit-h": Preset(1280, 5120, 16, 257),  # CLIP ViT-Huge/14 at 224 px: 256 patches + class token
-    "vit-l": Preset(1024, 4096, 16, 257),  # CLIP ViT-L/14 at 224 px
-    "gpt2-xl": Preset(1600, 6400, 25, 1024, causal=True),
-    "tiny": Preset(32, 128, 2, 9, hidden=True),
+    "vit-h": Preset(width=1280, mlp=5120, heads=16, tokens=257),  # CLIP ViT-H/14 at 224 px: 256 patches + class token
+    "vit-l": Preset(width=1024, mlp=4096, heads=16, tokens=257),  # CLIP ViT-L/14 at 224 px
+    "gpt2-xl": Preset(width=1600, mlp=6400, heads=25, tokens=1024, causal=True),
+    "tiny": Preset(width=32, mlp=128, heads=2, tokens=9, hidden=True),
 }
 PUBLIC_PRESETS = tuple(name for name, p in PRESETS.items() if not p.hidden)
 GPU_BATCHES = {"vit-h": (256,), "vit-l": (256,), "gpt2-xl": (32,), "tiny": (4,)}  # ~33-66k tokens

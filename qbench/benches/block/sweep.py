@@ -56,7 +56,7 @@ def _make(case, config):
     from qbench.layers.transformer import BlockStack, StackShape
 
     p = case.preset
-    shape = StackShape(p.width, p.mlp, p.heads, case.layers, p.causal)
+    shape = StackShape(width=p.width, mlp=p.mlp, heads=p.heads, layers=case.layers, causal=p.causal)
     return lambda variant: BlockStack(shape, variant, device=config.device, dtype=torch_dtype(config.dtype))
 
 

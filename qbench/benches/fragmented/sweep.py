@@ -44,10 +44,10 @@ def build(case: Case, bias: bool, device: str):
     if case.variant == "dense":
         return torch.nn.Linear(s, s, bias=bias, **kw)
     if case.variant == "lowrank":
-        return fl.LowRankLinear(s, s, s // 32, bias=bias, **kw)
+        return fl.LowRankLinear(s, s, rank=s // 32, bias=bias, **kw)
     if case.variant == "blockdiag":
-        return fl.BlockDiagonalLinear(s, s, case.fragments, bias=bias, **kw)
-    return fl.FragmentedLinear(s, s, case.fragments, s // 32, bias=bias, **kw)
+        return fl.BlockDiagonalLinear(s, s, num_blocks=case.fragments, bias=bias, **kw)
+    return fl.FragmentedLinear(s, s, num_fragments=case.fragments, compressed_features=s // 32, bias=bias, **kw)
 
 
 

@@ -43,8 +43,10 @@ TRAIN_PRESETS = {
     # last 60 steps (~490k tokens) has a noise of ~0.0015 nats, and every variant sees the same batches,
     # so a gap to 16-bit of 0.005 nats stands out. (At a quarter of this width, vocab and tokens a step,
     # 300 steps on a CPU ended 0.15 nats above the floor, flat for the last 100 steps.)
-    "lm-small": TrainPreset(512, 8, 512, 2048, 8, 4, 128, 64, 600, 1e-3),
-    "lm-tiny": TrainPreset(16, 3, 32, 128, 2, 2, 16, 8, 60, 1e-2),  # the CPU default: seconds
+    "lm-small": TrainPreset(vocab=512, support=8, width=512, mlp=2048, heads=8, layers=4, seq=128, batch_size=64,
+                            steps=600, lr=1e-3),
+    "lm-tiny": TrainPreset(vocab=16, support=3, width=32, mlp=128, heads=2, layers=2, seq=16, batch_size=8, steps=60,
+                           lr=1e-2),  # the CPU default: seconds
 }
 
 

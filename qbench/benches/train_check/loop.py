@@ -31,10 +31,11 @@ class Task:
         pi = markov.stationary(P)
         seqs = markov.sample(P, pi, preset.steps * preset.batch_size, preset.seq + 1, config.seed + 1)
         tokens = seqs.reshape(preset.steps, preset.batch_size, preset.seq + 1).to(config.device)
-        shape = StackShape(preset.width, preset.mlp, preset.heads, preset.layers, causal=True)
+        shape = StackShape(width=preset.width, mlp=preset.mlp, heads=preset.heads, layers=preset.layers, causal=True)
 
         def make(variant):
-            return TinyLM(preset.vocab, preset.seq, shape, variant, config.device, torch_dtype(config.dtype))
+            return TinyLM(vocab=preset.vocab, seq=preset.seq, shape=shape, variant=variant, device=config.device,
+                          dtype=torch_dtype(config.dtype))
 
         torch.manual_seed(config.seed)
         state = {k: v.detach().cpu().clone() for k, v in make("16bit").state_dict().items()}

@@ -88,3 +88,35 @@ def test_old_names_migrate_to_the_vocabulary():
     (new,) = migrate(old)
     assert (new["bench"], new["params"]["exec"]) == ("train_check", "eager")
     assert new["metrics"]["gap_to_reference"] == old["metrics"]["gap_to_16bit"]
+
+
+def test_a_fragmented_run_in_the_earlier_form_pairs_with_one_made_today(tmp_path, capsys):
+    """The same CPU run written back in the schema-1 form (params layer with linear for dense, mode) reads in the
+    tidy form, so `qbench compare OLD NEW` pairs every case and metric of the two."""
+    import json
+
+    new = tmp_path / "new"
+    with pytest.raises(SystemExit) as exc:
+        main([*COMMANDS["fragmented"], "--tasks", "train", "--device", "cpu", "--out", str(new)])
+    assert exc.value.code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "env.json").write_text((new / "env.json").read_text())
+    lines = []
+    for line in (new / store.RECORDS_FILE).read_text().splitlines():
+        rec = json.loads(line)
+        p = rec["params"]
+        variant = p.pop("variant")
+        p["layer"], p["mode"] = {"dense": "linear"}.get(variant, variant), p.pop("task")
+        rec.update(schema_version=1, bench="fragmented", case=store.case_id(p))
+        lines.append(json.dumps(rec))
+    (old / store.RECORDS_FILE).write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(old), str(new), "--json"])
+    out, err = capsys.readouterr()
+    assert exc.value.code in (0, 1), err
+    rows = json.loads(out)["rows"]
+    cells = {(r["case"], m) for r in store.load_run(new)[1] for m in r["metrics"]}
+    assert {(r["case"], r["metric"]) for r in rows} == cells
+    assert all(r["reference_value"] == r["candidate_value"] for r in rows)

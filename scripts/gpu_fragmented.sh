@@ -10,7 +10,7 @@ tests)
   python3 -m pytest -q -p no:cacheprovider tests/test_fragmented_layer.py tests/test_fragmented_bench.py 2>&1 | tail -5 ;;
 modes)
   for i in $(seq "${RUNS:-3}"); do
-    qbench fragmented --sizes 8192 --batch-sizes 16,1 --fragments 8 --modes train --baselines linear \
+    qbench fragmented --sizes 8192 --batch-sizes 16,1 --fragments 8 --tasks train --baselines dense \
       --dtype bf16,fp32 --steps 50 --warmup 10 --out "$OUT/runs/run$i" | tail -1
   done
   pack_runs ;;

@@ -36,8 +36,8 @@ def test_block_runs_the_block_stack_over_a_dtype_list(tmp_path):
     assert res.returncode == 0, res.stderr
     env, records = store.load_run(out)
     assert [(r["bench"], r["params"]["dtype"], r["params"]["variant"], r["params"]["exec"], r["status"])
-            for r in records] == [("switchback_model", "bf16", "16bit", "eager", "ok"),
-                                  ("switchback_model", "fp16", "16bit", "eager", "ok")]
+            for r in records] == [("block", "bf16", "16bit", "eager", "ok"),
+                                  ("block", "fp16", "16bit", "eager", "ok")]
     assert all(len(r["samples"]["step_ms"]) == 2 for r in records)  # --steps: the timed repeats
     assert env["config"]["dtype"] == "bf16,fp16"
     assert env["launch_path"] == "none"  # the CPU without the interpreter runs the kernels' torch references
@@ -49,8 +49,8 @@ def test_train_check_trains_the_size_it_is_given(tmp_path):
                      "--device", "cpu", "--out", str(out), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     _, records = store.load_run(out)
-    assert [(r["bench"], r["params"]["model"], r["params"]["steps"], r["status"]) for r in records] == [
-        ("switchback_train", "lm-tiny", 10, "ok")]
+    assert [(r["bench"], r["params"]["preset"], r["params"]["steps"], r["status"]) for r in records] == [
+        ("train_check", "lm-tiny", 10, "ok")]
 
 
 @pytest.mark.slow

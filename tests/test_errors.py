@@ -87,7 +87,7 @@ def assert_one_line(err: str, fragment: str) -> None:
 
 
 SB = ["switchback", "--dims", "64", "--batch-sizes", "16", "--variants", "global", "--repeat", "1", "--device", "cpu"]
-FR = ["fragmented", "--sizes", "64", "--batch-sizes", "1", "--fragments", "2", "--modes", "train", "--baselines",
+FR = ["fragmented", "--sizes", "64", "--batch-sizes", "1", "--fragments", "2", "--tasks", "train", "--baselines",
       "none", "--steps", "1", "--warmup", "0", "--device", "cpu"]
 MOE = ["moe", "--device", "cpu", "--num-steps", "1", "--warmup", "0", "--samples", "16", "--model-dim", "16",
        "--hidden-size", "16"]
@@ -153,8 +153,8 @@ USAGE = [
     (GEMM + ["{hw_json}"], "hw.json is not valid JSON"),
     (SW + ["batch_size=abc"], "batch_size='abc' is not a finite number"),
     (SW + ["batch_size=1e400"], "batch_size=inf is not a finite number"),
-    (["model", "floors", "fragmented", "batch_size=1", "in_features=64", "out_features=64", "layer=bogus",
-      "dtype=fp32"], "layer='bogus' is not a value"),
+    (["model", "floors", "fragmented", "batch_size=1", "in_features=64", "out_features=64", "variant=bogus",
+      "dtype=fp32"], "variant='bogus' is not a value"),
     pytest.param(["model", "calibrate", "--device", "cuda"], "no CUDA device", marks=NEEDS_NO_CUDA),
     (["model", "calibrate", "--device", "cpu", "--file", UNWRITABLE + ".yaml"], "cannot write calibration file"),
     (["model", "calibrate", "--device", "cpu", "--file", "{afile}/c.yaml"], "is a file"),

@@ -10,7 +10,7 @@ from qbench.cli import main
 from qbench.dtypes import tolerance
 from qbench.store import load_run
 
-PARAMS = {"in_features", "out_features", "batch_size", "layer", "mode", "fragments", "dtype", "exec",
+PARAMS = {"in_features", "out_features", "batch_size", "variant", "task", "fragments", "dtype", "exec",
           "backward_thread"}
 
 
@@ -47,15 +47,15 @@ def test_cpu_run_writes_complete_records(tmp_path, capsys):
     assert code == 0, err
     assert "CPU" in err
     _, records = load_run(out)
-    # per dtype and batch: 3 modes x (linear, lowrank + 2 N x (fragmented, blockdiag))
+    # per dtype and batch: 3 tasks x (dense, lowrank + 2 N x (fragmented, blockdiag))
     assert len(records) == 2 * 2 * 3 * 6
     for rec in records:
         assert rec["status"] == "ok", rec["error"]
         assert set(rec["params"]) == PARAMS
-        assert set(rec["metrics"]) <= set(rec["units"])
+        assert set(rec["metrics"]) <= set(rec["units"]) and rec["params"]["variant"] in bench.VARIANTS
         assert not [k for k in rec["metrics"] if k.startswith(("sm_clock_mhz_", "power_w_"))]  # no GPU, no readings
         assert rec["metrics"]["forward_ms"] > 0 and len(rec["samples"]["forward_ms"]) == 2
-        if rec["params"]["mode"] == "inference":
+        if rec["params"]["task"] == "inference":
             assert "backward_ms" not in rec["metrics"]
         else:
             m = rec["metrics"]
@@ -63,10 +63,10 @@ def test_cpu_run_writes_complete_records(tmp_path, capsys):
             assert m["step_ms"] >= m["backward_optimizer_ms"] and m["fwd_bwd_ms"] > 0
             assert m["host_step_ms"] > 0 and m["host_fwd_bwd_ms"] > 0
         assert rec["params"]["exec"] == "eager"  # the CPU default
-    frag = [r for r in records if r["params"]["layer"] == "fragmented"]
+    frag = [r for r in records if r["params"]["variant"] == "fragmented"]
     assert all(r["metrics"]["rel_error_train"] <= tolerance(r["params"]["dtype"]).layer for r in frag)
-    counts = {r["params"]["layer"]: r["metrics"]["parameters"] for r in records if r["params"]["fragments"] in (0, 3)}
-    assert counts == {"linear": 96 * 96, "lowrank": 2 * 96 * 3, "blockdiag": 96 * 96 // 3,
+    counts = {r["params"]["variant"]: r["metrics"]["parameters"] for r in records if r["params"]["fragments"] in (0, 3)}
+    assert counts == {"dense": 96 * 96, "lowrank": 2 * 96 * 3, "blockdiag": 96 * 96 // 3,
                       "fragmented": 96 + 96 * 96 + 2 * 96 * 3}
 
 
@@ -77,10 +77,10 @@ def test_seed_format_reproduces_the_seed_layout(fixtures_dir):
     for size_text, block in zip(re.findall(r"input_size=(\d+)", text), text.split("Benchmarking with")[1:]):
         size, batch = int(size_text), int(re.search(r"batch_size=(\d+)", block).group(1))
         for section, frag, fwd, bwd, peak, count in seed_numbers(block):
-            layer = "linear" if section.startswith("Linear") else "fragmented"
-            mode = "eval" if "Inference" in section else "train"
-            params = {"in_features": size, "out_features": size, "batch_size": batch, "layer": layer,
-                      "mode": mode, "fragments": frag, "dtype": "fp32"}
+            variant = "dense" if section.startswith("Linear") else "fragmented"
+            task = "eval" if "Inference" in section else "train"
+            params = {"in_features": size, "out_features": size, "batch_size": batch, "variant": variant,
+                      "task": task, "fragments": frag, "dtype": "fp32"}
             metrics = {"forward_ms": fwd, "backward_optimizer_ms": bwd, "peak_memory_mb": peak, "parameters": count}
             records.append({"bench": "fragmented", "status": "ok", "params": params, "metrics": metrics})
     assert len(records) == 3 * 9
@@ -90,8 +90,8 @@ def test_seed_format_reproduces_the_seed_layout(fixtures_dir):
 
 
 def test_seed_format_from_a_real_run(tmp_path, capsys):
-    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2,8", "--modes",
-                                 "train,eval", "--baselines", "linear", "--steps", "2", "--warmup", "0",
+    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2,8", "--tasks",
+                                 "train,eval", "--baselines", "dense", "--steps", "2", "--warmup", "0",
                                  "--out", str(tmp_path / "r"), "--format", "seed"], capsys)
     assert code == 0, err
     assert "Benchmarking with input_size=64, output_size=64, batch_size=2" in stdout
@@ -101,8 +101,8 @@ def test_seed_format_from_a_real_run(tmp_path, capsys):
                                                ("FragmentedLinear (Train) Results", 8),
                                                ("FragmentedLinear (Inference) Results", 2),
                                                ("FragmentedLinear (Inference) Results", 8)]
-    by_key = {(r["params"]["layer"], r["params"]["mode"], r["params"]["fragments"]): r for r in records}
-    keys = [("linear", "train", 0), ("fragmented", "train", 2), ("fragmented", "train", 8),
+    by_key = {(r["params"]["variant"], r["params"]["task"], r["params"]["fragments"]): r for r in records}
+    keys = [("dense", "train", 0), ("fragmented", "train", 2), ("fragmented", "train", 8),
             ("fragmented", "eval", 2), ("fragmented", "eval", 8)]
     for (_, _, fwd, bwd, _, count), rec in zip(printed, [by_key[k] for k in keys]):
         assert fwd == pytest.approx(rec["metrics"]["forward_ms"], abs=0.005)
@@ -129,7 +129,7 @@ def test_gate_records_a_wrong_layer_as_an_error_and_does_not_time_it(tmp_path, c
 
     original = FragmentedLinear._hard
     monkeypatch.setattr(FragmentedLinear, "_hard", lambda self, x, p: original(self, x, p) * 1.01)
-    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "3", "--fragments", "4", "--modes", "eval",
+    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "3", "--fragments", "4", "--tasks", "eval",
                                  "--baselines", "none", "--steps", "1", "--out", str(tmp_path / "g"), "--json"], capsys)
     assert code == 1
     (rec,) = json.loads(stdout)
@@ -140,7 +140,8 @@ def test_gate_records_a_wrong_layer_as_an_error_and_does_not_time_it(tmp_path, c
 @pytest.mark.parametrize("args,needle", [
     (["--sizes", "100", "--fragments", "3"], "not divisible"),
     (["--sizes", "16", "--fragments", "2"], "below 32"),
-    (["--modes", "train,fast"], "unknown fast"),
+    (["--tasks", "train,fast"], "unknown fast"),
+    (["--baselines", "conv"], "unknown conv"),
     (["--sizes", "64,x"], "not an integer"),
     (["--dtype", "fp8"], "unknown fp8"),
     (["--steps", "0"], "--steps"),
@@ -161,19 +162,19 @@ def test_help_ends_with_examples(capsys):
 
 
 def test_plan_orders_baselines_first_and_respects_choices():
-    config = bench.FragmentedConfig(sizes=(64,), batch_sizes=(1,), fragments=(2, 4), modes=("train",),
+    config = bench.FragmentedConfig(sizes=(64,), batch_sizes=(1,), fragments=(2, 4), tasks=("train",),
                                     baselines=("blockdiag",), device="cpu")
     cases = bench.plan(bench.resolve(config))
-    assert [(c.layer, c.fragments) for c in cases] == [("fragmented", 2), ("blockdiag", 2),
+    assert [(c.variant, c.fragments) for c in cases] == [("fragmented", 2), ("blockdiag", 2),
                                                        ("fragmented", 4), ("blockdiag", 4)]
 
 
 def test_plan_sweeps_backward_threads_only_where_a_step_runs_backward():
-    config = bench.FragmentedConfig(sizes=(64,), batch_sizes=(1,), fragments=(2,), modes=("train", "inference"),
+    config = bench.FragmentedConfig(sizes=(64,), batch_sizes=(1,), fragments=(2,), tasks=("train", "inference"),
                                     baselines=(), device="cpu", execs=("eager", "compile"),
                                     backward_threads=("calling", "device"))
     cases = bench.plan(bench.resolve(config))
-    assert [(c.mode, c.exec, c.backward_thread) for c in cases] == [
+    assert [(c.task, c.exec, c.backward_thread) for c in cases] == [
         ("train", "eager", "calling"), ("train", "eager", "device"), ("train", "compile", "calling"),
         ("train", "compile", "device"), ("inference", "eager", "calling"), ("inference", "compile", "calling")]
 
@@ -194,7 +195,7 @@ def test_training_steps_run_with_the_case_backward_thread(tmp_path, capsys, monk
 
     monkeypatch.setattr(steps, "measure_training", spy)
     out = tmp_path / "run"
-    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--modes", "train",
+    code, stdout, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--tasks", "train",
                                  "--baselines", "none", "--steps", "2", "--warmup", "1",
                                  "--backward-thread", "device,calling", "--out", str(out)], capsys)
     assert code == 0, err
@@ -227,24 +228,24 @@ def test_records_carry_the_median_clock_and_power_of_each_timed_loop(tmp_path, c
 
     monkeypatch.setattr(steps, "GpuReadings", Readable)
     out = tmp_path / "run"
-    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--modes", "train,inference",
+    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--tasks", "train,inference",
                             "--baselines", "none", "--steps", "3", "--warmup", "1", "--out", str(out)], capsys)
     assert code == 0, err
     _, records = load_run(out)
-    assert [r["params"]["mode"] for r in records] == ["train", "inference"]
+    assert [r["params"]["task"] for r in records] == ["train", "inference"]
     assert [len(r.clock_mhz) for r in made] == [3, 3, 3]  # train steps, fwd_bwd calls, inference calls
     whats = {"train": ("step", "fwd_bwd"), "inference": ("forward",)}
     for rec in records:
         telemetry = {k: v for k, v in rec["metrics"].items() if k.startswith(("sm_clock_mhz_", "power_w_"))}
-        what = whats[rec["params"]["mode"]]
+        what = whats[rec["params"]["task"]]
         assert telemetry == {**{f"sm_clock_mhz_{w}": 1600.0 for w in what}, **{f"power_w_{w}": 450.0 for w in what}}
         assert all(rec["units"][k] == ("MHz" if k.startswith("sm_") else "W") for k in telemetry)
 
 
 def test_forward_cost_counts_useful_work():
-    train = bench.Case(8192, 16, "fragmented", "train", 2, "fp32")
-    hard = bench.Case(8192, 16, "fragmented", "eval", 128, "bf16")
-    linear = bench.Case(8192, 16, "linear", "train", 0, "fp32")
+    train = bench.Case(size=8192, batch=16, variant="fragmented", task="train", fragments=2, dtype="fp32")
+    hard = bench.Case(size=8192, batch=16, variant="fragmented", task="eval", fragments=128, dtype="bf16")
+    linear = bench.Case(size=8192, batch=16, variant="dense", task="train", fragments=0, dtype="fp32")
     flops, moved = bench.forward_cost(train, None)
     assert flops == 2 * 16 * (8192 * 8192 + 2 * 8192 * 256 + 8192)
     assert moved == 4 * (8192 * 8192 + 2 * 8192 * 256 + 8192 + 16 * 2 * 8192)
@@ -257,13 +258,13 @@ def test_compile_mode_is_checked_against_eager_and_timed(tmp_path, capsys):
     """--exec compile: one record per configuration and mode, the compiled step checked against the
     eager one before it is timed; --exec graph on the CPU is a one-line usage error."""
     out = tmp_path / "run"
-    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "3", "--fragments", "2", "--modes", "train",
-                            "--baselines", "linear", "--steps", "2", "--warmup", "1", "--exec", "eager,compile",
+    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "3", "--fragments", "2", "--tasks", "train",
+                            "--baselines", "dense", "--steps", "2", "--warmup", "1", "--exec", "eager,compile",
                             "--out", str(out)], capsys)
     assert code == 0, err
     _, records = load_run(out)
-    assert sorted((r["params"]["layer"], r["params"]["exec"]) for r in records) == [
-        ("fragmented", "compile"), ("fragmented", "eager"), ("linear", "compile"), ("linear", "eager")]
+    assert sorted((r["params"]["variant"], r["params"]["exec"]) for r in records) == [
+        ("dense", "compile"), ("dense", "eager"), ("fragmented", "compile"), ("fragmented", "eager")]
     assert all(r["status"] == "ok" and r["metrics"]["fwd_bwd_ms"] > 0 for r in records), records
     code, _, err = run_cli(["--sizes", "64", "--exec", "graph", "--out", str(tmp_path / "g")], capsys)
     assert code == 2 and "needs a CUDA device" in err and len(err.strip().splitlines()) == 1
@@ -281,10 +282,10 @@ def test_resume_measures_only_the_configurations_a_run_lacks(tmp_path, capsys, m
     (out / "results.jsonl").write_text(first[0])  # the run stopped after its first record
     measured = []
     real = sweep.measure
-    monkeypatch.setattr(sweep, "measure", lambda case, config: measured.append(case.layer) or real(case, config))
+    monkeypatch.setattr(sweep, "measure", lambda case, config: measured.append(case.variant) or real(case, config))
     code, _, err = run_cli(["--resume", *args], capsys)
     assert code == 0, err
-    assert measured == [json.loads(first[1])["params"]["layer"]]  # only the missing one ran
+    assert measured == [json.loads(first[1])["params"]["variant"]]  # only the missing one ran
     assert (out / "results.jsonl").read_text().splitlines(keepends=True)[0] == first[0]
     assert "1 record added; 2 records in" in err
 
@@ -297,21 +298,21 @@ def test_trace_profiles_each_eager_configuration_after_timing_it(tmp_path, capsy
     from qbench.traces import COLUMNS, read_gpu_table
 
     out = tmp_path / "run"
-    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--modes", "train,inference",
-                            "--baselines", "linear", "--steps", "1", "--warmup", "0", "--out", str(out),
+    code, _, err = run_cli(["--sizes", "64", "--batch-sizes", "2", "--fragments", "2", "--tasks", "train,inference",
+                            "--baselines", "dense", "--steps", "1", "--warmup", "0", "--out", str(out),
                             "--trace", str(out / "traces")], capsys)
     assert code == 0, err
     assert len(load_run(out)[1]) == 4
     stems = sorted(p.name.removesuffix(".csv") for p in (out / "traces").glob("*.csv"))
-    assert stems == ["fragmented-64-b2-n2-inference-fp32-device-rank0", "fragmented-64-b2-n2-train-fp32-device-rank0",
-                     "linear-64-b2-n0-inference-fp32-device-rank0", "linear-64-b2-n0-train-fp32-device-rank0"]
-    trace = json.loads(gzip.open(out / "traces" / f"{stems[1]}.json.gz").read())
+    assert stems == ["dense-64-b2-n0-inference-fp32-device-rank0", "dense-64-b2-n0-train-fp32-device-rank0",
+                     "fragmented-64-b2-n2-inference-fp32-device-rank0", "fragmented-64-b2-n2-train-fp32-device-rank0"]
+    trace = json.loads(gzip.open(out / "traces" / f"{stems[3]}.json.gz").read())
     ranges = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
     assert sorted(set(ranges)) == ["backward", "forward", "step 0", "step 1", "step 2"]
     assert ranges.count("backward") == 3
-    inference = json.loads(gzip.open(out / "traces" / f"{stems[0]}.json.gz").read())
+    inference = json.loads(gzip.open(out / "traces" / f"{stems[2]}.json.gz").read())
     assert "backward" not in {e.get("name") for e in inference["traceEvents"]}
-    csv_path = out / "traces" / f"{stems[1]}.csv"
+    csv_path = out / "traces" / f"{stems[3]}.csv"
     assert csv_path.read_text().splitlines()[0] == ",".join(COLUMNS) and read_gpu_table(csv_path) == []
     with pytest.raises(SystemExit) as exc:
         main(["trace", str(csv_path)])

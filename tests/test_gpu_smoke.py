@@ -8,8 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "scripts" / "gpu_smoke.txt"
-BENCH_TESTS = ("tests/test_switchback_cli.py", "tests/test_switchback_block.py", "tests/test_fragmented_bench.py",
-               "tests/test_moe_records.py")  # the end-to-end tests of qbench switchback, --model, fragmented, moe
+BENCH_TESTS = ("tests/test_switchback_cli.py", "tests/test_block.py", "tests/test_fragmented_bench.py",
+               "tests/test_moe_records.py")  # the end-to-end tests of qbench switchback, block, fragmented, moe
 
 
 def _ids() -> list[tuple[str, str]]:

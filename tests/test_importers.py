@@ -224,9 +224,9 @@ def test_fragmented_report_one_record_per_configuration():
     assert len(shapes) == 9
     assert (
         len(records) == 9 * 3 * 4 - 9 * 3
-    )  # 9 shapes x (linear, train, eval) x 4 fragment counts - shared Linear rows
-    combos = {(r["params"]["layer"], r["params"]["mode"], r["params"]["fragments"]) for r in records}
-    assert combos == {("linear", "train", 0)} | {
+    )  # 9 shapes x (dense, train, eval) x 4 fragment counts - shared dense rows
+    combos = {(r["params"]["variant"], r["params"]["task"], r["params"]["fragments"]) for r in records}
+    assert combos == {("dense", "train", 0)} | {
         ("fragmented", m, n) for m in ("train", "eval") for n in (2, 8, 32, 128)
     }
     assert len({r["case"] for r in records}) == len(records)
@@ -241,7 +241,7 @@ def test_fragmented_parameter_counts_match_the_layer_formula():
     for rec in records:
         i, o = rec["params"]["in_features"], rec["params"]["out_features"]
         c = i // 32
-        expected = i * o + o if rec["params"]["layer"] == "linear" else i + i * o + i * c + c * o
+        expected = i * o + o if rec["params"]["variant"] == "dense" else i + i * o + i * c + c * o
         if rec["metrics"]["parameters"] != expected:
             wrong.append((rec["case"], rec["metrics"]["parameters"], expected))
     assert not wrong, f"first mismatches: {wrong[:3]}"
@@ -251,10 +251,10 @@ def test_fragmented_spot_values():
     _, records = importers.read_file(FRAGMENTED)
     by_case = {r["case"]: r["metrics"] for r in records}
     gather = by_case[
-        "batch_size=16/dtype=fp32/fragments=2/in_features=8192/layer=fragmented/mode=eval/out_features=8192"
+        "batch_size=16/dtype=fp32/fragments=2/in_features=8192/out_features=8192/task=eval/variant=fragmented"
     ]
     assert (gather["forward_ms"], gather["backward_optimizer_ms"], gather["peak_memory_mb"]) == (9.19, 18.0, 3668.8)
-    linear = by_case["batch_size=1/dtype=fp32/fragments=0/in_features=2048/layer=linear/mode=train/out_features=2048"]
+    linear = by_case["batch_size=1/dtype=fp32/fragments=0/in_features=2048/out_features=2048/task=train/variant=dense"]
     assert (linear["forward_ms"], linear["backward_optimizer_ms"], linear["peak_memory_mb"]) == (0.12, 1.0, 96.3)
 
 

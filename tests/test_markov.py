@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from qbench.benches.switchback import markov
+from qbench.benches.train_check import markov
 
 
 @pytest.mark.parametrize("vocab,support", [(3, 2), (7, 3), (64, 8)])

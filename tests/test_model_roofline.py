@@ -110,21 +110,21 @@ def switchback_record(M, K, N, dtype, slack):
     m["time_standard"] = m["standard_fwd"] + m["standard_gw"] + m["standard_gx"]
     metrics = {k: v * slack for k, v in m.items()}
     params = {"batch_size": M, "dim_in": K, "dim_out": N, "wm": 4, "switch": False, "dtype": dtype}
-    # the shape's tidy records, one per variant, as the bench writes them
     return [store.make_record("switchback", p, values, device="cuda") for p, values, _ in tidy(params, metrics)], m
 
 
-def variant_metrics(rows) -> set[tuple[str, str]]:
-    """(variant, metric) of each row of `against` (the variant read from the row's case id)."""
-    return {(re.search(r"variant=([^/]+)", r.case).group(1), r.metric) for r in rows}
+def placed(rows) -> set[tuple[str, str]]:
+    """(variant, metric) of each row of tidy switchback records."""
+    return {(re.search(r"variant=(\w+)", r.case).group(1), r.metric) for r in rows}
 
 
 def test_switchback_counts_match_the_ideal_exactly():
     """With measured = the ideal time, every fraction is 1: the flop and byte counts are the minimal ones."""
     records, _ = switchback_record(8192, 1024, 4096, "bf16", 1.0)
     rows = against.rows_for(records, H200)
-    assert variant_metrics(rows) >= {("16bit", "fwd_ms"), ("switchback", "fwd_ms"), ("switchback", "quantize_x_ms"),
-                                     ("16bit", "kernels_ms")}
+    # standard_fwd, global_fwd, x_quantize_rowwise, time_standard in the seed's names
+    assert placed(rows) >= {("16bit", "fwd_ms"), ("switchback", "fwd_ms"), ("switchback", "quantize_x_ms"),
+                            ("16bit", "kernels_ms")}
     off = [(r.metric, r.fraction) for r in rows if abs(r.fraction - 1) > 1e-9]
     assert not off, f"fractions off 1: {off[:3]}"
 
@@ -141,7 +141,7 @@ def moe_record(rng, slack):
     params = {"world_size": n, "dtype": "float16", "model_dim": d, "hidden_size": h, "samples": T,
               "num_local_experts": experts, "top_k": k, "a2a_ffn_overlap_degree": 1, "routing": "uniform",
               "capacity_factor": 0.0}
-    metrics = {"forward_ms": fwd * slack, "backward_ms": bwd * slack, "step_ms": (fwd + bwd) * slack,
+    metrics = {"forward_time": fwd * slack, "backward_time": bwd * slack, "step_time": (fwd + bwd) * slack,
                "tflops": 1.0}
     return store.make_record("moe", params, metrics, device="cuda")
 
@@ -171,23 +171,23 @@ def test_against_switchback_and_moe_runs_fraction_never_above_one(tmp_path):
 def test_wrong_counts_are_caught():
     """A measurement faster than the floor reads above 1 (a wrong count or a cached run)."""
     records, ideal = switchback_record(4096, 4096, 4096, "bf16", 1.0)
-    rec = next(r for r in records if r["params"]["variant"] == "16bit")
+    (rec,) = [r for r in records if r["params"]["variant"] == "16bit"]
     rec["metrics"]["fwd_ms"] = ideal["standard_fwd"] / 2
     row = next(r for r in against.rows_for([rec], H200) if r.metric == "fwd_ms")
     assert row.fraction == pytest.approx(2.0)
 
 
 def test_fragmented_floors_are_lower_bounds():
-    params = {"in_features": 2048, "out_features": 2048, "batch_size": 16, "layer": "linear", "mode": "train",
+    params = {"in_features": 2048, "out_features": 2048, "batch_size": 16, "variant": "dense", "task": "train",
               "fragments": 0, "dtype": "fp32"}
     f = floors.fragmented(params, {"parameters": 2048 * 2048 + 2048}, H200)
     e = 4
     assert f["forward_ms"].flops == 2 * 16 * 2048 * 2048
     assert f["forward_ms"].bytes_moved == (2048 * 2048 + 16 * 4096) * e
     assert f["optimizer_ms"].bytes_moved == 7 * 2048 * 2048 * e  # Adam: 4 reads + 3 writes per parameter
-    hard = floors.fragmented({**params, "layer": "fragmented", "mode": "eval", "fragments": 8},
+    hard = floors.fragmented({**params, "variant": "fragmented", "task": "eval", "fragments": 8},
                              {"selected_fragments": 3}, H200)
-    soft = floors.fragmented({**params, "layer": "fragmented", "mode": "train", "fragments": 8}, {}, H200)
+    soft = floors.fragmented({**params, "variant": "fragmented", "task": "train", "fragments": 8}, {}, H200)
     assert hard["forward_ms"].bytes_moved < soft["forward_ms"].bytes_moved
 
 
@@ -197,7 +197,8 @@ def test_against_errors(tmp_path):
         against.against(run, gpu="h200")
     bare = tmp_path / "bare"
     with store.RunWriter(bare, {"gpu_name": "Some GPU"}) as w:
-        w.write(switchback_record(1024, 1024, 1024, "fp16", 1.0)[0][0])
+        for rec in switchback_record(1024, 1024, 1024, "fp16", 1.0)[0]:
+            w.write(rec)
     with pytest.raises(QbenchUsageError, match="no hardware preset"):
         against.against(bare)
     with pytest.raises(QbenchUsageError, match="unknown GPU"):
@@ -215,7 +216,7 @@ def test_moe_floor_uses_routing_statistics_when_present():
     a2a = 2 * ((n - 1) / n * sent * d * e / 450e9 * 1e3 + 5e-3)
     params = {"world_size": n, "dtype": "bfloat16", "model_dim": d, "hidden_size": h, "samples": T,
               "num_local_experts": experts, "top_k": k, "a2a_ffn_overlap_degree": 1}
-    metrics = {"forward_ms": gate + ffn + a2a, "computed_rows": computed, "rank_load_max_over_mean": imb,
+    metrics = {"forward_time": gate + ffn + a2a, "computed_rows": computed, "rank_load_max_over_mean": imb,
                "sent_rows": sent}
     (row,) = against.rows_for([store.make_record("moe", params, metrics)], H200)
     assert row.fraction == pytest.approx(1.0, rel=1e-9)
@@ -226,7 +227,7 @@ def test_moe_floor_uses_routing_statistics_when_present():
 
 def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch, tmp_path):
     """The moe bench's floor_ms is the model's step floor (one floor for one step), forward only in
-    eval, and counts only remote rows for --variant blocks."""
+    eval, and counts only remote rows for --system blocks."""
     import torch
 
     from qbench.benches import moe as moe_bench
@@ -240,10 +241,10 @@ def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(config, "CALIBRATIONS", tmp_path)  # no committed calibration: the datasheet preset
     got = moe_bench.floor_ms(params, stats, "cuda")
-    assert got == floors.moe(params, stats, H200)["step_ms"].floor_ms
-    forward = floors.moe(params, stats, H200)["forward_ms"].floor_ms
+    assert got == floors.moe(params, stats, H200)["step_time"].floor_ms
+    forward = floors.moe(params, stats, H200)["forward_time"].floor_ms
     assert moe_bench.floor_ms({**params, "eval": True}, stats, "cuda") == forward < got
-    local = moe_bench.floor_ms({**params, "variant": "blocks"}, {**stats, "remote_rows": 0.0}, "cuda")
-    remote = moe_bench.floor_ms({**params, "variant": "blocks"}, {**stats, "remote_rows": 12288.0}, "cuda")
+    local = moe_bench.floor_ms({**params, "system": "blocks"}, {**stats, "remote_rows": 0.0}, "cuda")
+    remote = moe_bench.floor_ms({**params, "system": "blocks"}, {**stats, "remote_rows": 12288.0}, "cuda")
     assert local < remote and abs(remote - got) < 0.05 * got  # 3/4 of 16384 rows remote ~ the all-to-all
     assert moe_bench.floor_ms(params, stats, "cpu") is None

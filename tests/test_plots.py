@@ -111,8 +111,8 @@ def moe_phase_records(rng: random.Random) -> list[dict]:
 def fragmented_records(rng: random.Random) -> list[dict]:
     records = []
     for size, batch in ((96, 1), (1000, 7)):
-        for layer, mode, fragments in (
-            ("linear", "train", 0),
+        for variant, task, fragments in (
+            ("dense", "train", 0),
             ("fragmented", "train", 3),
             ("fragmented", "eval", 3),
             ("blockdiag", "train", 4),
@@ -122,8 +122,8 @@ def fragmented_records(rng: random.Random) -> list[dict]:
                 "in_features": size,
                 "out_features": size,
                 "batch_size": batch,
-                "layer": layer,
-                "mode": mode,
+                "variant": variant,
+                "task": task,
                 "fragments": fragments,
                 "dtype": "fp32",
             }
@@ -258,10 +258,10 @@ def test_moe_figure_tells_apart_records_that_differ_in_mode_or_backward_thread()
     assert all(len(points) == 1 for points in series.values())
 
 
-def test_fragmented_figure_draws_each_mode_and_thread_as_its_own_line():
+def test_fragmented_figure_draws_each_exec_and_thread_as_its_own_line():
     from qbench.plots import fragmented as fragmented_plot
 
-    base = {"in_features": 64, "out_features": 64, "layer": "fragmented", "mode": "train", "fragments": 2}
+    base = {"in_features": 64, "out_features": 64, "variant": "fragmented", "task": "train", "fragments": 2}
     records = [store.make_record("fragmented", dict(base, batch_size=b, exec=e, backward_thread="device"),
                                  {"forward_ms": 1.0}) for b in (1, 8) for e in ("eager", "compile")]
     lines = fragmented_plot.series(records)

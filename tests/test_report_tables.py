@@ -175,23 +175,26 @@ def test_analysis_tables_fit(runs, tmp_path):
     _fits(_qbench("summary", runs["frag"], runs["frag"], "--across-runs", "median", "--spreads", cwd=tmp_path))
 
 
-def test_switchback_model_and_train_check_tables_fit():
-    """Their runs take minutes on a CPU (tests/test_switchback_block.py makes them): tables of records like
-    theirs, a skipped variant among them, rendered at the width."""
-    from qbench.benches.switchback.model_table import MODEL_COLUMNS, TRAIN_COLUMNS, model_table, train_table
+def test_block_and_train_check_tables_fit():
+    """Their runs take minutes on a CPU (tests/test_block.py makes them): tables of records like theirs, a
+    skipped variant among them, rendered at the width."""
+    from qbench.benches import block, train_check
+    from qbench.benches.block.table import COLUMNS as BLOCK_COLUMNS
+    from qbench.benches.train_check.table import COLUMNS as TRAIN_COLUMNS
 
-    base = {"model": "vit-h", "batch_size": 256, "layers": 32, "dtype": "bf16"}
-    model = [store.make_record("switchback_model", {**base, "exec": ex, "variant": v},
-                               {k: 1234.5678 for k, _, _ in MODEL_COLUMNS})
+    base = {"preset": "vit-h", "batch_size": 256, "layers": 32, "dtype": "bf16"}
+    stack = [store.make_record("block", {**base, "exec": ex, "variant": v},
+                               {k: 1234.5678 for k, _, _ in BLOCK_COLUMNS})
              for ex in ("eager", "compile", "graph") for v in ("16bit", "switchback", "fp8_all", "torchao")]
-    model[3].update(status="skipped", error="torchao is not installed (optional peer: pip install torchao)",
+    stack[3].update(status="skipped", error="torchao is not installed (optional peer: pip install torchao)",
                     metrics={})
-    train = [store.make_record("switchback_train", {"model": "lm-tiny", "steps": 20, "dtype": "bf16", "variant": v},
-                               {k: 1.0481 for k, _ in TRAIN_COLUMNS}) for v in ("16bit", "switchback", "fp8")]
-    for table in (model_table(model), train_table(train)):
+    train = [store.make_record("train_check", {"preset": "lm-tiny", "steps": 20, "dtype": "bf16", "variant": v},
+                               {k: 1.0481 for k, _ in TRAIN_COLUMNS})
+             for v in ("16bit", "switchback", "fp8")]
+    for table in (block.table(stack), train_check.table(train)):
         text = _render(table, WIDTH)
         assert max(map(len, text.splitlines())) <= WIDTH and ELLIPSIS not in text
-    assert "[1] torchao is not installed" in _render(model_table(model), WIDTH)
+    assert "[1] torchao is not installed" in _render(block.table(stack), WIDTH)
 
 
 @pytest.mark.slow

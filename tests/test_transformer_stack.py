@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qbench.benches.switchback import model as bench
-from qbench.benches.switchback import model_steps as ms
-from qbench.benches.switchback.model_run import REL_ERROR
+from qbench.benches.block import config as bench
+from qbench.benches.block import steps as ms
+from qbench.benches.block.sweep import REL_ERROR
 from qbench.commands.switchback_options import BLOCK_VARIANTS
 from qbench.layers import transformer as tf
 
@@ -107,7 +107,7 @@ def test_width_must_split_into_heads():
 
 def test_memory_estimate_of_the_gpu_target_fits_an_h200():
     """vit-h, 4 blocks, batch 256 (65792 tokens): ~11 GiB of saved activations, well under 141 GB."""
-    case = bench.Case("vit-h", 256, 4)
+    case = bench.Case(preset_name="vit-h", batch_size=256, layers=4)
     need = bench.memory_estimate_bytes(case)
     activations = 65792 * (9 * 1280 + 2 * 5120) * 2 * 4
     assert activations < need < 1.5 * activations and need < 30 * 2**30

@@ -1,11 +1,12 @@
 """`qbench block`: a training step of a transformer block stack per linear-layer variant (16-bit,
-SwitchBack, fp8, torchao), in each execution mode (records of bench switchback_model)."""
+SwitchBack, fp8, torchao), in each execution mode (records of bench block). `qbench switchback --model`
+forwards here too. Imports no torch until the bench runs."""
 
 from __future__ import annotations
 
 import click
 
-from qbench.commands.switchback_options import BLOCK_VARIANTS, MODEL_PRESETS, split_names
+from qbench.commands.switchback_options import BLOCK_VARIANTS, MODEL_PRESETS, one_of, split_names, variants_of
 from qbench.options import (
     callback,
     device_option,
@@ -56,7 +57,26 @@ def command(plot, **flags) -> None:
     are each variant in turn, checked against the 16-bit stack, in each execution mode; step time,
     the share of it in the linear layers, peak memory."""
     from qbench.commands.common import check_plot, draw_figure
-    from qbench.commands.switchback_block import run_block
 
     check_plot(plot)
     draw_figure(plot, run_block(flags))
+
+
+def run_block(f: dict) -> str:
+    """Records of bench block; returns the run directory. f: presets, batch_sizes, layers, dtypes, variants,
+    execs, steps (timed repeats), device, out, append, force, as_json."""
+    from qbench import report, store
+    from qbench.benches import block as bench
+    from qbench.commands.common import over_dtypes, run_and_store
+
+    presets = one_of(f["presets"], tuple(bench.PRESETS), "--preset")
+    variants = variants_of(f["variants"], BLOCK_VARIANTS)
+    configs = [bench.resolve(bench.BlockConfig(presets=presets, batch_sizes=f["batch_sizes"], layers=f["layers"],
+                                               dtype=dtype, variants=variants, execs=f["execs"], repeat=f["steps"],
+                                               device=f["device"])) for dtype in f["dtypes"] or ("bf16",)]
+    config, records = over_dtypes(configs, [bench.run(c) for c in configs])
+    total = sum(bench.count(c) for c in configs)
+    out = f["out"] or str(store.default_run_dir(bench.BENCH))
+    run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"], force=f["force"],
+                  as_json=f["as_json"], table=bench.table, notice=report.cpu_notice(config.device))
+    return out

@@ -1,4 +1,5 @@
-"""`qbench fragmented`: FragmentedLinear (train / eval / inference) against dense and structured baselines."""
+"""`qbench fragmented`: FragmentedLinear (tasks train / eval / inference) against dense and structured
+baselines."""
 
 from __future__ import annotations
 
@@ -24,12 +25,21 @@ EPILOG = """\b
 Examples:
   qbench fragmented                                  # the seed's sweep on a GPU, a small one on the CPU
   qbench fragmented --sizes 8192 --batch-sizes 16 --fragments 2,128 --dtype fp32,bf16
-  qbench fragmented --modes eval --baselines linear --format seed
+  qbench fragmented --tasks eval --baselines dense --format seed
   qbench fragmented --sizes 8192 --fragments 8 --exec eager --trace runs/frag-traces  # then: qbench trace FILE.csv
   qbench fragmented --sizes 4096 --steps 100 --out runs/fragmented-h200 --plot fragmented.png
   qbench fragmented --sizes 4096 --steps 100 --out runs/fragmented-h200 --resume   # finish it after a crash
 """
-LAYER_NAMES = ("linear", "blockdiag", "lowrank")
+BASELINE_NAMES = ("dense", "blockdiag", "lowrank")
+OLD_BASELINE_NAMES = {"linear": "dense"}  # the spelling of runs made before the variants were named
+
+
+def parse_baselines(value: str | tuple | None) -> tuple[str, ...] | None:
+    """--baselines: a comma list of BASELINE_NAMES or 'none'; 'linear' (the earlier name) means dense."""
+    if value is None or isinstance(value, tuple):
+        return value
+    names = ",".join(OLD_BASELINE_NAMES.get(n.strip(), n.strip()) for n in value.split(","))
+    return parse_names(BASELINE_NAMES + ("none",))(names)
 
 
 @click.command(epilog=EPILOG)
@@ -38,10 +48,11 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @click.option("--batch-sizes", callback=callback(parse_positive_ints), help="[default: 1,8,16; CPU: 1,8]")
 @click.option("--fragments", callback=callback(parse_positive_ints),
               help="Fragment counts N; each must divide every size. [default: 2,8,32,128; CPU: 2,8]")
-@click.option("--modes", default="train,eval,inference", show_default=True,
-              callback=callback(parse_names(("train", "eval", "inference"))))
-@click.option("--baselines", default="linear,blockdiag,lowrank", show_default=True,
-              callback=callback(parse_names(LAYER_NAMES + ("none",))), help="Baselines, or 'none'.")
+@click.option("--tasks", "--modes", "tasks", default="train,eval,inference", show_default=True,
+              callback=callback(parse_names(("train", "eval", "inference"))),
+              help="train (soft selection), eval (hard selection, with backward and Adam), inference.")
+@click.option("--baselines", default="dense,blockdiag,lowrank", show_default=True,
+              callback=callback(parse_baselines), help="Baselines, or 'none' ('linear' also names dense).")
 @dtypes_option("fp32")
 @click.option("--bias", is_flag=True, help="Give every layer biases (the seed's layer had none).")
 @steps_option("Timed steps per configuration. [default: 50; CPU: 3]")
@@ -57,10 +68,10 @@ LAYER_NAMES = ("linear", "blockdiag", "lowrank")
 @device_option
 @out_options
 @resume_option
-def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
+def command(sizes, batch_sizes, fragments, tasks, baselines, dtypes, bias, steps, warmup, no_graph, fmt,
             execs, backward_threads, plot, trace_dir, device, out, append, force, as_json, resume) -> None:
-    """FragmentedLinear's forward, backward, Adam step and peak memory in train, eval (hard
-    selection) and inference mode, against a dense Linear, a block-diagonal linear with N blocks and
+    """FragmentedLinear's forward, backward, Adam step and peak memory in the tasks train, eval (hard
+    selection) and inference, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
     from qbench import report, store
     from qbench.benches import fragmented as bench
@@ -69,9 +80,10 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
 
     check_baselines(baselines)
     config = bench.resolve(bench.FragmentedConfig(
-        sizes, batch_sizes, fragments, modes, tuple(b for b in baselines if b != "none"), dtypes, bias,
-        steps, warmup, not no_graph, device, execs=execs,
-        backward_threads=backward_threads, trace_dir=trace_dir))
+        sizes=sizes, batch_sizes=batch_sizes, fragments=fragments, tasks=tasks,
+        baselines=tuple(b for b in baselines if b != "none"), dtypes=dtypes, bias=bias, steps=steps,
+        warmup=warmup, cuda_graph=not no_graph, device=device, execs=execs, backward_threads=backward_threads,
+        trace_dir=trace_dir))
     check_fragmented(config)
     check_plot(plot)
     done = resumed(bench.BENCH, out, resume, force)
@@ -80,7 +92,6 @@ def command(sizes, batch_sizes, fragments, modes, baselines, dtypes, bias, steps
                   append=append or resume, force=force, as_json=as_json, table=bench.table(fmt),
                   notice=report.cpu_notice(config.device))
     draw_figure(plot, out)
-
 
 
 def check_baselines(baselines: tuple[str, ...]) -> None:

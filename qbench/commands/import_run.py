@@ -21,7 +21,7 @@ COLUMNS = {
     "moe": (("num_local_experts", "world_size", "rank"),
             ("step_ms", "forward_ms", "backward_ms", "tflops", "block_count", "remote_fraction")),
     "fragmented": (
-        ("in_features", "batch_size", "layer", "mode", "fragments"),
+        ("in_features", "batch_size", "variant", "task", "fragments"),
         ("forward_ms", "backward_optimizer_ms", "peak_memory_mb"),
     ),
     "model": (("workload",), ("time_s", "cf_s", "cb_s", "softmax_f_s", "softmax_b_s", "memory_total_gb")),

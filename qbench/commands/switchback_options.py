@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from qbench.metrics.block import VARIANTS as BLOCK_VARIANTS  # noqa: F401  (block, train-check import it)
 from qbench.options import (
     FiniteFloat,
     backward_thread_option,
@@ -24,7 +25,6 @@ from qbench.options import (
 
 # = sweep.VARIANTS
 KERNEL_VARIANTS = ("global", "rowwise", "fp8", "fp8_all", "fp8_cublas", "int8_cublas", "module", "torchao")
-BLOCK_VARIANTS = ("16bit", "switchback", "fp8", "fp8_all", "torchao")  # = benches.switchback.model.VARIANTS
 MODEL_PRESETS = ("vit-h", "vit-l", "gpt2-xl")  # shown in help; a hidden test size "tiny" exists too
 TRAIN_SIZES = ("lm-small", "lm-tiny")
 

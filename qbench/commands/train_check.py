@@ -1,11 +1,12 @@
 """`qbench train-check`: does a small decoder built from each linear-layer variant still train? (records
-of bench switchback_train)."""
+of bench train_check). `qbench switchback --train-check` forwards here too. Imports no torch until the bench
+runs."""
 
 from __future__ import annotations
 
 import click
 
-from qbench.commands.switchback_options import BLOCK_VARIANTS, TRAIN_SIZES, split_names
+from qbench.commands.switchback_options import BLOCK_VARIANTS, TRAIN_SIZES, one_of, split_names, variants_of
 from qbench.options import (
     callback,
     device_option,
@@ -51,7 +52,32 @@ def command(plot, **flags) -> None:
     """Train a tiny decoder on a synthetic Markov chain with each variant's linear layers; report loss
     curves and the final-loss gap to 16-bit and to the chain's entropy."""
     from qbench.commands.common import check_plot, draw_figure
-    from qbench.commands.switchback_block import run_train
 
     check_plot(plot)
     draw_figure(plot, run_train(flags))
+
+
+def run_train(f: dict) -> str:
+    """Records of bench train_check; returns the run directory. f: presets (at most one), variants, layers,
+    batch_sizes (at most one), steps (training steps), dtypes, device, out, append, force, as_json."""
+    from qbench import report, store
+    from qbench.benches import train_check as bench
+    from qbench.commands.common import over_dtypes, run_and_store
+
+    presets = one_of(f["presets"], TRAIN_SIZES, "--preset")
+    variants, batches = variants_of(f["variants"], BLOCK_VARIANTS), f["batch_sizes"]
+    if len(presets or ()) > 1 or len(batches or ()) > 1:
+        raise click.UsageError("train-check trains one size: give one --preset and at most one --batch-size")
+    resolved = [bench.resolve(bench.TrainConfig(
+        preset=presets[0] if presets else None, variants=variants, layers=f["layers"],
+        batch=batches[0] if batches else None, steps=f["steps"], dtype=dtype, device=f["device"]))
+        for dtype in f["dtypes"] or ("bf16",)]
+    preset = resolved[0][1]
+    report.notice(f"{resolved[0][0].preset} on {resolved[0][0].device}: {preset}", style="dim")
+    configs = [c for c, _ in resolved]
+    config, records = over_dtypes(configs, [bench.run(c, preset) for c in configs])
+    total = sum(len(c.variants) for c in configs)
+    out = f["out"] or str(store.default_run_dir(bench.BENCH))
+    run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"], force=f["force"],
+                  as_json=f["as_json"], table=bench.table, notice=report.cpu_notice(config.device))
+    return out

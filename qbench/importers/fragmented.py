@@ -2,10 +2,10 @@
 
 Times in ms, memory in MB (2**20 bytes), fp32, measured with Adam + MSE loss:
   Benchmarking with input_size=2048, output_size=2048, batch_size=1
-  Linear Layer:                         -> layer "linear", mode "train", fragments 0
-  FragmentedLinear (Train) Results:     -> layer "fragmented", mode "train"
-  FragmentedLinear (Inference) Results: -> layer "fragmented", mode "eval" (the seed's "Inference" is
-                                           model.eval() still timed with backward and Adam: qbench's eval mode)
+  Linear Layer:                         -> variant "dense", task "train", fragments 0
+  FragmentedLinear (Train) Results:     -> variant "fragmented", task "train"
+  FragmentedLinear (Inference) Results: -> variant "fragmented", task "eval" (the seed's "Inference" is
+                                           model.eval() still timed with backward and Adam: qbench's eval task)
   Fragments: 2 / Forward time / Backward time / Peak memory / Parameters
 The seed's "Backward time" is zero_grad + backward + Adam step: qbench's backward_optimizer_ms.
 """
@@ -22,7 +22,7 @@ from qbench.errors import QbenchUsageError
 # A printed number: sign, thousands commas, decimals, exponent (also read by the DeepFlow reader).
 NUMBER = r"([-+]?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?)"
 SHAPE = re.compile(r"Benchmarking with input_size=(\d+), output_size=(\d+), batch_size=(\d+)")
-SEED_MODES = {"train": "train", "inference": "eval"}  # seed section name -> qbench mode
+SEED_TASKS = {"train": "train", "inference": "eval"}  # seed section name -> qbench task
 SECTION = re.compile(r"^(Linear Layer:|FragmentedLinear \((\w+)\) Results:)")
 FRAGMENT_FIELDS = {
     "Forward time": ("forward_ms", units.MS),
@@ -33,14 +33,14 @@ FRAGMENT_FIELDS = {
 
 
 def read_fragmented_report(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One "fragmented" record per (size, batch, layer, mode, fragments); the Linear baseline once per shape.
+    """One "fragmented" record per (size, batch, variant, task, fragments); the dense baseline once per shape.
     A value line that does not parse or is negative, and a block whose sizes are 0, are skipped and named
     in env["skipped"]."""
     records: list[dict[str, Any]] = []
     skipped: list[str] = []
     shape: dict[str, Any] | None = None  # {} for a block with a size of 0 (its results are skipped)
     current: dict[str, Any] | None = None
-    section_mode: str | None = None  # "train"/"eval" inside a FragmentedLinear section
+    section_task: str | None = None  # "train"/"eval" inside a FragmentedLinear section
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if m := SHAPE.match(line):
@@ -48,13 +48,14 @@ def read_fragmented_report(text: str) -> tuple[dict[str, Any], list[dict[str, An
             shape, current = _shape_params(m, number, skipped), None
         elif m := SECTION.match(line):
             _flush(records, current)
-            current = _start(shape, layer="linear", mode="train", number=number) if m.group(2) is None else None
-            section_mode = SEED_MODES.get(m.group(2).lower(), m.group(2).lower()) if m.group(2) else None
+            current = _start(shape, variant="dense", task="train", number=number) if m.group(2) is None else None
+            section_task = SEED_TASKS.get(m.group(2).lower(), m.group(2).lower()) if m.group(2) else None
         elif m := re.match(r"Fragments: (\d+)", line):
             _flush(records, current)
-            if section_mode is None:
+            if section_task is None:
                 raise QbenchUsageError(f"line {number}: 'Fragments:' outside a FragmentedLinear section")
-            current = _start(shape, layer="fragmented", mode=section_mode, number=number, fragments=int(m.group(1)))
+            current = _start(shape, variant="fragmented", task=section_task, number=number,
+                             fragments=int(m.group(1)))
         elif current is not None:
             _field(line, number, current, skipped)
     _flush(records, current)
@@ -89,12 +90,12 @@ def _shape_params(match: re.Match, number: int, skipped: list[str]) -> dict[str,
     return {"in_features": in_features, "out_features": out_features, "batch_size": batch}
 
 
-def _start(shape, *, layer: str, mode: str, number: int, fragments: int = 0) -> dict[str, Any] | None:
+def _start(shape, *, variant: str, task: str, number: int, fragments: int = 0) -> dict[str, Any] | None:
     if shape is None:
         raise QbenchUsageError(f"line {number}: results before any 'Benchmarking with input_size=...' line")
     if not shape:
         return None  # a block skipped for its sizes
-    params = {**shape, "layer": layer, "mode": mode, "fragments": fragments, "dtype": "fp32"}
+    params = {**shape, "variant": variant, "task": task, "fragments": fragments, "dtype": "fp32"}
     return {"params": params, "metrics": {}}
 
 

@@ -112,18 +112,19 @@ def _switchback_peers(M, K, N, e, hw: Hardware) -> dict[str, Floor]:
 
 
 def fragmented(params: Mapping, metrics: Mapping, hw: Hardware) -> dict[str, Floor]:
-    """Floors of one FragmentedLinear-bench record: forward, backward alone, Adam step alone, and
-    zero_grad + backward + step. Hard selection (eval / inference) touches only the selected fragments."""
+    """Floors of one FragmentedLinear-bench record (params variant, task, sizes): forward, backward alone, Adam
+    step alone, and zero_grad + backward + step. Hard selection (tasks eval, inference) touches only the
+    selected fragments."""
     B, n_in, n_out = params["batch_size"], params["in_features"], params["out_features"]
-    layer, n, dt = params["layer"], max(int(params.get("fragments") or 1), 1), params["dtype"]
+    variant, n, dt = params["variant"], max(int(params.get("fragments") or 1), 1), params["dtype"]
     e, c = DTYPE_BYTES[canonical_dtype(dt)], n_in // 32
-    hard = params.get("mode") in ("eval", "inference") and layer == "fragmented"
+    hard = params.get("task") in ("eval", "inference") and variant == "fragmented"
     used = max(1, min(int(metrics.get("selected_fragments") or 1), n)) if hard else n
     low = n_in * c + c * n_out  # the compressor / expander weights
-    weights = {"linear": n_in * n_out, "blockdiag": n_in * n_out / n, "lowrank": low,
-               "fragmented": used * n_in * n_out / n + low + n_in}[layer]
-    flops_per_row = {"linear": n_in * n_out, "blockdiag": n_in * n_out / n, "lowrank": low,
-                     "fragmented": (n_in * n_out / n if hard else n_in * n_out) + low + n_in}[layer]
+    weights = {"dense": n_in * n_out, "blockdiag": n_in * n_out / n, "lowrank": low,
+               "fragmented": used * n_in * n_out / n + low + n_in}[variant]
+    flops_per_row = {"dense": n_in * n_out, "blockdiag": n_in * n_out / n, "lowrank": low,
+                     "fragmented": (n_in * n_out / n if hard else n_in * n_out) + low + n_in}[variant]
     io = B * (n_in + n_out)
     fwd = analyze(2 * B * flops_per_row, (weights + io) * e, hw, dt)
     # backward: input and weight gradients (2x the forward flops); read weights, write their gradients

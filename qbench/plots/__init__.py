@@ -19,18 +19,17 @@ from typing import Any
 from qbench.errors import QbenchUsageError
 
 FORMATS = (".png", ".svg", ".pdf")
-BENCHES = ("switchback", "switchback_model", "switchback_train", "moe", "fragmented", "model")
+BENCHES = ("switchback", "block", "train_check", "moe", "fragmented", "model")
 PANEL_SIZE = (5.2, 3.9)  # inches per panel: room for a legend inside each axis
 
 
 def registry() -> dict[str, tuple]:
     """bench -> PANELS. Imported on first use, not at the top: the panel modules import the helpers
     below from this package, which must be complete by then."""
-    from qbench.plots import fragmented, model, moe, switchback, switchback_model, switchback_train
+    from qbench.plots import block, fragmented, model, moe, switchback, train_check
 
-    return {"switchback": switchback.PANELS, "switchback_model": switchback_model.PANELS,
-            "switchback_train": switchback_train.PANELS, "moe": moe.PANELS, "fragmented": fragmented.PANELS,
-            "model": model.PANELS}
+    return {"switchback": switchback.PANELS, "block": block.PANELS, "train_check": train_check.PANELS,
+            "moe": moe.PANELS, "fragmented": fragmented.PANELS, "model": model.PANELS}
 
 
 def panels_of(bench: str) -> tuple:

@@ -1,6 +1,6 @@
 """FragmentedLinear figure: forward time, backward (+ optimizer) time and peak memory per shape,
-one line per (layer, mode, fragments) and, where a run varies them, execution mode and backward thread;
-the dense Linear baseline in black."""
+one line per (variant, task, fragments) and, where a run varies them, execution mode and backward thread;
+the dense baseline in black."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from qbench.plots.base import no_data, one_dtype, value
 from qbench.store import varying_params
 
-# Colour maps per (layer, mode): fragment counts get darker shades of the same colour.
+# Colour maps per (variant, task): fragment counts get darker shades of the same colour.
 CMAPS = {
     ("fragmented", "train"): "Blues",
     ("fragmented", "eval"): "Greens",
@@ -30,39 +30,39 @@ def shape_label(key: tuple[int, int, int]) -> str:
     return f"{size}\nb={batch}"
 
 
-# Parameters that split a layer's line when a run varies them: each execution mode and backward thread
+# Parameters that split a variant's line when a run varies them: each execution mode and backward thread
 # is its own line (their times differ), told apart by marker (linestyle for the dense baseline).
 SPLIT_PARAMS = ("exec", "backward_thread")
 MARKERS, BASELINE_STYLES = ("o", "^", "D", "v", "P", "X"), ("-", ":", "-.", "--", (0, (1, 3)), (0, (5, 1)))
 
 
 def series(records: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
-    """Records grouped by line: (layer, mode, fragments, variant), variant naming the SPLIT_PARAMS values
+    """Records grouped by line: (variant, task, fragments, split), split naming the SPLIT_PARAMS values
     where the records differ in them ("" otherwise)."""
-    split = varying_params(records, SPLIT_PARAMS)
+    varying = varying_params(records, SPLIT_PARAMS)
     lines: dict[tuple, list[dict[str, Any]]] = {}
     for rec in records:
         p = rec["params"]
-        variant = " ".join(str(p.get(k)) for k in split)
-        lines.setdefault((p.get("layer"), p.get("mode"), p.get("fragments", 0), variant), []).append(rec)
+        split = " ".join(str(p.get(k)) for k in varying)
+        lines.setdefault((p.get("variant"), p.get("task"), p.get("fragments", 0), split), []).append(rec)
     return lines
 
 
 def _line_order(item) -> tuple:
-    (layer, mode, count, variant), _ = item
-    return (layer != "linear", str(layer), str(mode), count or 0, variant)
+    (variant, task, count, split), _ = item
+    return (variant != "dense", str(variant), str(task), count or 0, split)
 
 
-def _style(layer: str, mode: str, fragments: int, all_fragments: list[int], variant: int = 0):
+def _style(variant: str, task: str, fragments: int, all_fragments: list[int], split: int = 0):
     from matplotlib import colormaps
 
-    if layer == "linear":
+    if variant == "dense":
         return {"color": "black", "linewidth": 2.5, "marker": "s",
-                "linestyle": BASELINE_STYLES[variant % len(BASELINE_STYLES)]}
-    cmap = colormaps[CMAPS.get((layer, mode), CMAPS.get((layer, None), "Reds"))]
+                "linestyle": BASELINE_STYLES[split % len(BASELINE_STYLES)]}
+    cmap = colormaps[CMAPS.get((variant, task), CMAPS.get((variant, None), "Reds"))]
     shade = 0.35 + 0.6 * (all_fragments.index(fragments) / max(1, len(all_fragments) - 1)) if fragments else 0.7
-    return {"color": cmap(shade), "linewidth": 1.2, "marker": MARKERS[variant % len(MARKERS)],
-            "linestyle": "--" if mode != "train" else "-"}
+    return {"color": cmap(shade), "linewidth": 1.2, "marker": MARKERS[split % len(MARKERS)],
+            "linestyle": "--" if task != "train" else "-"}
 
 
 def _metric_panel(ax, records, metric: str, ylabel: str) -> None:
@@ -72,12 +72,12 @@ def _metric_panel(ax, records, metric: str, ylabel: str) -> None:
     shapes = sorted({shape_key(r) for r in records})
     fragments = sorted({r["params"].get("fragments", 0) for r in records if r["params"].get("fragments")})
     lines = series(records)
-    variants = sorted({key[3] for key in lines})
-    for (layer, mode, count, variant), recs in sorted(lines.items(), key=_line_order):
+    splits = sorted({key[3] for key in lines})
+    for (variant, task, count, split), recs in sorted(lines.items(), key=_line_order):
         points = sorted((shapes.index(shape_key(r)), value(r, metric)) for r in recs)
-        label = layer if layer == "linear" else f"{layer} {mode} N={count}" if count else f"{layer} {mode}"
-        label += f" [{variant}]" if variant else ""
-        ax.plot(*zip(*points), label=label, **_style(layer, mode, count, fragments, variants.index(variant)))
+        label = variant if variant == "dense" else f"{variant} {task} N={count}" if count else f"{variant} {task}"
+        label += f" [{split}]" if split else ""
+        ax.plot(*zip(*points), label=label, **_style(variant, task, count, fragments, splits.index(split)))
     ax.set_xticks(range(len(shapes)), [shape_label(s) for s in shapes], fontsize=7)
     ax.set(yscale="log", ylabel=ylabel, title=f"{metric} ({dtype})")
     ax.legend(fontsize=6, ncol=2)

@@ -5,15 +5,15 @@ seed: the original report layout)."""
 from qbench.benches.fragmented.config import (  # noqa: F401
     BASELINES,
     BENCH,
-    LAYERS,
-    MODES,
+    TASKS,
+    VARIANTS,
     Case,
     FragmentedConfig,
     pending,
     plan,
     resolve,
 )
-from qbench.benches.fragmented.cost import UNITS, forward_cost  # noqa: F401
+from qbench.benches.fragmented.cost import forward_cost  # noqa: F401
 from qbench.benches.fragmented.gate import TIE_GAP, gate  # noqa: F401
 from qbench.benches.fragmented.seed import format_seed  # noqa: F401
 from qbench.benches.fragmented.sweep import build, measure, run  # noqa: F401

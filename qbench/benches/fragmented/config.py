@@ -1,9 +1,9 @@
-"""`qbench fragmented`: what a run sweeps. Square sizes x batch sizes x fragment counts x modes x
-dtypes x execution modes; layers "fragmented" and "blockdiag" (N blocks) per fragment count,
-"linear" (dense, same bias setting) and "lowrank" (rank c = in/32, the layer's own low-rank path)
-once per size/batch/mode (fragments = 0).
-Modes: "train" (model.train(), soft selection, full Adam step), "eval" (model.eval(): hard
-selection, still with autograd and the Adam step, as the seed's "Inference"), "inference"
+"""`qbench fragmented`: what a run sweeps. Square sizes x batch sizes x fragment counts x tasks x
+dtypes x execution modes; variants "fragmented" and "blockdiag" (N blocks) per fragment count,
+"dense" (nn.Linear, same bias setting) and "lowrank" (rank c = in/32, the layer's own low-rank path)
+once per size/batch/task (fragments = 0).
+Tasks (the `task` param): "train" (model.train(), soft selection, full Adam step), "eval" (model.eval():
+hard selection, still with autograd and the Adam step, as the seed's "Inference"), "inference"
 (torch.inference_mode(), forward only).
 Execution modes (the `exec` param): "eager", "compile" (torch.compile(fullgraph=True), inductor,
 static shapes) and "graph" (forward + loss + backward, or the inference forward, captured into one
@@ -18,12 +18,10 @@ from dataclasses import dataclass, replace
 
 from qbench.env import usable_device
 from qbench.errors import QbenchUsageError
+from qbench.metrics.fragmented import BENCH, TASKS, VARIANTS  # noqa: F401  (the package exports them)
 from qbench.modes import resolved_execs
 
-BENCH = "fragmented"
-LAYERS = ("linear", "fragmented", "blockdiag", "lowrank")
-BASELINES = ("linear", "blockdiag", "lowrank")
-MODES = ("train", "eval", "inference")
+BASELINES = ("dense", "blockdiag", "lowrank")
 GPU_DEFAULTS = {"sizes": (2048, 4096, 8192), "batch_sizes": (1, 8, 16), "fragments": (2, 8, 32, 128),
                 "steps": 50, "warmup": 10}  # the seed's sweep; it took the mean of 100 steps
 CPU_DEFAULTS = {"sizes": (256,), "batch_sizes": (1, 8), "fragments": (2, 8), "steps": 3, "warmup": 1}
@@ -34,7 +32,7 @@ class FragmentedConfig:
     sizes: tuple[int, ...] | None = None  # square in = out; None: GPU or CPU default
     batch_sizes: tuple[int, ...] | None = None
     fragments: tuple[int, ...] | None = None
-    modes: tuple[str, ...] = MODES
+    tasks: tuple[str, ...] = TASKS
     baselines: tuple[str, ...] = BASELINES
     dtypes: tuple[str, ...] = ("fp32",)
     bias: bool = False
@@ -48,20 +46,20 @@ class FragmentedConfig:
     trace_dir: str | None = None  # also profile 3 steps of each eager configuration, traces here (steps.trace)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Case:
-    size: int
+    size: int  # square in = out features
     batch: int
-    layer: str
-    mode: str
-    fragments: int
+    variant: str  # VARIANTS
+    task: str  # TASKS
+    fragments: int  # N (0 for dense and lowrank)
     dtype: str
     exec: str = "eager"
     backward_thread: str = "device"
 
     def params(self) -> dict:
         return {"in_features": self.size, "out_features": self.size, "batch_size": self.batch,
-                "layer": self.layer, "mode": self.mode, "fragments": self.fragments, "dtype": self.dtype,
+                "variant": self.variant, "task": self.task, "fragments": self.fragments, "dtype": self.dtype,
                 "exec": self.exec, "backward_thread": self.backward_thread}
 
 
@@ -92,13 +90,21 @@ def plan(config: FragmentedConfig) -> list[Case]:
     for dtype in config.dtypes:
         for size in config.sizes:
             for batch in config.batch_sizes:
-                for mode in config.modes:
-                    layers = [(b, 0) for b in ("linear", "lowrank") if b in config.baselines]
-                    for n in config.fragments:
-                        layers += [("fragmented", n)] + ([("blockdiag", n)] if "blockdiag" in config.baselines else [])
-                    cases += [Case(size, batch, layer, mode, n, dtype, ex, thread) for layer, n in layers
-                              for ex in config.execs for thread in _threads(config, mode, ex)]
+                for task in config.tasks:
+                    cases += [Case(size=size, batch=batch, variant=variant, task=task, fragments=n, dtype=dtype,
+                                   exec=ex, backward_thread=thread)
+                              for variant, n in _variants(config) for ex in config.execs
+                              for thread in _threads(config, task, ex)]
     return cases
+
+
+def _variants(config: FragmentedConfig) -> list[tuple[str, int]]:
+    """(variant, fragments) in the seed's order: the dense and low-rank baselines, then per fragment count
+    FragmentedLinear and its block-diagonal baseline."""
+    out = [(b, 0) for b in ("dense", "lowrank") if b in config.baselines]
+    for n in config.fragments:
+        out += [("fragmented", n)] + ([("blockdiag", n)] if "blockdiag" in config.baselines else [])
+    return out
 
 
 def pending(config: FragmentedConfig, done: frozenset[str] = frozenset()) -> list[Case]:
@@ -108,8 +114,8 @@ def pending(config: FragmentedConfig, done: frozenset[str] = frozenset()) -> lis
     return [case for case in plan(config) if case_id(case.params()) not in done]
 
 
-def _threads(config: FragmentedConfig, mode: str, exec: str) -> tuple[str, ...]:
+def _threads(config: FragmentedConfig, task: str, exec: str) -> tuple[str, ...]:
     """The backward threads a case runs with: each asked-for one where autograd runs a backward at every step
     (train and eval steps, eager or compiled); elsewhere (inference, a replayed graph) only the first."""
-    steps_backward = mode != "inference" and exec != "graph"
+    steps_backward = task != "inference" and exec != "graph"
     return config.backward_threads if steps_backward else config.backward_threads[:1]

@@ -1,8 +1,8 @@
 """The original FragmentedLinear benchmark's text report, printed from qbench records.
 
-Per size and batch: "Linear Layer:" (the dense baseline in train mode), "FragmentedLinear (Train)
-Results:" (train mode) and "FragmentedLinear (Inference) Results:" (eval mode: model.eval() with
-autograd and the optimizer step, which is what the original called inference). "Backward time" is
+Per size and batch: "Linear Layer:" (variant dense, task train), "FragmentedLinear (Train) Results:"
+(task train) and "FragmentedLinear (Inference) Results:" (task eval: model.eval() with autograd and the
+optimizer step, which is what the original called inference). "Backward time" is
 zero_grad + backward + Adam step, as the original measured it. Old readers of that report work.
 """
 
@@ -26,8 +26,8 @@ def _seed_block(metrics: dict) -> list[str]:
 
 
 def format_seed(records: list[dict]) -> str:
-    """The original benchmark's text report: per size and batch the dense Linear (train mode), then
-    FragmentedLinear in train mode ("Train") and eval mode ("Inference", as the seed named it).
+    """The original benchmark's text report: per size and batch the dense Linear (task train), then
+    FragmentedLinear in task train ("Train") and task eval ("Inference", as the seed named it).
     Backward time is zero_grad + backward + Adam step, as the seed measured it."""
     ok = [r for r in records if r.get("status") == "ok" and r.get("bench") == BENCH]
     lines: list[str] = []
@@ -44,14 +44,14 @@ def format_seed(records: list[dict]) -> str:
 
 
 def _seed_group(records: list[dict]) -> list[str]:
-    def pick(layer: str, mode: str) -> list[dict]:
-        return [r for r in records if r["params"]["layer"] == layer and r["params"]["mode"] == mode]
+    def pick(variant: str, task: str) -> list[dict]:
+        return [r for r in records if r["params"]["variant"] == variant and r["params"]["task"] == task]
 
     lines = ["", "Detailed Results:"]
-    for rec in pick("linear", "train")[:1]:
+    for rec in pick("dense", "train")[:1]:
         lines += ["Linear Layer:", *_seed_block(rec["metrics"])]
-    for title, mode in (("Train", "train"), ("Inference", "eval")):
-        chosen = pick("fragmented", mode)
+    for title, task in (("Train", "train"), ("Inference", "eval")):
+        chosen = pick("fragmented", task)
         if chosen:
             lines += ["", f"FragmentedLinear ({title}) Results:"]
         for rec in chosen:

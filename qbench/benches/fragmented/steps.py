@@ -1,6 +1,6 @@
 """Timed steps of `qbench fragmented`, in each execution mode.
 
-  training steps (train, eval)  forward, MSE loss, zero_grad, backward, Adam step; phases timed by
+  training steps (tasks train, eval)  forward, MSE loss, zero_grad, backward, Adam step; phases timed by
                                 events (forward_ms, backward_ms, optimizer_ms, step_ms ...), eager or
                                 compiled (torch.compile(model, fullgraph=True), static shapes)
   fwd_bwd                       forward + loss + backward alone (fwd_bwd_ms), in every mode; the
@@ -139,11 +139,11 @@ def time_fwd_bwd(step, steps: int, device: str) -> tuple[list[float], dict]:
     return list(timing.samples_ms), {"host_fwd_bwd_ms": host, **readings.metrics("fwd_bwd")}
 
 
-def forward_fn(model, x, mode: str):
-    """The forward call of a mode: under inference_mode for 'inference', with autograd otherwise."""
+def forward_fn(model, x, task: str):
+    """The forward call of a task: under inference_mode for 'inference', with autograd otherwise."""
     import torch
 
-    if mode != "inference":
+    if task != "inference":
         return lambda: model(x)
 
     def infer():
@@ -172,19 +172,19 @@ def measure_inference(model, x, steps: int, warmup: int, device: str, baseline: 
                                                   **readings.metrics("forward")}
 
 
-def graph_forward_ms(model, x, mode: str, steps: int, device: str) -> list[float] | None:
+def replay_forward_ms(model, x, task: str, steps: int, device: str) -> list[float] | None:
     """The forward replayed as a CUDA graph (what a training loop gets from graph capture), or None
     on the CPU or when this forward cannot be captured."""
     if device != "cuda":
         return None
     try:
-        timing = time_fn(forward_fn(model, x, mode), device=device, warmup=3, repeat=steps, cuda_graph=True)
+        timing = time_fn(forward_fn(model, x, task), device=device, warmup=3, repeat=steps, cuda_graph=True)
     except RuntimeError:
         return None
     return list(timing.samples_ms)
 
 
-def trace(model, x, target, mode: str, out_dir: str, label: str):
+def trace(model, x, target, task: str, out_dir: str, label: str):
     """3 steps after the timed ones under the profiler (qbench.traces.record_training_steps): forward + MSE loss +
     backward (grads set to None first), or the forward under inference_mode for 'inference'."""
     import torch
@@ -192,7 +192,7 @@ def trace(model, x, target, mode: str, out_dir: str, label: str):
 
     from qbench.traces import record_training_steps
 
-    if mode == "inference":
+    if task == "inference":
         def infer():
             with torch.inference_mode():
                 model(x)

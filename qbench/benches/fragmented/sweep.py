@@ -1,5 +1,5 @@
 """`qbench fragmented`: FragmentedLinear against dense and structured baselines, one record per
-configuration and execution mode.
+variant, task, shape and execution mode (the metrics: qbench/metrics/fragmented.py).
 
 Measured per record (ms are medians over the timed steps, samples kept):
   forward_ms             the forward call inside a training step (inference: cold-L2 forward calls)
@@ -8,14 +8,14 @@ Measured per record (ms are medians over the timed steps, samples kept):
   step_ms                the whole training step (forward, loss, zero_grad, backward, Adam)
   fwd_bwd_ms             forward + loss + backward alone (the graph mode's one measure of training)
   host_*_ms              CPU time spent issuing a step (see benches/fragmented/steps.py)
-  forward_graph_ms       the eager forward replayed as one CUDA graph (GPU only; no launch overhead)
+  forward_replay_ms      the eager forward replayed from one CUDA graph (GPU only; no launch overhead)
   sm_clock_mhz_<what>    GPU only: SM clock (MHz) and board power (W, power_w_<what>) while the timed work ran;
                          <what>: step (training steps), fwd_bwd (forward + backward), forward (inference)
   peak_memory_mb, param_memory_mb, optimizer_state_mb, parameters, tflops (useful forward flops /
-  forward_ms), roofline_fraction (GPU with a preset)
+  forward_ms), replay_tflops (over forward_replay_ms), roofline_fraction (GPU with a preset)
 With a trace directory, each eager configuration then runs 3 profiled steps (steps.trace): <trace_label>-rank0.csv
 and .json.gz there.
-Before timing, FragmentedLinear's train, eval and inference outputs are checked against the float64
+Before timing, FragmentedLinear's train, eval and inference task outputs are checked against the float64
 reference definition, and a compiled or graphed step against the eager one; a mismatch is an error
 record.
 """
@@ -26,13 +26,12 @@ from collections.abc import Iterator
 
 from qbench.benches.fragmented import steps
 from qbench.benches.fragmented.config import BENCH, Case, FragmentedConfig
-from qbench.benches.fragmented.cost import UNITS, forward_cost, roofline
+from qbench.benches.fragmented.cost import forward_cost, roofline
 from qbench.benches.fragmented.gate import gate
 from qbench.dtypes import tolerance, torch_dtype
 from qbench.modes import compiled
 from qbench.store import make_record
 from qbench.timing import backward_thread
-from qbench.units import by_name
 
 
 def build(case: Case, bias: bool, device: str):
@@ -42,13 +41,13 @@ def build(case: Case, bias: bool, device: str):
 
     kw = {"device": device, "dtype": torch_dtype(case.dtype)}
     s = case.size
-    if case.layer == "linear":
+    if case.variant == "dense":
         return torch.nn.Linear(s, s, bias=bias, **kw)
-    if case.layer == "lowrank":
-        return fl.LowRankLinear(s, s, s // 32, bias=bias, **kw)
-    if case.layer == "blockdiag":
-        return fl.BlockDiagonalLinear(s, s, case.fragments, bias=bias, **kw)
-    return fl.FragmentedLinear(s, s, case.fragments, s // 32, bias=bias, **kw)
+    if case.variant == "lowrank":
+        return fl.LowRankLinear(s, s, rank=s // 32, bias=bias, **kw)
+    if case.variant == "blockdiag":
+        return fl.BlockDiagonalLinear(s, s, num_blocks=case.fragments, bias=bias, **kw)
+    return fl.FragmentedLinear(s, s, num_fragments=case.fragments, compressed_features=s // 32, bias=bias, **kw)
 
 
 
@@ -115,7 +114,7 @@ def _infer(model, runner, x, case: Case, config: FragmentedConfig, baseline: int
 
 
 def measure(case: Case, config: FragmentedConfig) -> dict:
-    """One record: build, gate (FragmentedLinear), check the mode against eager, time, count."""
+    """One record: build, gate (FragmentedLinear), check the exec against eager, time, count."""
 
     device = config.device
     steps.sync_and_reset(device)
@@ -124,31 +123,31 @@ def measure(case: Case, config: FragmentedConfig) -> dict:
     model = build(case, config.bias, device)
     metrics, selected, failure = _checked(model, x, case)
     if failure:
-        return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure, device=device)
-    model.train(case.mode == "train")
+        return make_record(BENCH, case.params(), metrics, status="error", error=failure, device=device)
+    model.train(case.task == "train")
     runner = compiled(model, case.exec)
     fwd_bwd = None
-    if case.mode == "inference":
+    if case.task == "inference":
         phases, extra, failure = _infer(model, runner, x, case, config, baseline)
     else:
         with backward_thread(case.backward_thread):
             phases, extra, fwd_bwd, failure = _train(model, runner, x, target, case, config, baseline)
     if failure:
-        return make_record(BENCH, case.params(), metrics, units=UNITS, status="error", error=failure, device=device)
+        return make_record(BENCH, case.params(), metrics, status="error", error=failure, device=device)
     medians, samples = _phase_metrics(phases)
     metrics.update(medians)
     metrics.update(extra)
     if fwd_bwd:
         samples["fwd_bwd_ms"], metrics["fwd_bwd_ms"] = fwd_bwd, _median(fwd_bwd)
     if config.cuda_graph and case.exec == "eager":
-        graph = steps.graph_forward_ms(model, x, case.mode, config.steps, device)
+        graph = steps.replay_forward_ms(model, x, case.task, config.steps, device)
         if graph:
-            samples["forward_graph_ms"], metrics["forward_graph_ms"] = graph, _median(graph)
+            samples["forward_replay_ms"], metrics["forward_replay_ms"] = graph, _median(graph)
     _throughput(metrics, case, selected, device)
     if config.trace_dir and case.exec == "eager":
         with backward_thread(case.backward_thread):
-            steps.trace(model, x, target, case.mode, config.trace_dir, trace_label(case))
-    return make_record(BENCH, case.params(), metrics, units=_units(metrics), samples=samples, device=device)
+            steps.trace(model, x, target, case.task, config.trace_dir, trace_label(case))
+    return make_record(BENCH, case.params(), metrics, samples=samples, device=device)
 
 
 def _checked(model, x, case: Case) -> tuple[dict, int | None, str | None]:
@@ -158,11 +157,11 @@ def _checked(model, x, case: Case) -> tuple[dict, int | None, str | None]:
 
     metrics: dict = {"parameters": sum(p.numel() for p in model.parameters()),
                      "param_memory_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20}
-    if case.layer != "fragmented":
+    if case.variant != "fragmented":
         return metrics, None, None
     errors, failure = gate(model, x, case.dtype)
     metrics.update(errors)
-    if failure or case.mode == "train":
+    if failure or case.task == "train":
         return metrics, None, failure
     with torch.no_grad():
         selected = int(model.scores(x).argmax(dim=1).unique().numel())
@@ -171,21 +170,17 @@ def _checked(model, x, case: Case) -> tuple[dict, int | None, str | None]:
 
 
 def trace_label(case: Case) -> str:
-    """The file name stem of a configuration's trace: layer, size, batch, fragments, mode, dtype, backward thread."""
-    return (f"{case.layer}-{case.size}-b{case.batch}-n{case.fragments}-{case.mode}-{case.dtype}"
+    """The file name stem of a configuration's trace: variant, size, batch, fragments, task, dtype, backward
+    thread."""
+    return (f"{case.variant}-{case.size}-b{case.batch}-n{case.fragments}-{case.task}-{case.dtype}"
             f"-{case.backward_thread}")
-
-
-def _units(metrics: dict) -> dict:
-    """UNITS, and the unit each other metric's name declares (the GPU's clock, MHz, and power, W)."""
-    return {**UNITS, **{k: unit for k in metrics if k not in UNITS and (unit := by_name(k))}}
 
 
 def _throughput(metrics: dict, case: Case, selected, device: str) -> None:
     flops, moved = forward_cost(case, selected)
     metrics["tflops"] = flops / metrics["forward_ms"] / 1e9 if metrics.get("forward_ms") else None
-    if metrics.get("forward_graph_ms"):
-        metrics["graph_tflops"] = flops / metrics["forward_graph_ms"] / 1e9
+    if metrics.get("forward_replay_ms"):
+        metrics["replay_tflops"] = flops / metrics["forward_replay_ms"] / 1e9
     metrics["roofline_fraction"] = roofline(flops, moved, case.dtype, metrics.get("forward_ms"), device)
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-TABLE_PARAMS = ("dtype", "in_features", "batch_size", "layer", "mode", "fragments", "exec", "backward_thread")
-TABLE_METRICS = ("forward_ms", "forward_graph_ms", "backward_ms", "optimizer_ms", "backward_optimizer_ms",
+TABLE_PARAMS = ("dtype", "in_features", "batch_size", "variant", "task", "fragments", "exec", "backward_thread")
+TABLE_METRICS = ("forward_ms", "forward_replay_ms", "backward_ms", "optimizer_ms", "backward_optimizer_ms",
                  "step_ms", "fwd_bwd_ms", "host_step_ms", "host_fwd_bwd_ms", "peak_memory_mb", "parameters",
                  "tflops")
-HEADERS = {"in_features": "size", "batch_size": "batch", "forward_graph_ms": "fwd graph",
+HEADERS = {"in_features": "size", "batch_size": "batch", "forward_replay_ms": "fwd replay",
            "backward_optimizer_ms": "bwd+opt", "fwd_bwd_ms": "fwd+bwd", "host_step_ms": "host step",
            "host_fwd_bwd_ms": "host f+b", "peak_memory_mb": "peak mem", "backward_thread": "bwd thread"}
 

@@ -3,6 +3,8 @@
 For each ok record whose workload the model knows (switchback, fragmented, moe) and each metric that
 has a floor: measured ms, floor ms, bound, flops, bytes, intensity and the fraction of roofline
 (floor / measured). Fractions above 1 are flagged: the count is wrong or the data sat in cache.
+Records are read in their tidy form (qbench/metrics): a switchback record's floors are the model's floors
+of the seed's keys (qbench.model.floors.switchback) placed by the table its old runs migrate through.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def rows_for(records: list[dict], hw: Hardware) -> list[Row]:
         if rec.get("status") != "ok" or not _has_sizes(rec):
             continue
         try:
-            found = floors.for_record(rec, hw)
+            found = record_floors(rec, hw)
         except (KeyError, ValueError):  # a layer or dtype word the model does not know: no floor for it
             continue
         for metric, floor in found.items():
@@ -78,6 +80,20 @@ def rows_for(records: list[dict], hw: Hardware) -> list[Row]:
                 continue
             out.append(Row(rec["bench"], rec["case"], metric, float(measured), floor.floor_ms, floor.bound,
                            floor.flops, floor.bytes_moved, floor.intensity, floor.floor_ms / measured))
+    return out
+
+
+def record_floors(record: dict, hw: Hardware) -> dict[str, floors.Floor]:
+    """{metric: Floor} of one stored record: a switchback record's by its variant, exec and timing."""
+    if record["bench"] != "switchback":
+        return floors.for_record(record, hw)
+    from qbench.migration.switchback import WIDE
+
+    p = record["params"]
+    where = (p.get("variant"), p.get("exec"), p.get("timing"))
+    out = {}
+    for key, floor in floors.switchback(p, hw).items():
+        out.update({name: floor for *place, name in WIDE.get(key, ()) if tuple(place) == where})
     return out
 
 
@@ -138,7 +154,7 @@ NUMERIC = {
 
 
 # The other parameters each workload's floors read (qbench.model.floors); any other key is a typo.
-WORDS = {"gemm": ("dtype",), "switchback": ("dtype",), "fragmented": ("dtype", "layer", "mode"),
+WORDS = {"gemm": ("dtype",), "switchback": ("dtype",), "fragmented": ("dtype", "variant", "task"),
          "moe": ("dtype", "variant")}
 
 
@@ -169,7 +185,7 @@ def floors_of(workload: str, params: dict, hw: Hardware) -> dict[str, floors.Flo
         return floors.for_record({"bench": workload, "params": params, "metrics": {}}, hw)
     except KeyError as exc:
         name = exc.args[0]
-        given = [k for k, v in params.items() if v == name]  # a lookup by value, e.g. layer=bogus
+        given = [k for k, v in params.items() if v == name]  # a lookup by value, e.g. variant=bogus
         if given:
             raise QbenchUsageError(f"{workload}: {given[0]}={name!r} is not a value the model knows") from None
         raise QbenchUsageError(f"{workload}: missing parameter {name}=VALUE") from None

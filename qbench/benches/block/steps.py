@@ -1,4 +1,4 @@
-"""Training steps of `qbench switchback --model`, in each execution mode, with their checks.
+"""Training steps of `qbench block`, in each execution mode, with their checks.
 
 One training step of the block stack (qbench.layers.transformer.BlockStack), x [B, T, C] -> y:
     optimizer.zero_grad(set_to_none=True); loss = sum over tokens of mean_c (y - target)^2;

@@ -1,4 +1,4 @@
-"""The synthetic task of `qbench switchback --train-check`: next-token prediction on a fixed random
+"""The synthetic task of `qbench train-check`: next-token prediction on a fixed random
 Markov chain, whose best achievable loss is known exactly.
 
 Chain: vocab V, transition matrix P [V, V] (float64, rows sum to 1). Row i has `support` non-zero

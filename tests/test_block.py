@@ -10,11 +10,12 @@ import math
 import pytest
 
 from qbench import store
-from qbench.benches.switchback import train, train_loop
-from qbench.benches.switchback.model_run import REL_ERROR
+from qbench.benches.block.sweep import REL_ERROR
+from qbench.benches.train_check import config as train
+from qbench.benches.train_check import loop as train_loop
 from tests.test_switchback_cli import qbench
 
-STEP_METRICS = {"step_ms", "tokens_per_s", "linear_ms", "linear_share", "host_ms", "model_tflops", "relerr_output",
+STEP_METRICS = {"step_ms", "tokens_per_s", "linear_ms", "linear_share", "host_ms", "tflops", "relerr_output",
                 "relerr_loss", "relerr_grads"}
 
 
@@ -29,19 +30,19 @@ def test_model_bench_tiny_preset(tmp_path):
         ("16bit", "eager"), ("switchback", "eager"), ("fp8_all", "eager"), ("torchao", "eager")]
     for rec in records[:3]:
         p, m = rec["params"], rec["metrics"]
-        assert rec["bench"] == "switchback_model" and rec["status"] == "ok", rec["error"]
-        assert p | {"model": "tiny", "batch_size": 2, "tokens": 9, "layers": 2, "width": 32, "dtype": "bf16"} == p
+        assert rec["bench"] == "block" and rec["status"] == "ok", rec["error"]
+        assert p | {"preset": "tiny", "batch_size": 2, "tokens": 9, "layers": 2, "width": 32, "dtype": "bf16"} == p
         assert STEP_METRICS <= set(m) and len(rec["samples"]["step_ms"]) == 2
         assert math.isclose(m["tokens_per_s"], 2 * 9 / (m["step_ms"] / 1e3), rel_tol=1e-9)
         assert math.isclose(m["linear_share"], m["linear_ms"] / m["step_ms"], rel_tol=1e-9)
         assert all(m[k] <= REL_ERROR[p["variant"]] for k in ("relerr_output", "relerr_loss", "relerr_grads"))
-        assert rec["units"]["speedup_step" if p["variant"] != "16bit" else "step_ms"] in ("x", "ms")
-    assert "speedup_step" not in records[0]["metrics"] and records[0]["metrics"]["relerr_output"] == 0
+        assert rec["units"]["step_speedup" if p["variant"] != "16bit" else "step_ms"] in ("x", "ms")
+    assert "step_speedup" not in records[0]["metrics"] and records[0]["metrics"]["relerr_output"] == 0
     sb = records[1]["metrics"]
-    assert math.isclose(sb["speedup_step"], records[0]["metrics"]["step_ms"] / sb["step_ms"], rel_tol=1e-9)
+    assert math.isclose(sb["step_speedup"], records[0]["metrics"]["step_ms"] / sb["step_ms"], rel_tol=1e-9)
     assert sb["relerr_output"] > 0  # int8 really ran
     assert records[3]["status"] == "skipped" and "torchao" in records[3]["error"]
-    assert (out / "switchback_model.png").stat().st_size > 1000
+    assert (out / "block.png").stat().st_size > 1000
 
 
 @pytest.mark.gpu
@@ -67,13 +68,13 @@ def test_train_check_tiny(tmp_path):
     floor = records[0]["metrics"]["entropy_floor"]
     for rec in records:
         m = rec["metrics"]
-        assert rec["status"] == "ok" and rec["bench"] == "switchback_train"
+        assert rec["status"] == "ok" and rec["bench"] == "train_check" and rec["params"]["exec"] == "eager"
         assert len(rec["samples"]["loss_curve"]) == 2 and m["curve_every"] == 10
         assert floor < m["final_loss"] < m["initial_loss"] < m["uniform_loss"] + 0.5  # it learns, from ~ln V
         assert math.isclose(m["gap_to_floor"], m["final_loss"] - floor, rel_tol=1e-12)
-        assert math.isclose(m["gap_to_16bit"], m["final_loss"] - records[0]["metrics"]["final_loss"], abs_tol=1e-12)
-        assert abs(m["gap_to_16bit"]) < 0.05  # same weights, same batches: the variants track 16-bit closely
-    assert (out / "switchback_train.png").exists()
+        assert math.isclose(m["gap_to_reference"], m["final_loss"] - records[0]["metrics"]["final_loss"], abs_tol=1e-12)
+        assert abs(m["gap_to_reference"]) < 0.05  # same weights, same batches: the variants track 16-bit closely
+    assert (out / "train_check.png").exists()
 
 
 def test_diverged_run_is_an_error_record():

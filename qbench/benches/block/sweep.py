@@ -1,11 +1,11 @@
-"""One case of `qbench switchback --model` (preset x batch size): inputs, the eager 16-bit reference,
-then every execution mode x variant checked and timed (records as described in model.py)."""
+"""One case of `qbench block` (preset x batch size): inputs, the eager 16-bit reference, then every
+execution mode x variant checked and timed (records as described in config.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from qbench.benches.switchback import model_steps as ms
+from qbench.benches.block import steps as ms
 
 # Relative error of output, loss and gradients (one flat vector) against the eager 16-bit stack,
 # measured on the CPU at widths 32-256, 2-4 blocks, bf16: int8 ~1e-2, fp8 ~2-4e-2, fp8_all <= 6.5e-2.
@@ -17,7 +17,7 @@ TIMING = {"cuda": {"budget_ms": 1500.0, "repeat": None, "host": 10},  # ~20-30 s
 
 
 def run_case(case, config) -> Iterator[dict]:
-    from qbench.benches.switchback import model as bench
+    from qbench.benches.block import config as bench
 
     note = _memory_note(case, config.device)
     if note:
@@ -42,7 +42,7 @@ def _memory_note(case, device: str) -> str | None:
         return None
     import torch
 
-    from qbench.benches.switchback.model import memory_estimate_bytes
+    from qbench.benches.block.config import memory_estimate_bytes
 
     need, (free, _) = memory_estimate_bytes(case), torch.cuda.mem_get_info()
     if need > 0.85 * free:
@@ -56,7 +56,7 @@ def _make(case, config):
     from qbench.layers.transformer import BlockStack, StackShape
 
     p = case.preset
-    shape = StackShape(p.width, p.mlp, p.heads, case.layers, p.causal)
+    shape = StackShape(width=p.width, mlp=p.mlp, heads=p.heads, layers=case.layers, causal=p.causal)
     return lambda variant: BlockStack(shape, variant, device=config.device, dtype=torch_dtype(config.dtype))
 
 
@@ -100,7 +100,7 @@ def measure(case, config, variant: str, exec: str, data, base: dict) -> dict:
     """The record of one variant in one mode: skipped, error (check failed or raised), or ok."""
     import torch
 
-    from qbench.benches.switchback import model as bench
+    from qbench.benches.block import config as bench
 
     reason = _unavailable(case, config, variant)
     if reason:
@@ -121,8 +121,8 @@ def measure(case, config, variant: str, exec: str, data, base: dict) -> dict:
 
 
 def _measure(case, config, variant: str, exec: str, data) -> tuple[dict, dict, str | None]:
+    from qbench.benches.block.config import memory_estimate_bytes
     from qbench.benches.fragmented.steps import allocated, peak_mb, sync_and_reset
-    from qbench.benches.switchback.model import memory_estimate_bytes
     from qbench.layers.transformer import block_linears, build
     from qbench.telemetry import GpuReadings
     from qbench.timing import host_time, time_fn
@@ -144,7 +144,8 @@ def _measure(case, config, variant: str, exec: str, data) -> tuple[dict, dict, s
     kw = {"device": device, "repeat": config.repeat or timing["repeat"], "budget_ms": timing["budget_ms"]}
     readings = GpuReadings(device)  # the clock and power the steps ran at
     steps = time_fn(step, warmup=1, flush_l2=False, observe=readings, **kw)  # back to back, as training runs them
-    metrics.update(readings.metrics("step"))
+    # one timed step per record: its telemetry needs no `_step` suffix (sm_clock_mhz, power_w, throttle_reasons)
+    metrics.update({k.removesuffix("_step"): v for k, v in readings.metrics("step").items()})
     metrics["host_ms"] = host_time(step, device=device, warmup=1, repeat=timing["host"]).median
     del step, out
     linears = block_linears(model)
@@ -164,15 +165,15 @@ def _check(metrics: dict, variant: str, exec: str) -> str | None:
 
 
 def _derived(case, metrics: dict, base: dict) -> dict:
-    from qbench.benches.switchback.model import step_flop
+    from qbench.benches.block.config import step_flop
 
     step_s = metrics["step_ms"] / 1e3
     out = {"tokens_per_s": case.batch_size * case.preset.tokens / step_s,
            "linear_share": metrics["linear_ms"] / metrics["step_ms"],
-           "model_tflops": step_flop(case) / step_s / 1e12}
+           "tflops": step_flop(case) / step_s / 1e12}
     if base.get("step_ms"):
-        out["speedup_step"] = base["step_ms"] / metrics["step_ms"]
-        out["speedup_linears"] = base["linear_ms"] / metrics["linear_ms"]
+        out["step_speedup"] = base["step_ms"] / metrics["step_ms"]
+        out["linears_speedup"] = base["linear_ms"] / metrics["linear_ms"]
     return out
 
 
@@ -187,8 +188,8 @@ def _release(device: str) -> None:
 
 
 def run(config) -> Iterator[dict]:
-    """Records of a resolved ModelConfig in the order: case, execution mode, variant (16bit first)."""
-    from qbench.benches.switchback.model import plan
+    """Records of a resolved BlockConfig in the order: case, execution mode, variant (16bit first)."""
+    from qbench.benches.block.config import plan
 
     for case in plan(config):
         yield from run_case(case, config)

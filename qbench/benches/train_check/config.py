@@ -1,4 +1,4 @@
-"""`qbench switchback --train-check`: does a block stack still train with int8 / fp8 linear layers?
+"""`qbench train-check`: does a block stack still train with int8 / fp8 linear layers?
 
 A tiny decoder (qbench.layers.transformer.TinyLM: embeddings, causal blocks whose linear layers are
 the variant's, 16-bit LM head) learns next-token prediction on a fixed random Markov chain
@@ -8,12 +8,8 @@ Step: logits = model(x[:, :-1]); loss = cross-entropy with x[:, 1:] (mean over t
 backward of loss x tokens per batch (a static loss scale, so fp16 gradients stay normal; AdamW's
 update does not depend on it); AdamW (betas 0.9, 0.95), linear warm-up over 5% of the steps, then
 cosine decay to 10% of the peak rate.
-One record (bench "switchback_train") per variant; metrics (nats per token):
-  final_loss     mean loss of the last 10% of the steps
-  initial_loss   mean loss of the first CURVE_EVERY steps;  uniform_loss: ln(vocab)
-  entropy_floor  the chain's conditional entropy;  gap_to_floor: final_loss - entropy_floor
-  gap_to_16bit   final_loss - the 16bit variant's final_loss
-  samples["loss_curve"]: the mean loss of each window of CURVE_EVERY steps (curve_every says so)
+One record (bench "train_check") per variant, exec eager; metrics (nats per token): qbench/metrics/train.py;
+samples["loss_curve"]: the mean loss of each window of CURVE_EVERY steps (curve_every says so).
 A non-finite loss stops the variant: an error record ("diverged at step N") with the curve so far.
 """
 
@@ -22,9 +18,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from qbench import store, units
+from qbench import store
+from qbench.metrics.train import BENCH
 
-BENCH = "switchback_train"
 CURVE_EVERY = 10
 
 
@@ -47,14 +43,16 @@ TRAIN_PRESETS = {
     # last 60 steps (~490k tokens) has a noise of ~0.0015 nats, and every variant sees the same batches,
     # so a gap to 16-bit of 0.005 nats stands out. (At a quarter of this width, vocab and tokens a step,
     # 300 steps on a CPU ended 0.15 nats above the floor, flat for the last 100 steps.)
-    "lm-small": TrainPreset(512, 8, 512, 2048, 8, 4, 128, 64, 600, 1e-3),
-    "lm-tiny": TrainPreset(16, 3, 32, 128, 2, 2, 16, 8, 60, 1e-2),  # the CPU default: seconds
+    "lm-small": TrainPreset(vocab=512, support=8, width=512, mlp=2048, heads=8, layers=4, seq=128, batch_size=64,
+                            steps=600, lr=1e-3),
+    "lm-tiny": TrainPreset(vocab=16, support=3, width=32, mlp=128, heads=2, layers=2, seq=16, batch_size=8, steps=60,
+                           lr=1e-2),  # the CPU default: seconds
 }
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str | None = None  # a TRAIN_PRESETS name; None: lm-small on a GPU, lm-tiny on the CPU
+    preset: str | None = None  # a TRAIN_PRESETS name; None: lm-small on a GPU, lm-tiny on the CPU
     variants: tuple[str, ...] = ("16bit", "switchback", "fp8", "fp8_all", "torchao")
     layers: int | None = None
     batch: int | None = None
@@ -71,21 +69,20 @@ def resolve(config: TrainConfig) -> tuple[TrainConfig, TrainPreset]:
     from qbench.errors import QbenchUsageError
 
     device = usable_device(config.device)
-    name = config.model or ("lm-small" if device == "cuda" else "lm-tiny")
+    name = config.preset or ("lm-small" if device == "cuda" else "lm-tiny")
     if name not in TRAIN_PRESETS:
-        raise QbenchUsageError(f"--train-check sizes are {', '.join(TRAIN_PRESETS)}, not {name}")
+        raise QbenchUsageError(f"train-check presets are {', '.join(TRAIN_PRESETS)}, not {name}")
     base = TRAIN_PRESETS[name]
     preset = replace(base, layers=config.layers or base.layers, batch_size=config.batch or base.batch_size,
                      steps=config.steps or base.steps, lr=config.lr or base.lr)
     variants = ("16bit", *(v for v in config.variants if v != "16bit"))
-    return replace(config, model=name, device=device, variants=variants), preset
+    return replace(config, preset=name, device=device, variants=variants), preset
 
 
 def params(config: TrainConfig, preset: TrainPreset, variant: str) -> dict:
-    return {"model": config.model, "variant": variant, **preset.__dict__, "dtype": config.dtype,
-            "seed": config.seed}
-
-
+    """A record's params: the preset's name and sizes, the variant, and exec eager (the loop is never compiled)."""
+    return {"preset": config.preset, "variant": variant, **preset.__dict__, "dtype": config.dtype,
+            "seed": config.seed, "exec": "eager"}
 
 
 def summary(losses: list[float], floor: float, vocab: int) -> dict:
@@ -104,6 +101,6 @@ def curve(losses: list[float]) -> list[float]:
 
 
 def record(config, preset, variant, metrics=None, samples=None, status="ok", error=None) -> dict:
-    unit = {k: units.COUNT if k == "curve_every" else units.NATS for k in (metrics or {})}
-    return store.make_record(BENCH, params(config, preset, variant), metrics, units=unit, samples=samples,
-                             status=status, error=error, device=config.device)
+    """A record of one variant (units: qbench/metrics/train.py)."""
+    return store.make_record(BENCH, params(config, preset, variant), metrics, samples=samples, status=status,
+                             error=error, device=config.device)

@@ -1,22 +1,22 @@
-"""`qbench switchback --model` figure: speed-up of the training step over 16-bit per variant, and the
+"""`qbench block` figure: speed-up of the training step over 16-bit per variant, and the
 share of the step the linear layers take, per preset / batch size / execution mode."""
 
 from __future__ import annotations
 
 from qbench.plots.base import no_data, value
 
-# one colour per linear-layer variant in every panel of both switchback block figures
+# one colour per linear-layer variant in every panel of the block and train-check figures
 COLORS = {"16bit": "tab:gray", "switchback": "tab:blue", "fp8": "tab:orange", "fp8_all": "tab:red",
           "torchao": "tab:green"}
 
 
 def _group(record) -> str:
     p = record["params"]
-    return f"{p['model']} B{p['batch_size']}\n{p['exec']}"
+    return f"{p['preset']} B{p['batch_size']}\n{p['exec']}"
 
 
 def table_of(records, metric: str) -> tuple[list[str], list[str], dict]:
-    """(x groups 'model B<batch> / exec', variants, {(group, variant): value}), in record order."""
+    """(x groups 'preset B<batch> / exec', variants, {(group, variant): value}), in record order."""
     groups, variants, values = [], [], {}
     for rec in records:
         group, variant = _group(rec), rec["params"]["variant"]
@@ -41,7 +41,7 @@ def _bars(ax, records, metric: str) -> bool:
 
 
 def speedup_panel(ax, records, env) -> None:
-    if not _bars(ax, records, "speedup_step"):
+    if not _bars(ax, records, "step_speedup"):
         return no_data(ax, "no speed-ups in these records")
     ax.axhline(1, color="0.5", linewidth=0.8)
     ax.set(ylabel="training step speed-up over 16-bit (x)", title="block stack: step speed-up")

@@ -1,10 +1,10 @@
-"""`qbench switchback --train-check` figure: loss vs step per variant with the chain's entropy floor,
+"""`qbench train-check` figure: loss vs step per variant with the chain's entropy floor,
 and each variant's final loss above the floor."""
 
 from __future__ import annotations
 
 from qbench.plots.base import no_data, value
-from qbench.plots.switchback_model import COLORS
+from qbench.plots.block import COLORS
 
 
 def _variants(records):
@@ -32,7 +32,7 @@ def curves_panel(ax, records, env) -> None:
         ax.axhline(floor, color="0.3", linestyle="--", linewidth=1, label=f"entropy floor {floor:.3f}")
     p = shown[0]["params"]
     ax.set(xlabel="step", ylabel="cross-entropy (nats / token)", yscale="log",
-           title=f"{p.get('model')}: {p.get('layers')} blocks, width {p.get('width')}, {p.get('dtype')}")
+           title=f"{p.get('preset')}: {p.get('layers')} blocks, width {p.get('width')}, {p.get('dtype')}")
     ax.legend(fontsize=7)
 
 
@@ -44,9 +44,9 @@ def gap_panel(ax, records, env) -> None:
     gaps = [value(r, "gap_to_floor") for r in shown]
     bars = ax.bar(names, gaps, color=[COLORS.get(n) for n in names])
     for bar, rec in zip(bars, shown):
-        gap16 = value(rec, "gap_to_16bit")
-        if gap16 is not None:
-            ax.annotate(f"{gap16:+.4f} vs 16bit", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        gap = value(rec, "gap_to_reference")
+        if gap is not None:
+            ax.annotate(f"{gap:+.4f} vs 16bit", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom", fontsize=7)
     ax.set(ylabel="final loss - entropy floor (nats)", title="final loss above the floor (mean of the last 10%)")
 

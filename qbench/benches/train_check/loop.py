@@ -1,4 +1,4 @@
-"""The training loop of `qbench switchback --train-check` (see train.py for the task and metrics)."""
+"""The training loop of `qbench train-check` (see config.py for the task and metrics)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from qbench import units
-from qbench.benches.switchback import train
+from qbench.benches.train_check import config as train
 
 CHECK_EVERY = train.CURVE_EVERY  # the host reads the losses (and looks for non-finite ones) this often
 
@@ -24,7 +23,7 @@ class Task:
     def build(cls, preset, config) -> Task:
         import torch
 
-        from qbench.benches.switchback import markov
+        from qbench.benches.train_check import markov
         from qbench.dtypes import torch_dtype
         from qbench.layers.transformer import StackShape, TinyLM
 
@@ -32,10 +31,11 @@ class Task:
         pi = markov.stationary(P)
         seqs = markov.sample(P, pi, preset.steps * preset.batch_size, preset.seq + 1, config.seed + 1)
         tokens = seqs.reshape(preset.steps, preset.batch_size, preset.seq + 1).to(config.device)
-        shape = StackShape(preset.width, preset.mlp, preset.heads, preset.layers, causal=True)
+        shape = StackShape(width=preset.width, mlp=preset.mlp, heads=preset.heads, layers=preset.layers, causal=True)
 
         def make(variant):
-            return TinyLM(preset.vocab, preset.seq, shape, variant, config.device, torch_dtype(config.dtype))
+            return TinyLM(vocab=preset.vocab, seq=preset.seq, shape=shape, variant=variant, device=config.device,
+                          dtype=torch_dtype(config.dtype))
 
         torch.manual_seed(config.seed)
         state = {k: v.detach().cpu().clone() for k, v in make("16bit").state_dict().items()}
@@ -90,7 +90,8 @@ def losses_of(task: Task, preset, config, variant: str) -> tuple[list[float], in
     return losses, None
 
 
-def measure(task: Task, preset, config, variant: str) -> dict:
+def measure(task: Task, preset, config, variant: str, reference_loss: float | None = None) -> dict:
+    """The record of one variant; with the 16bit variant's final loss (16bit: its own), its gap_to_reference too."""
     from qbench.layers.transformer import unavailable
 
     reason = unavailable(variant, config.device)
@@ -101,7 +102,12 @@ def measure(task: Task, preset, config, variant: str) -> dict:
     if diverged is not None:
         return train.record(config, preset, variant, samples=_finite(samples), status="error",
                             error=f"diverged: non-finite loss at step {diverged}")
-    return train.record(config, preset, variant, train.summary(losses, task.floor, preset.vocab), samples)
+    metrics = train.summary(losses, task.floor, preset.vocab)
+    if variant == "16bit":
+        reference_loss = metrics["final_loss"]
+    if reference_loss is not None:
+        metrics["gap_to_reference"] = metrics["final_loss"] - reference_loss
+    return train.record(config, preset, variant, metrics, samples)
 
 
 def _finite(samples: dict) -> dict:
@@ -110,14 +116,11 @@ def _finite(samples: dict) -> dict:
 
 
 def run(config, preset) -> Iterator[dict]:
-    """One record per variant, 16bit first."""
+    """One record per variant, 16bit (the reference of every gap) first."""
     task = Task.build(preset, config)
-    final_16bit = None
+    reference = None
     for variant in config.variants:
-        rec = measure(task, preset, config, variant)
+        rec = measure(task, preset, config, variant, reference)
         if variant == "16bit" and rec["status"] == "ok":
-            final_16bit = rec["metrics"]["final_loss"]
-        if final_16bit is not None and rec["status"] == "ok":
-            rec["metrics"]["gap_to_16bit"] = rec["metrics"]["final_loss"] - final_16bit
-            rec["units"]["gap_to_16bit"] = units.NATS
+            reference = rec["metrics"]["final_loss"]
         yield rec

@@ -21,7 +21,7 @@ class Cell:
     case: str
     metric: str
     kind: str  # component (one kernel), kernels (their sum), step (a module or layer step), phase (MoE)
-    exec: str  # eager, compile, graph ('' where the record has none)
+    exec: str  # eager, compile, graph ('' where the record has none), and for MoE the world size: 'eager ws=4'
     measured_ms: float
     predicted_ms: float
     limit: str
@@ -43,15 +43,17 @@ class Cell:
 
 
 def _predictors() -> dict[str, Callable[[Mapping, Rates], dict[str, Prediction]]]:
-    from qbench.explain import switchback
+    from qbench.explain import block, fragmented, moe, switchback
 
-    return {"switchback": switchback.predict}
+    return {"switchback": switchback.predict, "fragmented": fragmented.predict, "moe": moe.predict,
+            "block": block.predict}
 
 
 FAMILIES = ("switchback", "fragmented", "moe", "block")
 STEPS = ("step_ms", "chain_ms", "forward_replay_ms")
 PHASES = ("gate_ms", "plan_ms", "dispatch_ms", "experts_ms", "combine_ms", "forward_ms", "backward_ms",
-          "backward_experts_ms", "backward_exchange_ms", "optimizer_ms", "backward_optimizer_ms", "linears_ms")
+          "backward_experts_ms", "backward_exchange_ms", "optimizer_ms", "backward_optimizer_ms", "linear_ms",
+          "fwd_bwd_ms")
 
 
 def kind_of(bench: str, metric: str) -> str:
@@ -76,6 +78,12 @@ def predictions(record: Mapping, rates: Rates) -> dict[str, Prediction]:
         return {}
 
 
+def _where(record: Mapping) -> str:
+    params = record["params"]
+    where = str(params.get("exec", ""))
+    return f"{where} ws={params['world_size']}" if record["bench"] == "moe" else where
+
+
 def cells(records: list[Mapping], rates: Rates) -> list[Cell]:
     out = []
     for rec in records:
@@ -84,6 +92,6 @@ def cells(records: list[Mapping], rates: Rates) -> list[Cell]:
             if not isinstance(measured, (int, float)) or isinstance(measured, bool) or measured <= 0:
                 continue
             out.append(Cell(rec["bench"], rec["case"], metric, kind_of(rec["bench"], metric),
-                            str(rec["params"].get("exec", "")), float(measured), pred.ms, pred.limit, pred.reason,
+                            _where(rec), float(measured), pred.ms, pred.limit, pred.why,
                             pred.bound_ms))
     return out

@@ -46,6 +46,11 @@ class Prediction:
     limit: str  # compute, memory, launch, host, link or sync
     reason: str
     bound_ms: float = 0.0  # the hardware bound of the same work (bound_ms below)
+    path: str = ""  # in a chain, the part whose limit and reason these are: 'block0/fc1/gw_ms'
+
+    @property
+    def why(self) -> str:
+        return f"{self.path}: {self.reason}" if self.path else self.reason
 
 
 def _rate(table: Mapping[str, float], kind: str, default: str) -> tuple[float, str]:
@@ -121,12 +126,29 @@ def stream(bytes_moved: float, kind: str, rates: Rates) -> Prediction:
     return Prediction(ms, "memory", src + (f" + {latency * 1e3:.1f} us" if latency else ""), bound)
 
 
+def work(flops: float, bytes_moved: float, kind: str, rates: Rates, clock_mhz: float | None, *, cublas: str,
+         what: str) -> Prediction:
+    """Work of no single product shape (a layer's pass, attention): flops at `kind`'s calibrated rate
+    (clock-scaled) or bytes at the copy rate, whichever is longer, and at least a launch."""
+    rate, used = _rate(rates.matmul_tflops, kind, cublas)
+    scale, clock_text = clock_scale(clock_mhz, rates)
+    compute = flops / (rate * 1e12 * scale) * 1e3
+    memory = bytes_moved / (rates.stream_gbps["copy"] * 1e6)
+    bound = bound_ms(flops, bytes_moved, rates.peak_tflops[cublas] * 1e12, rates)
+    if rates.launch_ms >= max(compute, memory):
+        return Prediction(rates.launch_ms, "launch", f"{what}: shorter than one launch", bound)
+    if compute >= memory:
+        return Prediction(compute, "compute", f"{what}: {flops / 1e9:.1f} GFLOP at {used} {rate:.0f} T/s {clock_text}",
+                          bound)
+    return Prediction(memory, "memory", f"{what}: {bytes_moved / 1e6:.1f} MB at copy", bound)
+
+
 def chain(parts: Mapping[str, Prediction]) -> Prediction:
-    """Kernels one after another: times add; the limit is that of the longest part, named in the reason."""
+    """Kernels one after another: times add; the limit and reason are those of the longest part (its path)."""
     total = sum(p.ms for p in parts.values())
     name, main = max(parts.items(), key=lambda kv: kv[1].ms)
-    return Prediction(total, main.limit, f"{len(parts)} kernels, longest {name}: {main.reason}",
-                      sum(p.bound_ms for p in parts.values()))
+    return Prediction(total, main.limit, main.reason, sum(p.bound_ms for p in parts.values()),
+                      f"{name}/{main.path}" if main.path else name)
 
 
 def with_host(gpu: Prediction, host_ms: float | None) -> Prediction:
@@ -140,7 +162,7 @@ def with_host(gpu: Prediction, host_ms: float | None) -> Prediction:
 def transfer(bytes_sent: float, world_size: int, rates: Rates) -> Prediction:
     """An all-to-all: (n-1)/n of the bytes a rank sends leave it over the link, plus one launch."""
     if world_size <= 1:
-        return Prediction(rates.launch_ms, "launch", "one rank: the exchange is a local copy")
+        return Prediction(0.0, "memory", "one rank: nothing crosses a link")
     moved = (world_size - 1) / world_size * bytes_sent
     ms = moved / (rates.link_gbps * 1e6) + rates.launch_ms
     return Prediction(ms, "link", f"{moved / 1e6:.1f} MB at {rates.link_gbps:.0f} GB/s",

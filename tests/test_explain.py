@@ -211,3 +211,20 @@ def test_explain_refuses_a_run_it_has_nothing_to_say_about(tmp_path, capsys):
     other = write_run(tmp_path / "a100", [moe_record()], gpu="NVIDIA A100-SXM4-40GB")
     code, _, err = run_qbench(capsys, ["explain", other])
     assert code == 2 and "no calibration" in err
+
+
+def test_calibrate_measures_qbench_own_kernels_beside_cublas(tmp_path, capsys):
+    """On a CPU (Triton interpreter) at toy sizes: the records and the file `qbench explain` reads its rates from."""
+    from qbench.model import hardware
+
+    cal = tmp_path / "cal.yaml"
+    args = ["model", "calibrate", "--device", "cpu", "--file", cal, "--out", tmp_path / "run"]
+    code, _, err = run_qbench(capsys, args)
+    assert code == 0, err
+    _, records = store.load_run(tmp_path / "run")
+    ok = {(r["params"]["op"], r["params"].get("kernel")) for r in records if r["status"] == "ok"}
+    assert {("matmul", "cublas"), ("matmul", "switchback"), ("quantize", "quantize_rowwise"),
+            ("quantize", "quantize_weight"), ("quantize", "quantize_weight_t"), ("cast", "cast")} <= ok
+    r = rates.from_file(cal, hardware.preset("h200"))
+    assert r.matmul_tflops["switchback_int8"] > 0 and r.matmul_tflops["fp32"] > 0
+    assert {"copy", "cast", "quantize_rowwise", "quantize_weight", "quantize_weight_t"} <= set(r.stream_gbps)

@@ -51,7 +51,7 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
     shapes = {"x": (M, K), "g": (M, N), "w": (N, K), "w_t": (N, K), "g_t": (N, M), "x_t": (K, M)}
     for name in quantizers:
         rows, cols = shapes[name.removeprefix("quantize_")]
-        kind = "quantize_weight" if name.startswith("quantize_w") else "quantize_rowwise"
+        kind = {"quantize_w": "quantize_weight", "quantize_w_t": "quantize_weight_t"}.get(name, "quantize_rowwise")
         out[f"{name}_ms"] = stream(rows * cols * (e + 1) + rows * SCALE, kind, rates)
     return out
 
@@ -59,7 +59,7 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
 def casts(params: Mapping, rates: Rates) -> dict[str, Prediction]:
     """The fp32 -> 16-bit casts the 16-bit variant times beside its products (read 4, write e bytes)."""
     M, K, N, e = _sizes(params)
-    return {f"cast_{n}_ms": stream(r * c * (4 + e), "copy", rates) for n, (r, c) in
+    return {f"cast_{n}_ms": stream(r * c * (4 + e), "cast", rates) for n, (r, c) in
             {"x": (M, K), "g": (M, N), "w": (N, K)}.items()}
 
 

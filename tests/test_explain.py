@@ -228,3 +228,17 @@ def test_calibrate_measures_qbench_own_kernels_beside_cublas(tmp_path, capsys):
     r = rates.from_file(cal, hardware.preset("h200"))
     assert r.matmul_tflops["switchback_int8"] > 0 and r.matmul_tflops["fp32"] > 0
     assert {"copy", "cast", "quantize_rowwise", "quantize_weight", "quantize_weight_t"} <= set(r.stream_gbps)
+
+
+def test_limit_of_names_the_binding_limit_of_a_record_and_power_where_the_clock_was_capped():
+    from qbench.explain.limits import limiter
+
+    env, records = store.load_run(H200_RUN)
+    limit_of = limiter(env)
+    step = [r for r in records if r["params"]["timing"] == "loop" and r["params"]["exec"] == "graph"
+            and r["params"]["batch_size"] == 131072][0]
+    assert limit_of(step) == "compute"
+    assert limit_of({**step, "metrics": {**step["metrics"], "throttle_reasons": 0x4}}) == "power"
+    assert limit_of(store.make_record("toy", {"n": 1}, {"time": 1.0})) == ""
+    eager = moe_record(1, "eager", host_ms=500.0)
+    assert limit_of(eager) == "host"

@@ -40,7 +40,7 @@ def from_file(path: str | Path, datasheet: hardware.Hardware) -> Rates:
     matmul, streams, latency, clocks = {}, {}, {}, []
     sizes: dict[str, list[tuple[float, float]]] = {}
     for m in data.get("measurements") or []:
-        if m.get("sm_clock_mhz"):
+        if m.get("sm_clock_mhz") and m.get("op") == "matmul":  # the clock the compute rates ran at
             clocks.append(float(m["sm_clock_mhz"]))
         kind = _kind(m)
         if m.get("op") == "matmul" and (m.get("tflops") or m.get("tops")):

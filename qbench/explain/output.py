@@ -9,10 +9,10 @@ from qbench.explain import summary, table
 from qbench.explain.runs import Explained
 
 
-def as_json(result: Explained, worst: int) -> str:
+def as_json(result: Explained, worst: int, by_metric: bool = False) -> str:
     named, due = summary.host_bound(result.records, result.cells)
     data = {"calibrations": result.calibrations,
-            "groups": [asdict(g) for g in summary.groups(result.cells)],
+            "groups": [asdict(g) for g in summary.groups(result.cells, by_metric)],
             "host_bound": {"named": named, "host_over_gpu": due},
             "below_bound": [asdict(c) for c in result.cells if c.below_bound],
             "worst": [asdict(c) for c in summary.worst(result.cells, worst)],
@@ -30,14 +30,14 @@ def notes(result: Explained) -> list[str]:
     return lines
 
 
-def show(result: Explained, worst: int, fmt: str | None) -> None:
+def show(result: Explained, worst: int, fmt: str | None, by_metric: bool = False) -> None:
     import click
 
     from qbench import report
 
-    groups, cells = summary.groups(result.cells), summary.worst(result.cells, worst)
+    groups, cells = summary.groups(result.cells, by_metric), summary.worst(result.cells, worst)
     if fmt == "json":
-        click.echo(as_json(result, worst))
+        click.echo(as_json(result, worst, by_metric))
         return
     if fmt == "markdown":
         click.echo("\n".join([*table.markdown(groups, cells), "", *notes(result)]))

@@ -29,6 +29,7 @@ class Group:
     ratio: float  # median predicted / measured: above 1 the model is slow, below 1 fast
     target: str
     met: bool | None  # None where no target applies (steps of eager exec, host-bound by design)
+    metric: str = ""  # with groups(by_metric=True): the one metric of the group
 
 
 def _target(family: str, kind: str, exec_: str) -> tuple[float, float | None] | None:
@@ -37,19 +38,21 @@ def _target(family: str, kind: str, exec_: str) -> tuple[float, float | None] | 
     return TARGETS.get((family, kind))
 
 
-def groups(cells: Iterable[Cell]) -> list[Group]:
-    by: dict[tuple[str, str, str], list[Cell]] = {}
+def groups(cells: Iterable[Cell], by_metric: bool = False) -> list[Group]:
+    """One group per family, kind and (for steps and phases) exec, and per metric where `by_metric`."""
+    by: dict[tuple[str, str, str, str], list[Cell]] = {}
     for c in cells:
-        by.setdefault((c.bench, c.kind, c.exec if c.kind in ("step", "phase") else ""), []).append(c)
+        key = (c.bench, c.kind, c.exec if c.kind in ("step", "phase") else "", c.metric if by_metric else "")
+        by.setdefault(key, []).append(c)
     out = []
-    for (family, kind, exec_), members in sorted(by.items()):
+    for (family, kind, exec_, metric), members in sorted(by.items()):
         errors = [c.error for c in members]
         med, p90 = percentile(errors, 50), percentile(errors, 90)
         target = _target(family, kind, exec_)
         met = None if target is None else med <= target[0] and (target[1] is None or p90 <= target[1])
         text = "" if target is None else f"<= {target[0]:.0%}" + ("" if target[1] is None else f", {target[1]:.0%}")
         out.append(Group(family, kind, exec_, len(members), med, p90,
-                         percentile([c.ratio for c in members], 50), text, met))
+                         percentile([c.ratio for c in members], 50), text, met, metric))
     return out
 
 

@@ -27,6 +27,12 @@ VARIANTS = {
 }
 
 
+# the calibrated pass each quantizer is predicted from: the weight's global quantizers, and for the passes that
+# write their input transposed (W^T, and fp8's per-feature G^T and X^T) the transposing one
+TRANSPOSING = {"quantize_w": "quantize_weight", "quantize_w_t": "quantize_weight_t", "quantize_g_t": "quantize_weight_t",
+               "quantize_x_t": "quantize_weight_t"}
+
+
 def _sizes(params: Mapping) -> tuple[int, int, int, int]:
     e = 4 if params.get("dtype") == "fp32" else 2
     return int(params["batch_size"]), int(params["dim_in"]), int(params["dim_out"]), e
@@ -51,7 +57,7 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
     shapes = {"x": (M, K), "g": (M, N), "w": (N, K), "w_t": (N, K), "g_t": (N, M), "x_t": (K, M)}
     for name in quantizers:
         rows, cols = shapes[name.removeprefix("quantize_")]
-        kind = {"quantize_w": "quantize_weight", "quantize_w_t": "quantize_weight_t"}.get(name, "quantize_rowwise")
+        kind = TRANSPOSING.get(name, "quantize_rowwise")
         out[f"{name}_ms"] = stream(rows * cols * (e + 1) + rows * SCALE, kind, rates)
     return out
 

@@ -8,6 +8,7 @@ from qbench.explain import Cell
 from qbench.explain.summary import Group
 
 GROUP_HEADERS = ("family", "kind", "exec", "cells", "median err", "p90 err", "pred/meas", "target", "met")
+KEYS = 3  # the columns that name a group (with a metric column after them where groups are per metric)
 WORST_HEADERS = ("case", "metric", "measured ms", "predicted ms", "pred/meas", "limit", "reason")
 
 
@@ -15,9 +16,19 @@ def _met(g: Group) -> str:
     return "" if g.met is None else "yes" if g.met else "no"
 
 
+def _per_metric(groups: Sequence[Group]) -> bool:
+    return any(g.metric for g in groups)
+
+
+def group_headers(groups: Sequence[Group]) -> list[str]:
+    extra = ["metric"] if _per_metric(groups) else []
+    return [*GROUP_HEADERS[:KEYS], *extra, *GROUP_HEADERS[KEYS:]]
+
+
 def group_rows(groups: Sequence[Group]) -> list[list[str]]:
-    return [[g.family, g.kind, g.exec, str(g.cells), f"{g.median:.1%}", f"{g.p90:.1%}", f"{g.ratio:.3f}",
-             g.target, _met(g)] for g in groups]
+    extra = _per_metric(groups)
+    return [[g.family, g.kind, g.exec, *([g.metric] if extra else []), str(g.cells), f"{g.median:.1%}",
+             f"{g.p90:.1%}", f"{g.ratio:.3f}", g.target, _met(g)] for g in groups]
 
 
 def worst_rows(cells: Sequence[Cell]) -> tuple[list[list[str]], str]:
@@ -33,7 +44,9 @@ def worst_rows(cells: Sequence[Cell]) -> tuple[list[list[str]], str]:
 def group_table(groups: Sequence[Group], title: str, notes: Sequence[str] = ()):
     from qbench.report import Column, FittedTable
 
-    columns = [Column(h, justify="left", key=i < 3) if i < 3 else Column(h) for i, h in enumerate(GROUP_HEADERS)]
+    headers = group_headers(groups)
+    keys = len(headers) - len(GROUP_HEADERS) + KEYS
+    columns = [Column(h, justify="left", key=True) if i < keys else Column(h) for i, h in enumerate(headers)]
     legend = "err: |predicted / measured - 1|; pred/meas: median ratio (above 1: model slower)"
     return FittedTable(columns, group_rows(groups), title=title, notes=[legend, *notes])
 
@@ -51,6 +64,8 @@ def worst_table(cells: Sequence[Cell], title: str):
 def markdown(groups: Sequence[Group], cells: Sequence[Cell]) -> list[str]:
     from qbench.report import markdown_table
 
+    lines = markdown_table(group_headers(groups), group_rows(groups))
+    if not cells:
+        return lines
     rows, shared = worst_rows(cells)
-    return [*markdown_table(GROUP_HEADERS, group_rows(groups)), "",
-            *markdown_table(WORST_HEADERS, rows)] + ([f"\nevery case: {shared}"] if shared else [])
+    return [*lines, "", *markdown_table(WORST_HEADERS, rows)] + ([f"\nevery case: {shared}"] if shared else [])

@@ -29,8 +29,8 @@ VARIANTS = {
 
 # the calibrated pass each quantizer is predicted from: the weight's global quantizers, and for the passes that
 # write their input transposed (W^T, and fp8's per-feature G^T and X^T) the transposing one
-TRANSPOSING = {"quantize_w": "quantize_weight", "quantize_w_t": "quantize_weight_t", "quantize_g_t": "quantize_weight_t",
-               "quantize_x_t": "quantize_weight_t"}
+TRANSPOSING = {"quantize_w": "quantize_weight", "quantize_w_t": "quantize_weight_t",
+               "quantize_g_t": "quantize_weight_t", "quantize_x_t": "quantize_weight_t"}
 
 
 def _sizes(params: Mapping) -> tuple[int, int, int, int]:

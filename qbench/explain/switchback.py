@@ -44,13 +44,14 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
     M, K, N, e = _sizes(params)
     dtype = params.get("dtype", "fp16")
     low, gw_kind, cublas, quantizers = VARIANTS[params["variant"]]
-    out_8 = 4 if params["variant"] == "int8_cublas" else e  # torch._int_mm writes int32
     if low is None:
         out = {"fwd_ms": matmul(M, K, N, dtype, rates, clock_mhz, in_bytes=e, out_bytes=e, cublas=dtype),
                "gx_ms": matmul(M, N, K, dtype, rates, clock_mhz, in_bytes=e, out_bytes=e, cublas=dtype)}
+    elif params["variant"] == "int8_cublas":
+        out = {"fwd_ms": _int_mm(M, K, N, e, rates, clock_mhz), "bwd_ms": _int_mm(M, N, K, e, rates, clock_mhz)}
     else:
-        out = {"fwd_ms": matmul(M, K, N, low, rates, clock_mhz, in_bytes=1, out_bytes=out_8, cublas=cublas),
-               "bwd_ms": matmul(M, N, K, low, rates, clock_mhz, in_bytes=1, out_bytes=out_8, cublas=cublas)}
+        out = {"fwd_ms": matmul(M, K, N, low, rates, clock_mhz, in_bytes=1, out_bytes=e, cublas=cublas),
+               "bwd_ms": matmul(M, N, K, low, rates, clock_mhz, in_bytes=1, out_bytes=e, cublas=cublas)}
     gw_in = 1 if gw_kind else e
     out["gw_ms"] = matmul(N, M, K, gw_kind or dtype, rates, clock_mhz, in_bytes=gw_in, out_bytes=e,
                           cublas=cublas if gw_kind else dtype)
@@ -60,6 +61,13 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
         kind = TRANSPOSING.get(name, "quantize_rowwise")
         out[f"{name}_ms"] = stream(rows * cols * (e + 1) + rows * SCALE, kind, rates)
     return out
+
+
+def _int_mm(m: int, k: int, n: int, e: int, rates: Rates, clock_mhz: float | None) -> Prediction:
+    """int8_cublas's product: torch._int_mm writing int32 [m, n], then its dequantizing epilogue as three torch
+    passes (int32 x row scale -> fp32, x column scale in place, -> the layer dtype: 8 + 8 + 4 + e bytes)."""
+    return chain({"int_mm": matmul(m, k, n, "int8", rates, clock_mhz, in_bytes=1, out_bytes=4, cublas="int8"),
+                  "epilogue": stream(m * n * (20 + e), "copy", rates)})
 
 
 def casts(params: Mapping, rates: Rates) -> dict[str, Prediction]:

@@ -242,3 +242,14 @@ def test_limit_of_names_the_binding_limit_of_a_record_and_power_where_the_clock_
     assert limit_of(store.make_record("toy", {"n": 1}, {"time": 1.0})) == ""
     eager = moe_record(1, "eager", host_ms=500.0)
     assert limit_of(eager) == "host"
+
+
+def test_a_grouped_product_fills_its_waves_with_every_groups_tiles():
+    r = make_rates()
+    # one expert: 16 x 4 = 64 tiles, half a wave; eight in one launch: 512 tiles, 4 waves of 132 (97%)
+    one = predict.matmul(2048, 4096, 1024, "fp16", r, None, in_bytes=2, out_bytes=2, cublas="fp16")
+    eight = predict.matmul(2048, 4096, 1024, "fp16", r, None, in_bytes=2, out_bytes=2, cublas="fp16", groups=8)
+    assert math.isclose(one.ms, 2 * 2048 * 4096 * 1024 / (500e12 * 64 / 132) * 1e3, rel_tol=1e-12)
+    assert math.isclose(eight.ms, 8 * 2 * 2048 * 4096 * 1024 / (500e12 * 512 / 528) * 1e3, rel_tol=1e-12)
+    dispatch = predictions(moe_record(4), r)["dispatch_ms"]
+    assert dispatch.limit == "link" and "GB/s" in dispatch.reason

@@ -32,15 +32,17 @@ def phases(params: Mapping, metrics: Mapping, rates: Rates) -> dict[str, Predict
     experts = int(params["num_local_experts"])
     per_expert = rows / experts
 
-    def product(m, kk, nn):
-        return matmul(m, kk, nn, dtype, rates, clock, in_bytes=e, out_bytes=e, cublas=dtype)
+    def product(m, kk, nn, groups=1):
+        return matmul(m, kk, nn, dtype, rates, clock, in_bytes=e, out_bytes=e, cublas=dtype, groups=groups)
 
     sent = float(metrics.get("sent_rows") or T * k)
     exchange = chain({"permute": stream(2 * sent * d * e, "copy", rates),
                       "all_to_all": transfer(sent * d * e, n, rates)})
-    up = chain({f"expert{i}": product(per_expert, d, h) for i in range(experts)})
-    down = chain({f"expert{i}": product(per_expert, h, d) for i in range(experts)})
-    return {"gate_ms": product(T, d, n * experts),
+    # the local experts' products as one grouped launch each (up: rows x d -> h, down: rows x h -> d)
+    up, down = product(per_expert, d, h, experts), product(per_expert, h, d, experts)
+    # the gate: its product, then softmax and top-k over the T x E scores (read once, k ids and weights written)
+    scores = stream(T * n * experts * e + T * k * (INDEX_BYTES + e), "copy", rates)
+    return {"gate_ms": chain({"product": product(T, d, n * experts), "top_k": scores}),
             "plan_ms": stream(T * k * INDEX_BYTES * 2, "copy", rates),
             "dispatch_ms": exchange,
             "experts_ms": chain({"up": up, "activation": stream(2 * rows * h * e, "copy", rates), "down": down}),
@@ -54,6 +56,7 @@ def predict(record: Mapping, rates: Rates) -> dict[str, Prediction]:
     out = phases(params, metrics, rates)
     overlap = int(params.get("a2a_ffn_overlap_degree") or 1) > 1
     fwd = _forward(out, overlap)
+    # input and weight gradients: each twice the forward products' flops, in as many grouped launches
     bwd_experts = chain({"input_grad": out["experts_ms"], "weight_grad": out["experts_ms"]})
     bwd = chain({"gate": chain({"dx": out["gate_ms"], "dw": out["gate_ms"]}), "experts": bwd_experts,
                  "exchange": chain({"dispatch": out["dispatch_ms"], "combine": out["combine_ms"]})})

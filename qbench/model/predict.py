@@ -62,9 +62,10 @@ def _rate(table: Mapping[str, float], kind: str, default: str) -> tuple[float, s
     raise KeyError(kind)
 
 
-def waves_efficiency(m: float, n: float, sm_count: int) -> float:
-    """Fraction of the SMs busy over a product's waves of TILE_M x TILE_N output tiles (1 for a full last wave)."""
-    tiles = math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
+def waves_efficiency(m: float, n: float, sm_count: int, groups: int = 1) -> float:
+    """Fraction of the SMs busy over a product's waves of TILE_M x TILE_N output tiles (1 for a full last wave);
+    a grouped product (one launch over `groups` products of m x n) fills its waves with all groups' tiles."""
+    tiles = groups * math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
     return tiles / (math.ceil(tiles / sm_count) * sm_count)
 
 
@@ -85,18 +86,19 @@ def matmul_bytes(m: float, k: float, n: float, in_bytes: float, out_bytes: float
 
 
 def matmul(m: float, k: float, n: float, kind: str, rates: Rates, clock_mhz: float | None, *,
-           in_bytes: float, out_bytes: float, cublas: str) -> Prediction:
-    """One product: 2mkn flops at `kind`'s calibrated rate (falling back to cuBLAS's `cublas` kind), scaled
-    by clock / calibration clock (clock_scale), over whole waves of tiles; its bytes at the copy rate; at
-    least a launch."""
+           in_bytes: float, out_bytes: float, cublas: str, groups: int = 1) -> Prediction:
+    """One product (or one grouped launch of `groups` products of the same shape, as the MoE experts): 2mkn
+    flops each at `kind`'s calibrated rate (falling back to cuBLAS's `cublas` kind), scaled by clock /
+    calibration clock (clock_scale), over whole waves of tiles; its bytes at the copy rate; at least a launch."""
     rate, used = _rate(rates.matmul_tflops, kind, cublas)
     scale, clock_text = clock_scale(clock_mhz, rates)
-    eff = waves_efficiency(m, n, rates.sm_count)
-    compute = 2 * m * k * n / (rate * 1e12 * scale * eff) * 1e3
-    moved = matmul_bytes(m, k, n, in_bytes, out_bytes, rates.l2_bytes, rates.sm_count)
+    eff = waves_efficiency(m, n, rates.sm_count, groups)
+    flops = groups * 2 * m * k * n
+    compute = flops / (rate * 1e12 * scale * eff) * 1e3
+    moved = groups * matmul_bytes(m, k, n, in_bytes, out_bytes, rates.l2_bytes, rates.sm_count)
     memory = moved / (rates.stream_gbps["copy"] * 1e6)
-    least = (m * k + n * k) * in_bytes + m * n * out_bytes
-    bound = bound_ms(2 * m * k * n, least, rates.peak_tflops[cublas] * 1e12, rates)
+    least = groups * ((m * k + n * k) * in_bytes + m * n * out_bytes)
+    bound = bound_ms(flops, least, rates.peak_tflops[cublas] * 1e12, rates)
     src = f"{used} {rate:.0f} T/s" + ("" if used == kind else f" (no {kind} calibrated)")
     if rates.launch_ms >= max(compute, memory):
         return Prediction(rates.launch_ms, "launch", f"{m:.0f}x{k:.0f}x{n:.0f} shorter than one launch", bound)

@@ -56,7 +56,7 @@ PHASES = ("gate_ms", "plan_ms", "dispatch_ms", "experts_ms", "combine_ms", "forw
           "fwd_bwd_ms")
 
 
-def kind_of(bench: str, metric: str) -> str:
+def kind_of(metric: str) -> str:
     if metric == "kernels_ms":
         return "kernels"
     if metric in STEPS:
@@ -91,7 +91,7 @@ def cells(records: list[Mapping], rates: Rates) -> list[Cell]:
             measured = rec["metrics"].get(metric)
             if not isinstance(measured, (int, float)) or isinstance(measured, bool) or measured <= 0:
                 continue
-            out.append(Cell(rec["bench"], rec["case"], metric, kind_of(rec["bench"], metric),
+            out.append(Cell(rec["bench"], rec["case"], metric, kind_of(metric),
                             _where(rec), float(measured), pred.ms, pred.limit, pred.why,
                             pred.bound_ms))
     return out

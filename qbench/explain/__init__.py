@@ -1,5 +1,5 @@
 """`qbench explain RUN...`: every timed metric of a run beside the time the model predicts for it, their
-ratio, the limit that binds (compute, memory, launch, host, link, sync) and the model's reason; per family
+ratio, the limit that binds (compute, memory, launch, host, link) and the model's reason; per family
 the median and p90 of |predicted / measured - 1| and the worst cells.
 
 Predictions come from each family's module here, from calibrated rates only (qbench.explain.rates);

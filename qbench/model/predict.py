@@ -43,7 +43,7 @@ class Rates:
 @dataclass(frozen=True)
 class Prediction:
     ms: float
-    limit: str  # compute, memory, launch, host, link or sync
+    limit: str  # compute, memory, launch, host or link (a multi-rank step waits on its busiest rank: its rows)
     reason: str
     bound_ms: float = 0.0  # the hardware bound of the same work (bound_ms below)
     path: str = ""  # in a chain, the part whose limit and reason these are: 'block0/fc1/gw_ms'

@@ -27,6 +27,7 @@ COMMANDS = {
     "moe": "moe",
     "grouped": "grouped",
     "model": "model",
+    "explain": "explain",
     "compare": "compare",
     "summary": "summary",
     "trace": "trace",

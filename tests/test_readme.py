@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = {path.relative_to(ROOT).as_posix(): path.read_text().splitlines()
          for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 README_LINES = PAGES["README.md"]
-MARKDOWN_COMMAND = re.compile(r"`(qbench (?:summary|compare|trace) [^`]*--markdown[^`]*)`")
+MARKDOWN_COMMAND = re.compile(r"`(qbench (?:summary|compare|trace|explain) [^`]*--markdown[^`]*)`")
 # an analysis command quoted in a page; one naming a user's runs (runs/...) or a placeholder (RUN, N, FILE,
 # METRIC:PCT, ..., <...>) is a pattern, not runnable as written
-QUOTED_COMMAND = re.compile(r"`(qbench (?:summary|compare|trace) [^`]*)`")
+QUOTED_COMMAND = re.compile(r"`(qbench (?:summary|compare|trace|explain) [^`]*)`")
 PLACEHOLDER = re.compile(r"\.\.\.|<|(^|\s)runs/|(^|[\s=:])[A-Z][A-Z0-9_]*\b")
 
 

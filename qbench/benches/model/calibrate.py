@@ -3,11 +3,12 @@ the device actually reaches rather than its datasheet.
 
 Measures, with the qbench timer (CUDA events, warm-up excluded, L2 flushed between repeats): the
 matmul rate per dtype (cuBLAS: torch.matmul for 16/32-bit, torch._int_mm for int8, torch._scaled_mm
-for fp8) at a few square sizes, keeping the best median; device-to-device copy bandwidth (read +
-write bytes); and the time of the smallest kernel (the launch overhead). Inputs are random, never
+for fp8; and qbench's own SwitchBack products, calibrate_kernels) at a few square sizes, keeping the best
+median; qbench's quantizers and casts at several sizes (the rates `qbench explain` predicts from);
+device-to-device copy bandwidth (read + write bytes); and the GPU time of the smallest kernel. Inputs are random, never
 zeros. The L2 size and SM count are the driver's (torch's device properties); the NVLink bandwidth and
-the peaks of dtypes not measured stay the preset's. A kernel that beats cuBLAS (a Hopper Triton int8
-matmul does) reads above 100% of a calibrated int8 ceiling: that is a finding, not a bug.
+the peaks of dtypes not measured stay the preset's. The int8 ceiling is the best of cuBLAS and qbench's
+own kernel (a Hopper Triton int8 matmul beats torch._int_mm).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class CalibrateConfig:
     dtypes: tuple[str, ...]
     copy_mb: int  # size of the copied tensor
     budget_ms: float  # timing budget per measurement
+    kernel_sizes: tuple[int, ...] = ()  # square sizes of qbench's own products (calibrate_kernels)
 
 
 def setup(device: str | None) -> tuple[CalibrateConfig, hardware.Hardware, str]:
@@ -58,8 +60,9 @@ def reported_figures(props) -> dict:
 
 def default_config(device: str) -> CalibrateConfig:
     if device == "cuda":
-        return CalibrateConfig(device, GPU_SIZES, DTYPES, 2048, 300.0)
-    return CalibrateConfig(device, CPU_SIZES, ("fp32", "bf16"), 64, 50.0)
+        return CalibrateConfig(device, GPU_SIZES, DTYPES, 2048, 300.0, GPU_SIZES)
+    # the own kernels run through the Triton interpreter on a CPU: one small product checks they run
+    return CalibrateConfig(device, CPU_SIZES, ("fp32", "bf16"), 64, 50.0, (64,))
 
 
 def _operands(torch, dtype: str, n: int, device: str):
@@ -90,7 +93,7 @@ def measure(cfg: CalibrateConfig) -> Iterator[dict]:
 
     for dtype in cfg.dtypes:
         for n in cfg.sizes:
-            params = {"workload": "calibrate", "op": "matmul", "dtype": dtype, "n": n}
+            params = {"workload": "calibrate", "op": "matmul", "kernel": "cublas", "dtype": dtype, "n": n}
             try:
                 op = _operands(torch, dtype, n, cfg.device)
                 if op is None:
@@ -112,11 +115,26 @@ def measure(cfg: CalibrateConfig) -> Iterator[dict]:
                             {"time_ms": t.median, "gbps": 2 * numel * 4 / t.median / 1e6},
                             units={"time_ms": units.MS, "gbps": units.GBPS},
                             samples={"time_ms": t.samples_ms}, device=cfg.device)
+    # the smallest kernel's GPU time, the host kept ahead (gpu_only) as for every kernel timed alone: without
+    # it the host's issue time of each call is timed, which is longer than a short kernel runs
     tiny = torch.zeros(1, device=cfg.device)
-    t = time_fn(lambda: tiny.add_(1), device=cfg.device, budget_ms=cfg.budget_ms, flush_l2=False)
+    t = time_fn(lambda: tiny.add_(1), device=cfg.device, budget_ms=cfg.budget_ms, flush_l2=False, gpu_only=True)
     yield store.make_record("model", {"workload": "calibrate", "op": "launch", "dtype": "fp32", "n": 1},
                             {"time_ms": t.median}, units={"time_ms": units.MS},
                             samples={"time_ms": t.samples_ms}, device=cfg.device)
+    yield from own_kernels(cfg)
+
+
+def own_kernels(cfg: CalibrateConfig) -> Iterator[dict]:
+    """qbench's SwitchBack products and passes (calibrate_kernels); an op this GPU or build lacks is skipped."""
+    from qbench.benches.model import calibrate_kernels
+
+    try:
+        yield from calibrate_kernels.measure(cfg.kernel_sizes, cfg.device, cfg.budget_ms)
+    except (RuntimeError, ValueError, ImportError) as exc:
+        params = {"workload": "calibrate", "op": "own_kernels", "dtype": "int8", "n": 0}
+        yield store.make_record("model", params, status="skipped", error=str(exc).splitlines()[0][:200],
+                                device=cfg.device)
 
 
 def device_hardware(device: str, gpu_name: str | None, reported: dict | None = None) -> hardware.Hardware:
@@ -146,7 +164,8 @@ def calibrated_hardware(records: list[dict], base: hardware.Hardware) -> hardwar
             hbm = m["gbps"] / 1e3
         elif p["op"] == "launch":
             launch = m["time_ms"] * 1e3
-    notes = {"method": "cuBLAS matmul best median over sizes; copy read+write; smallest kernel time"}
+    notes = {"method": "best matmul median over sizes and kernels (cuBLAS and qbench's own); copy read+write; "
+                       "smallest kernel's GPU time"}
     return hardware.calibrated(base, peaks, hbm, launch, notes)
 
 

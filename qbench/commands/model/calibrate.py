@@ -11,7 +11,7 @@ from qbench.options import device_option, out_options
 def _table(records):
     from qbench import report
 
-    return report.records_table(records, ["op", "dtype", "n"], ["time_ms", "tflops", "tops", "gbps"],
+    return report.records_table(records, ["op", "kernel", "dtype", "n"], ["time_ms", "tflops", "tops", "gbps"],
                                 title="Calibration")
 
 

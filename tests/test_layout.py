@@ -144,7 +144,6 @@ def test_the_tolerance_table_is_defined_once():
 
 # ------------------------------------------------------------------ the tidy-record contract (qbench/metrics)
 FAMILIES = ("switchback", "fragmented", "moe", "block", "train_check", "grouped_gemm", "model")
-NOT_TIDY_YET = ("fragmented", "moe", "block", "train_check", "grouped_gemm", "model")  # #47: still wide here
 NO_VARIANTS = ("model",)  # the calibration measures the GPU's own rates: no implementation to choose
 # family -> a small CPU run of its command (all started at once; TRITON_INTERPRET only where a kernel bench
 # needs the interpreter on a CPU)
@@ -162,14 +161,7 @@ CPU_RUNS = {
 }
 
 
-def _family(family: str):
-    """The family as a test parameter, an expected failure (strict: it fails once the family is tidy, so
-    the mark goes) where its records are not tidy yet."""
-    marks = [pytest.mark.xfail(strict=True, reason="records not tidy yet (#47)")] if family in NOT_TIDY_YET else []
-    return pytest.param(family, marks=marks, id=family)
-
-
-@pytest.mark.parametrize("family", [_family(f) for f in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_every_family_declares_its_metrics_and_no_name_spells_a_field(family):
     """Declarations exist (qbench/metrics/<family>.py), and no metric name spells an exec, a timing or one of
     the family's variants as whole words: those are record params."""
@@ -207,7 +199,7 @@ def cpu_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [_family(f) for f in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_every_metric_a_cpu_run_writes_is_declared(family, cpu_runs):
     """A small CPU run of the family's command: its records are of the family's bench, hold exec and variant
     as params (where the family has variants), and every metric they carry is declared."""

@@ -48,7 +48,7 @@ def read_deepflow(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     metrics: dict[str, Any] = {"time_s": parse_number(time_line.group(1))}
     unit_of = {"time_s": units.S}
     if m := next((re.match(r"time_per_step: " + NUMBER, x) for x in lines if x.startswith("time_per_step:")), None):
-        metrics["time_per_step"], unit_of["time_per_step"] = parse_number(m.group(1)), units.S
+        metrics["step_budget_s"], unit_of["step_budget_s"] = parse_number(m.group(1)), units.S
     for line in lines:
         if COMPONENT_LINE.match(line):
             for name, value in re.findall(r"(\w+):;?\s*" + NUMBER, line):  # Cf -> cf_s, softmax_f -> softmax_f_s

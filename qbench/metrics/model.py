@@ -26,7 +26,7 @@ _MEMORY = ("total", "embedding", "hidden", "softmax", "projection", "weight", "a
 
 LSTM = (
     Metric("time_s", units.S, "predicted time of one training step"),
-    Metric("time_per_step", units.S, "DeepFlow's own time_per_step line"),
+    Metric("step_budget_s", units.S, "the time budget per step of DeepFlow's search harness (its time_per_step line)"),
     *(Metric(f"{c}_s", units.S, f"predicted {c.replace('_', ' ')} time of one step") for c in _COMPONENTS),
     *(Metric(f"memory_{m}_gb", units.GB, f"predicted {m.replace('_', ' ')} memory (per data shard; model_shard "
              "and capacity per device)") for m in _MEMORY),

@@ -8,7 +8,7 @@ from typing import Any
 from qbench import units
 from qbench.plots.base import no_data, value
 
-TOTALS = ("time_s", "time_per_step")  # whole-run times: not components
+TOTALS = ("time_s", "step_budget_s")  # whole-run times: not components
 MEMORY_BY_LAYER = ("memory_embedding_gb", "memory_hidden_gb", "memory_softmax_gb", "memory_projection_gb")
 MEMORY_BY_KIND = ("memory_weight_gb", "memory_activation_gb", "memory_pointwise_gb")
 COLOURS = {name: f"C{i}" for i, name in enumerate(MEMORY_BY_LAYER + MEMORY_BY_KIND)}

@@ -1,11 +1,11 @@
-"""The bench contract: what every bench family implements, so that one runner (qbench/runner.py) sweeps,
+"""The bench contract: what every bench family implements, so that one runner (qbench/runner.py: run_bench) sweeps,
 shows progress, resumes, stores and prints any of them.
 
 A family is a package under qbench/benches/ (or a module there) exposing:
   BENCH      the records' bench name; qbench/metrics/<family>.py declares every metric its records carry
-  SPLIT      the record params by which one measurement becomes several tidy records (switchback: variant,
-             exec, timing); () where each measurement is one record. --resume and the progress bar count
-             measurements: a record's params without SPLIT name the measurement it came from
+  measured_id(record) -> str          the id of the measurement a record came from: one measurement may give
+                                       several tidy records (switchback: one per variant, exec and timing);
+                                       --resume and the progress bar count measurements
   resolve(config) -> config            the device and device-dependent defaults filled in; usage errors
                                        raised here, before anything runs or is written
   pending(config, done) -> [case]      the typed cases (frozen dataclasses built with keywords) still to
@@ -15,6 +15,8 @@ A family is a package under qbench/benches/ (or a module there) exposing:
                                        error record, never a timing; records as they come, nothing run
                                        before the iterator is read
   table(records) -> renderable         the table the command prints (report.FittedTable)
+and, where one measurement gives several records, finished(records, statuses) -> ids: the measurements of a
+run whose records are all there with one of those statuses (a run cut between them measures it again).
 Families: FAMILIES below (the module of each); tests/test_layout.py checks each implements this.
 """
 
@@ -28,7 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 @runtime_checkable
 class Bench(Protocol):
     BENCH: str
-    SPLIT: tuple[str, ...]
+
+    def measured_id(self, record: dict) -> str: ...
 
     def resolve(self, config: Any) -> Any: ...
 
@@ -46,7 +49,7 @@ FAMILIES = {
     "moe": "qbench.benches.moe",
     "block": "qbench.benches.block",
     "train_check": "qbench.benches.train_check",
-    "grouped_gemm": "qbench.benches.grouped",
+    "grouped_gemm": "qbench.benches.moe.grouped",
 }
 
 

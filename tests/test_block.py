@@ -78,9 +78,8 @@ def test_train_check_tiny(tmp_path):
 
 
 def test_diverged_run_is_an_error_record():
-    config, preset = train.resolve(train.TrainConfig(variants=("16bit",), steps=12, lr=float("inf"), layers=1,
-                                                     device="cpu"))
-    (rec,) = list(train_loop.run(config, preset))
+    config = train.resolve(train.TrainConfig(variants=("16bit",), steps=12, lr=float("inf"), layers=1, device="cpu"))
+    (rec,) = list(train_loop.run(config))
     assert rec["status"] == "error" and rec["error"].startswith("diverged: non-finite loss at step")
     assert all(math.isfinite(v) for v in rec["samples"]["loss_curve"])  # JSON-safe, what came before
 

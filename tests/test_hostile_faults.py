@@ -88,7 +88,7 @@ def test_a_run_killed_before_its_first_record_can_be_rerun_with_the_same_out(tmp
 
 
 def test_a_run_killed_before_its_first_record_can_be_resumed(tmp_path):
-    from qbench.commands.common import resumed
+    from qbench.runner import resumed
 
     run = _killed_before_first_record(tmp_path / "run")
     assert resumed("toy", str(run), True, False) == frozenset()  # nothing finished: everything runs

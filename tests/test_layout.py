@@ -212,3 +212,24 @@ def test_every_metric_a_cpu_run_writes_is_declared(family, cpu_runs):
         assert all({"exec", "variant"} <= set(r["params"]) for r in records), [r["params"] for r in records][:3]
     undeclared = sorted({m for r in records for m in r["metrics"]} - set(declared().get(family, {})))
     assert not undeclared, f"{family} records undeclared metrics: {undeclared}"
+
+
+@pytest.mark.parametrize("bench", sorted(__import__("qbench.contract", fromlist=["FAMILIES"]).FAMILIES))
+def test_every_family_implements_the_bench_contract(bench):
+    """qbench/contract.py: each family's module has BENCH (its records' bench name, with declared metrics),
+    measured_id, resolve, pending, run and table, and its bench command runs through qbench.runner."""
+    from qbench.contract import Bench, family
+    from qbench.metrics.registry import declared
+
+    module = family(bench)
+    assert isinstance(module, Bench), [m for m in ("BENCH", "measured_id", "resolve", "pending", "run", "table")
+                                       if not hasattr(module, m)]
+    assert module.BENCH == bench and declared().get(bench)
+
+
+def test_bench_commands_run_through_the_one_runner():
+    """No bench command calls run_and_store itself: run_bench (qbench/runner.py) resumes, counts and stores."""
+    commands = ("switchback", "fragmented", "moe", "block", "train_check", "grouped")
+    direct = [name for name in commands
+              if "run_and_store" in (ROOT / "qbench" / "commands" / f"{name}.py").read_text()]
+    assert not direct, f"commands storing records past the runner: {direct}"

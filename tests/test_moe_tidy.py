@@ -12,7 +12,7 @@ from qbench import metrics as declared
 from qbench import store
 from qbench.cli import main
 from qbench.migration import grouped as grouped_migration
-from qbench.migration import migrate
+from qbench.migration.registry import migrate
 from qbench.migration import moe as moe_migration
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -85,7 +85,7 @@ def test_summary_spreads_names_power_capped_cells(tmp_path, capsys):
 
 def test_a_run_prints_the_warning_once(tmp_path, capsys):
     from qbench import report
-    from qbench.commands.common import run_and_store
+    from qbench.runner import run_and_store
 
     records = [_record(8, 1980, NOISY), _record(16, 1600, NOISY), _record(32, 1700, NOISY)]
     run_and_store("toy", None, records, total=3, out=str(tmp_path / "run"), append=False, force=False,

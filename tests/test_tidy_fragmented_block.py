@@ -67,7 +67,7 @@ def test_old_names_migrate_to_the_vocabulary():
     """One committed record of each renamed family, before and after: params and metrics renamed, values kept."""
     import json
 
-    from qbench.migration import migrate
+    from qbench.migration.registry import migrate
 
     def first(path: str) -> dict:
         return json.loads((ROOT / "results" / path / store.RECORDS_FILE).read_text().splitlines()[0])

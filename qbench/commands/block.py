@@ -65,18 +65,15 @@ def command(plot, **flags) -> None:
 def run_block(f: dict) -> str:
     """Records of bench block; returns the run directory. f: presets, batch_sizes, layers, dtypes, variants,
     execs, steps (timed repeats), device, out, append, force, as_json."""
-    from qbench import report, store
+    from qbench import report
     from qbench.benches import block as bench
-    from qbench.commands.common import over_dtypes, run_and_store
+    from qbench.runner import Output, run_bench
 
     presets = one_of(f["presets"], tuple(bench.PRESETS), "--preset")
     variants = variants_of(f["variants"], BLOCK_VARIANTS)
     configs = [bench.resolve(bench.BlockConfig(presets=presets, batch_sizes=f["batch_sizes"], layers=f["layers"],
                                                dtype=dtype, variants=variants, execs=f["execs"], repeat=f["steps"],
                                                device=f["device"])) for dtype in f["dtypes"] or ("bf16",)]
-    config, records = over_dtypes(configs, [bench.run(c) for c in configs])
-    total = sum(bench.count(c) for c in configs)
-    out = f["out"] or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"], force=f["force"],
-                  as_json=f["as_json"], table=bench.table, notice=report.cpu_notice(config.device))
+    output = Output(out=f["out"], append=f["append"], force=f["force"], as_json=f["as_json"])
+    out, _ = run_bench(bench, configs, output, notice=report.cpu_notice(configs[0].device))
     return out

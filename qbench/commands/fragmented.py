@@ -73,10 +73,11 @@ def command(sizes, batch_sizes, fragments, tasks, baselines, dtypes, bias, steps
     """FragmentedLinear's forward, backward, Adam step and peak memory in the tasks train, eval (hard
     selection) and inference, against a dense Linear, a block-diagonal linear with N blocks and
     a low-rank linear of rank in/32. Outputs are checked against the reference definition first."""
-    from qbench import report, store
+    from qbench import report
     from qbench.benches import fragmented as bench
-    from qbench.commands.common import check_plot, draw_figure, resumed, run_and_store
+    from qbench.commands.common import check_plot, draw_figure
     from qbench.commands.limits import check_fragmented
+    from qbench.runner import Output, run_bench
 
     check_baselines(baselines)
     config = bench.resolve(bench.FragmentedConfig(
@@ -86,11 +87,9 @@ def command(sizes, batch_sizes, fragments, tasks, baselines, dtypes, bias, steps
         trace_dir=trace_dir))
     check_fragmented(config)
     check_plot(plot)
-    done = resumed(bench.BENCH, out, resume, force)
-    out = out or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, bench.run(config, done), total=len(bench.pending(config, done)), out=out,
-                  append=append or resume, force=force, as_json=as_json, table=bench.table(fmt),
-                  notice=report.cpu_notice(config.device))
+    output = Output(out=out, append=append, force=force, resume=resume, as_json=as_json)
+    out, _ = run_bench(bench, [config], output, notice=report.cpu_notice(config.device),
+                       table=bench.seed_report if fmt == "seed" else bench.table)
     draw_figure(plot, out)
 
 

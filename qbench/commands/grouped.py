@@ -45,25 +45,17 @@ def command(dtypes, out, append, force, as_json, **sizes) -> None:
 def run_grouped(sizes: dict, dtypes: tuple[str, ...], *, out, append: bool, force: bool, as_json: bool) -> str:
     """Records of bench grouped_gemm over each dtype; returns the run directory. sizes: MoEBenchConfig
     fields (model_dim, hidden_size, num_local_experts, samples, top_k, device)."""
-    import functools
-
-    from qbench import report, store
-    from qbench.benches import moe as bench
-    from qbench.benches.moe.grouped import BENCH
-    from qbench.commands.common import over_dtypes, run_and_store
-    from qbench.metrics import FIELDS
+    from qbench import report
+    from qbench.benches.moe import grouped as bench
+    from qbench.benches.moe.config import MoEBenchConfig
+    from qbench.runner import Output, run_bench
 
     experts = sizes.pop("num_local_experts")
     experts = experts if isinstance(experts, tuple) else (experts,)
-    configs = [bench.resolve(bench.MoEBenchConfig(kernels="grouped", world_size=1, backend="auto", dtype=dtype,
-                                                  num_local_experts=experts, **sizes)) for dtype in dtypes]
-    # each validates now: usage errors before any record
-    config, records = over_dtypes(configs, [bench.run(c) for c in configs])
-    total = sum(len(bench.plan(c)) for c in configs)
-    out = out or str(store.default_run_dir(BENCH))
-    run_and_store(BENCH, config, records, total=total, out=out, append=append, force=force, as_json=as_json,
-                  table=bench.table, notice=report.cpu_notice(config.device),
-                  unit=functools.partial(store.measured_id, split=FIELDS))  # a case's records: one measurement
+    configs = [bench.resolve(MoEBenchConfig(kernels="grouped", world_size=1, backend="auto", dtype=dtype,
+                                            num_local_experts=experts, **sizes)) for dtype in dtypes]
+    output = Output(out=out, append=append, force=force, as_json=as_json)
+    out, _ = run_bench(bench, configs, output, notice=report.cpu_notice(configs[0].device))
     return out
 
 

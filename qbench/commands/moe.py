@@ -27,9 +27,10 @@ def command(fmt, plot, steps, dtypes, out, append, force, as_json, resume, **fie
     size 1 without capped capacity, and no --replicate-hot; compile runs at world size 1 only. Other
     configurations record those modes as skipped, with the reason (dropless routing at world size > 1:
     the host must learn each step's split sizes)."""
-    from qbench import dist, report, store
+    from qbench import dist, report
     from qbench.benches import moe as bench
-    from qbench.commands.common import draw_figure, over_dtypes, resumed, run_and_store
+    from qbench.commands.common import draw_figure
+    from qbench.runner import Output, run_bench
 
     if fields["kernels"] is not None and not resume:  # the spelling before `qbench grouped`
         from qbench.commands.grouped import forward_from_moe
@@ -39,21 +40,13 @@ def command(fmt, plot, steps, dtypes, out, append, force, as_json, resume, **fie
     configs = [bench.resolve(bench.MoEBenchConfig(num_steps=steps, dtype=dtype, **fields))
                for dtype in dtypes or (None,)]  # None: the device's default dtype
     _check_flags(configs[0], plot, resume)
-    measured = lambda record: bench.resume_id(record["params"])  # noqa: E731 - one measurement's records share it
-    done = resumed(bench.BENCH, out, resume, force, key=measured)
-    # each validates now: usage errors before any notice or record
-    config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
-    if not dist.is_primary():  # ranks > 0 of a torchrun job measure but never write results
-        list(records)
-        return
-    out = out or str(store.default_run_dir(bench.BENCH))
-    try:
-        total = sum(len(bench.plan(c, done)) for c in configs)
-        kept = run_and_store(bench.BENCH, config, records, total=total, out=out, append=append or resume, force=force,
-                             as_json=as_json, table=bench.table, notice=report.cpu_notice(config.device),
-                             unit=measured)
+    output = Output(out=out, append=append, force=force, resume=resume, as_json=as_json)
+    try:  # each config validates as its run starts: usage errors before any notice or record
+        out, kept = run_bench(bench, configs, output, notice=report.cpu_notice(configs[0].device))
     except dist.RankFailure as exc:
         raise click.ClickException(str(exc)) from None
+    if not dist.is_primary():
+        return
     for measured in bench.measurements([r for r in kept if r["status"] == "ok" and fmt == "seed"]):
         click.echo("\n".join(bench.seed_lines(measured)))
     draw_figure(plot, out)

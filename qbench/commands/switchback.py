@@ -44,14 +44,11 @@ def command(plot, **flags) -> None:
 
 
 def _layer_bench(f: dict) -> str:
-    import functools
-
-    from qbench import report, store
+    from qbench import report
     from qbench.benches import switchback as bench
-    from qbench.commands.common import DONE, over_dtypes, resumed, run_and_store
     from qbench.commands.limits import check_switchback
     from qbench.commands.switchback_block import write_seed
-    from qbench.metrics import FIELDS
+    from qbench.runner import Output, run_bench
 
     if f["dims"] and f["pairs"]:
         raise click.BadParameter("give --dims or --pairs, not both", param_hint="--dims/--pairs")
@@ -62,18 +59,8 @@ def _layer_bench(f: dict) -> str:
         trace_dir=f["trace_dir"])) for dtype in f["dtypes"] or ("fp16",)]
     for c in configs:
         check_switchback(c, bench.plan(c))
-    measured = functools.partial(store.measured_id, split=FIELDS)  # a shape's tidy records, one measurement
-    done = resumed(bench.BENCH, f["out"], f["resume"], f["force"], key=measured)
-    if done:  # a shape is done when all its records are: one cut short or with an error runs again
-        done = bench.finished(store.read_records(f["out"]), DONE)
-    config, records = over_dtypes(configs, [bench.run(c, done) for c in configs])
-    total = sum(len(bench.pending(c, done)) for c in configs)
-    out = f["out"] or str(store.default_run_dir(bench.BENCH))
-    try:
-        run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"] or f["resume"],
-                      force=f["force"], as_json=f["as_json"], table=bench.table,
-                      notice=report.cpu_notice(config.device), unit=measured)
-    finally:  # a failed configuration exits 1: the ok ones still get their seed lines
-        if f["fmt"] == "seed":
-            write_seed(out)
+    output = Output(out=f["out"], append=f["append"], force=f["force"], resume=f["resume"], as_json=f["as_json"])
+    # a failed configuration exits 1: the ok ones still get their seed lines
+    out, _ = run_bench(bench, configs, output, notice=report.cpu_notice(configs[0].device),
+                       after=write_seed if f["fmt"] == "seed" else None)
     return out

@@ -60,24 +60,19 @@ def command(plot, **flags) -> None:
 def run_train(f: dict) -> str:
     """Records of bench train_check; returns the run directory. f: presets (at most one), variants, layers,
     batch_sizes (at most one), steps (training steps), dtypes, device, out, append, force, as_json."""
-    from qbench import report, store
+    from qbench import report
     from qbench.benches import train_check as bench
-    from qbench.commands.common import over_dtypes, run_and_store
+    from qbench.runner import Output, run_bench
 
     presets = one_of(f["presets"], TRAIN_SIZES, "--preset")
     variants, batches = variants_of(f["variants"], BLOCK_VARIANTS), f["batch_sizes"]
     if len(presets or ()) > 1 or len(batches or ()) > 1:
         raise click.UsageError("train-check trains one size: give one --preset and at most one --batch-size")
-    resolved = [bench.resolve(bench.TrainConfig(
+    configs = [bench.resolve(bench.TrainConfig(
         preset=presets[0] if presets else None, variants=variants, layers=f["layers"],
         batch=batches[0] if batches else None, steps=f["steps"], dtype=dtype, device=f["device"]))
         for dtype in f["dtypes"] or ("bf16",)]
-    preset = resolved[0][1]
-    report.notice(f"{resolved[0][0].preset} on {resolved[0][0].device}: {preset}", style="dim")
-    configs = [c for c, _ in resolved]
-    config, records = over_dtypes(configs, [bench.run(c, preset) for c in configs])
-    total = sum(len(c.variants) for c in configs)
-    out = f["out"] or str(store.default_run_dir(bench.BENCH))
-    run_and_store(bench.BENCH, config, records, total=total, out=out, append=f["append"], force=f["force"],
-                  as_json=f["as_json"], table=bench.table, notice=report.cpu_notice(config.device))
+    report.notice(f"{configs[0].preset} on {configs[0].device}: {configs[0].sizes}", style="dim")
+    output = Output(out=f["out"], append=f["append"], force=f["force"], as_json=f["as_json"])
+    out, _ = run_bench(bench, configs, output, notice=report.cpu_notice(configs[0].device))
     return out

@@ -88,8 +88,14 @@ def plan(config: BlockConfig) -> list[Case]:
     return cases
 
 
-def count(config: BlockConfig) -> int:
-    return len(plan(config)) * len(config.execs) * len(config.variants)
+def pending(config: BlockConfig, done: frozenset[str] = frozenset()) -> list[tuple[Case, str, str]]:
+    """The measurements run(config) makes, one record each: (case, exec, variant) (block has no --resume, so
+    `done` is empty)."""
+    return [(case, ex, variant) for case in plan(config) for ex in config.execs for variant in config.variants]
+
+
+def measured_id(record: dict) -> str:
+    return record["case"]
 
 
 def memory_estimate_bytes(case: Case, dtype_bytes: int = 2) -> int:

@@ -187,7 +187,7 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def run(config) -> Iterator[dict]:
+def run(config, done: frozenset[str] = frozenset()) -> Iterator[dict]:
     """Records of a resolved BlockConfig in the order: case, execution mode, variant (16bit first)."""
     from qbench.benches.block.config import plan
 

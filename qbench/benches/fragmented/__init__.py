@@ -9,6 +9,7 @@ from qbench.benches.fragmented.config import (  # noqa: F401
     VARIANTS,
     Case,
     FragmentedConfig,
+    measured_id,
     pending,
     plan,
     resolve,
@@ -17,4 +18,4 @@ from qbench.benches.fragmented.cost import forward_cost  # noqa: F401
 from qbench.benches.fragmented.gate import TIE_GAP, gate  # noqa: F401
 from qbench.benches.fragmented.seed import format_seed  # noqa: F401
 from qbench.benches.fragmented.sweep import build, measure, run  # noqa: F401
-from qbench.benches.fragmented.table import table  # noqa: F401
+from qbench.benches.fragmented.table import seed_report, table  # noqa: F401

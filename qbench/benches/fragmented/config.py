@@ -119,3 +119,8 @@ def _threads(config: FragmentedConfig, task: str, exec: str) -> tuple[str, ...]:
     (train and eval steps, eager or compiled); elsewhere (inference, a replayed graph) only the first."""
     steps_backward = task != "inference" and exec != "graph"
     return config.backward_threads if steps_backward else config.backward_threads[:1]
+
+
+def measured_id(record: dict) -> str:
+    """One configuration, one record: its case id."""
+    return record["case"]

@@ -11,16 +11,18 @@ HEADERS = {"in_features": "size", "batch_size": "batch", "forward_replay_ms": "f
            "host_fwd_bwd_ms": "host f+b", "peak_memory_mb": "peak mem", "backward_thread": "bwd thread"}
 
 
-def table(fmt: str = "table"):
-    """A function records -> renderable: the seed's text report, or a table that fits the console
-    (report.records_table: the parameters the records share listed once below it, the metrics no record fills,
-    GPU-only ones on the CPU, left out)."""
+def table(records):
+    """A table that fits the console (report.records_table: the parameters the records share listed once below
+    it, the metrics no record fills, GPU-only ones on the CPU, left out)."""
+    from qbench import report
+
+    return report.records_table(records, TABLE_PARAMS, TABLE_METRICS, title="FragmentedLinear", headers=HEADERS)
+
+
+def seed_report(records):
+    """The original tool's text report of the records (--format seed)."""
     from rich.text import Text
 
-    from qbench import report
     from qbench.benches.fragmented.seed import format_seed
 
-    if fmt == "seed":
-        return lambda records: Text(format_seed(records))
-    return lambda records: report.records_table(records, TABLE_PARAMS, TABLE_METRICS, title="FragmentedLinear",
-                                                headers=HEADERS)
+    return Text(format_seed(records))

@@ -53,7 +53,7 @@ from qbench.metrics.moe import VARIANTS
 __all__ = [
     "BENCH", "CPU_SIZES", "GEMMS", "KERNEL_BENCHES", "TRANSPORTS", "VARIANTS", "MoEBenchConfig", "block_lines",
     "case_label", "cases", "floor_ms", "full_flops", "measurements", "params_of", "pending_cases", "plan", "resolve",
-    "resolve_gemm", "resume_id", "run",
+    "resolve_gemm", "resume_id", "run", "pending", "measured_id",
     "seed_flops", "seed_lines", "summarize", "table", "validate",
 ]
 
@@ -70,6 +70,16 @@ def plan(config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> list:
             for mode in config.execs or ("eager",) for thread in threads_of(config, mode)]
 
 
+def pending(config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> list:
+    """What run(config, done) measures, one item per measurement (plan)."""
+    return plan(config, done)
+
+
+def measured_id(record: dict) -> str:
+    """The measurement a record came from (its per_step, loop and per-rank records share it)."""
+    return resume_id(record["params"])
+
+
 def run(config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> Iterator[dict]:
     """Validate the resolved config now, then return the records' iterator (nothing runs until it is read)."""
     from qbench import dist
@@ -79,7 +89,7 @@ def run(config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> Iterator[
     if config.kernels is not None:
         from qbench.benches.moe import grouped
 
-        return grouped.run(config)
+        return grouped.run_cases(config)
     from qbench.benches.moe.rank import rank_main
 
     return dist.launch(rank_main, (config, done), world_size=config.world_size, backend=config.backend,

@@ -59,7 +59,33 @@ def _sources(config) -> int:
     return 4 if config.device == "cuda" else 2
 
 
-def run(config):
+def resolve(config):
+    """A grouped-GEMM config is a MoEBenchConfig with kernels="grouped" (its sizes are the layer's)."""
+    from qbench.benches.moe.config import resolve as resolve_moe
+
+    return resolve_moe(config)
+
+
+def pending(config, done: frozenset[str] = frozenset()) -> list[Case]:
+    """The cases run(config) measures (the grouped bench has no --resume: `done` is empty)."""
+    return plan(config)
+
+
+def measured_id(record: dict) -> str:
+    """A case's records (one per variant) are one measurement."""
+    from qbench.metrics import FIELDS
+
+    return store.measured_id(record, FIELDS)
+
+
+def run(config, done: frozenset[str] = frozenset()):
+    """The config validated (usage errors now), then its records as run_cases gives them."""
+    from qbench.benches import moe
+
+    return moe.run(config)
+
+
+def run_cases(config):
     """Check every case, then time them (none when any check failed: the cases that passed are then
     recorded as skipped, with the failed ones named); yields one record per case."""
     from qbench.dtypes import torch_dtype

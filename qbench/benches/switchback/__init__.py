@@ -1,5 +1,14 @@
 """`qbench switchback`: int8 SwitchBack layers against the 16-bit linear layer, component by component
 (sweep, components, peers), at module level in three execution modes (modules), and as a table."""
 
-from qbench.benches.switchback.sweep import BENCH, SwitchbackConfig, finished, pending, plan, resolve, run  # noqa: F401
+from qbench.benches.switchback.sweep import (  # noqa: F401
+    BENCH,
+    SwitchbackConfig,
+    finished,
+    measured_id,
+    pending,
+    plan,
+    resolve,
+    run,
+)
 from qbench.benches.switchback.table import table  # noqa: F401

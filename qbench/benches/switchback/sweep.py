@@ -221,3 +221,8 @@ def derive(shape: Shape, timings: dict, relerrs: dict, config: SwitchbackConfig)
     return m
 
 
+def measured_id(record: dict) -> str:
+    """The shape a record was measured at: its params without variant, exec and timing."""
+    from qbench.metrics import FIELDS
+
+    return store.measured_id(record, FIELDS)

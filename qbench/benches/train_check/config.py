@@ -61,9 +61,10 @@ class TrainConfig:
     dtype: str = "bf16"
     device: str = "auto"
     seed: int = 0
+    sizes: TrainPreset | None = None  # resolve(): the preset with the overrides applied
 
 
-def resolve(config: TrainConfig) -> tuple[TrainConfig, TrainPreset]:
+def resolve(config: TrainConfig) -> TrainConfig:
     """Device, preset and its overrides (16bit first: every gap is over it)."""
     from qbench.env import usable_device
     from qbench.errors import QbenchUsageError
@@ -76,7 +77,17 @@ def resolve(config: TrainConfig) -> tuple[TrainConfig, TrainPreset]:
     preset = replace(base, layers=config.layers or base.layers, batch_size=config.batch or base.batch_size,
                      steps=config.steps or base.steps, lr=config.lr or base.lr)
     variants = ("16bit", *(v for v in config.variants if v != "16bit"))
-    return replace(config, preset=name, device=device, variants=variants), preset
+    return replace(config, preset=name, device=device, variants=variants, sizes=preset)
+
+
+def pending(config: TrainConfig, done: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The variants run(config) trains: all of them (each gap is over the 16bit run of the same call, so a
+    finished part is never reused; train-check has no --resume)."""
+    return config.variants
+
+
+def measured_id(record: dict) -> str:
+    return record["case"]
 
 
 def params(config: TrainConfig, preset: TrainPreset, variant: str) -> dict:

@@ -115,8 +115,9 @@ def _finite(samples: dict) -> dict:
     return {k: [v for v in vals if math.isfinite(v)] for k, vals in samples.items()}
 
 
-def run(config, preset) -> Iterator[dict]:
-    """One record per variant, 16bit (the reference of every gap) first."""
+def run(config, done: frozenset[str] = frozenset()) -> Iterator[dict]:
+    """One record per variant of a resolved config, 16bit (the reference of every gap) first."""
+    preset = config.sizes
     task = Task.build(preset, config)
     reference = None
     for variant in config.variants:

@@ -23,8 +23,8 @@ def calibrate(device, file, out, append, force, as_json) -> None:
     """Measure this GPU's matmul rates per dtype, copy bandwidth and launch time; save them for --calibrated."""
     from qbench import report
     from qbench.benches.model import calibrate as bench
-    from qbench.commands.common import run_and_store
     from qbench.paths import check_writable_file
+    from qbench.runner import run_and_store
 
     with usage_errors():
         cfg, base, default_file = bench.setup(device)

@@ -21,8 +21,8 @@ def lstm(config_path, overrides, debug, sweep, mode, time_budget, tokens, hours,
     """DeepFlow's LSTM language-model step time, memory and parameters, with DeepFlow's report (exact:
     to the printed digit). With a time budget the report ends with its time_per_step line."""
     from qbench.benches.model import lstm as bench
-    from qbench.commands.common import run_and_store
     from qbench.model import deepflow
+    from qbench.runner import run_and_store
 
     with usage_errors():
         sets = parse_sets(overrides)

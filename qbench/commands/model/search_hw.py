@@ -31,9 +31,9 @@ def search_hw(**o) -> None:
     --no-must-fit; report the best split, its time, memory fit and the path."""
     from qbench import report, store
     from qbench.benches.model import search as bench
-    from qbench.commands.common import run_and_store
     from qbench.commands.limits import check_search_steps
     from qbench.model import objective, search_hw
+    from qbench.runner import run_and_store
 
     check_search_steps(o["starts"], o["iterations"])
 

@@ -12,8 +12,8 @@ from qbench import metrics as declared
 from qbench import store
 from qbench.cli import main
 from qbench.migration import grouped as grouped_migration
-from qbench.migration.registry import migrate
 from qbench.migration import moe as moe_migration
+from qbench.migration.registry import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(p.parent for p in (ROOT / "results").rglob("results.jsonl")

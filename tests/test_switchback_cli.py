@@ -132,7 +132,8 @@ def cpu_run(tmp_path_factory):
 def test_cpu_run_records_are_tidy_and_declared(cpu_run):
     """Every record holds one variant, exec and timing of one shape as params, and only metrics its family
     declares, with their declared units; no metric name spells a variant, exec or timing."""
-    from qbench.metrics import TIMINGS, hidden_dimension, metric
+    from qbench.metrics import TIMINGS
+    from qbench.metrics.registry import hidden_dimension, metric
     from qbench.metrics.switchback import VARIANTS
     from qbench.modes import EXECS
 
@@ -286,7 +287,7 @@ def test_fp8_quantizers_are_put_next_to_their_int8_twins():
     ratio: lower is better), recorded as quantize_<t>_over_int8 of the fp8 variants; a quantizer timed without
     its twin gets none."""
     from qbench.benches.switchback import peers
-    from qbench.metrics import metric
+    from qbench.metrics.registry import metric
     from qbench.migration.switchback import tidy
 
     medians = {"fp8_quantize_x": 0.22, "x_quantize_rowwise": 0.2, "fp8_quantize_g": 0.5, "fp8_quantize_w_t": 0.1,

@@ -107,8 +107,10 @@ def test_a_bitsandbytes_line_of_the_wrong_type_is_skipped_and_named(key, name, c
     code, _, err = qbench(capsys, ["import", mixed, "--out", tmp_path / "run"])
     err = " ".join(err.split())  # notices wrap at the console's width
     assert code == 0, err
-    assert "1 record in" in err and "1 skipped: line 2: " in err and key in err, err
-    assert len(store.load_run(tmp_path / "run")[1]) == 1
+    records = store.load_run(tmp_path / "run")[1]  # the good line's shape: one tidy record per variant
+    assert f"{len(records)} records in" in err and "1 skipped: line 2: " in err and key in err, err
+    assert {r["params"]["batch_size"] for r in records} == {good["batch_size"]}
+    assert {r["params"]["variant"] for r in records} == {"16bit", "switchback", "switchback_rowwise"}
 
 
 def _bnb_text() -> str:

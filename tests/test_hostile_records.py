@@ -141,8 +141,8 @@ def test_a_warning_is_one_line_on_stderr_of_a_real_process(tmp_path):
                                         "object"]
 
 
-@pytest.mark.parametrize("bench", ["switchback", "fragmented", "moe", "model", "switchback_model",
-                                   "switchback_train"])
+@pytest.mark.parametrize("bench", ["switchback", "fragmented", "moe", "model", "block",
+                                   "train_check"])
 @pytest.mark.parametrize("params", [{"x": "y"}, {"batch_size": "big", "dim_in": "wide", "dim_out": None,
                                                  "in_features": "a", "out_features": "b", "layer": 1,
                                                  "world_size": "w", "model": 3, "variant": 4, "exec": None}],

@@ -99,7 +99,7 @@ def test_gemm_and_floors_commands(capsys):
     assert f["bound"] == "compute" and round(f["ridge"]) == 412
     code, out, err = run_cli(capsys, "model", "floors", "moe", "world_size=4", "dtype=float16", "model_dim=1024",
                              "hidden_size=4096", "samples=8192", "num_local_experts=8", "top_k=2")
-    assert code == 0 and "step_time" in out, err
+    assert code == 0 and "step_ms" in out, err
     code, _, err = run_cli(capsys, "model", "floors", "switchback", "batch_size=1024")
     assert code == 2 and "missing parameter dim_in" in err
 
@@ -116,7 +116,7 @@ def test_against_stored_runs(capsys, tmp_path):
     assert all(r["fraction"] == pytest.approx(1 / 1.5) for r in rows)
     moe = write_run(tmp_path / "moe", [moe_record(rng, 2.0)])
     code, out, err = run_cli(capsys, "model", "--against", str(moe), "--gpu", "h200")
-    assert code == 0 and "step_time" in out and "50%" in out, err
+    assert code == 0 and "step_ms" in out and "50%" in out, err
     code, _, err = run_cli(capsys, "model", "--against", str(tmp_path / "missing"))
     assert code == 2 and "does not exist" in err
 

@@ -141,7 +141,7 @@ def moe_record(rng, slack):
     params = {"world_size": n, "dtype": "float16", "model_dim": d, "hidden_size": h, "samples": T,
               "num_local_experts": experts, "top_k": k, "a2a_ffn_overlap_degree": 1, "routing": "uniform",
               "capacity_factor": 0.0}
-    metrics = {"forward_time": fwd * slack, "backward_time": bwd * slack, "step_time": (fwd + bwd) * slack,
+    metrics = {"forward_ms": fwd * slack, "backward_ms": bwd * slack, "step_ms": (fwd + bwd) * slack,
                "tflops": 1.0}
     return store.make_record("moe", params, metrics, device="cuda")
 
@@ -216,7 +216,7 @@ def test_moe_floor_uses_routing_statistics_when_present():
     a2a = 2 * ((n - 1) / n * sent * d * e / 450e9 * 1e3 + 5e-3)
     params = {"world_size": n, "dtype": "bfloat16", "model_dim": d, "hidden_size": h, "samples": T,
               "num_local_experts": experts, "top_k": k, "a2a_ffn_overlap_degree": 1}
-    metrics = {"forward_time": gate + ffn + a2a, "computed_rows": computed, "rank_load_max_over_mean": imb,
+    metrics = {"forward_ms": gate + ffn + a2a, "computed_rows": computed, "rank_load_max_over_mean": imb,
                "sent_rows": sent}
     (row,) = against.rows_for([store.make_record("moe", params, metrics)], H200)
     assert row.fraction == pytest.approx(1.0, rel=1e-9)
@@ -227,7 +227,7 @@ def test_moe_floor_uses_routing_statistics_when_present():
 
 def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch, tmp_path):
     """The moe bench's floor_ms is the model's step floor (one floor for one step), forward only in
-    eval, and counts only remote rows for --system blocks."""
+    eval, and counts only remote rows for --variant blocks."""
     import torch
 
     from qbench.benches import moe as moe_bench
@@ -241,10 +241,10 @@ def test_moe_floor_of_the_bench_is_the_model_floor(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(config, "CALIBRATIONS", tmp_path)  # no committed calibration: the datasheet preset
     got = moe_bench.floor_ms(params, stats, "cuda")
-    assert got == floors.moe(params, stats, H200)["step_time"].floor_ms
-    forward = floors.moe(params, stats, H200)["forward_time"].floor_ms
+    assert got == floors.moe(params, stats, H200)["step_ms"].floor_ms
+    forward = floors.moe(params, stats, H200)["forward_ms"].floor_ms
     assert moe_bench.floor_ms({**params, "eval": True}, stats, "cuda") == forward < got
-    local = moe_bench.floor_ms({**params, "system": "blocks"}, {**stats, "remote_rows": 0.0}, "cuda")
-    remote = moe_bench.floor_ms({**params, "system": "blocks"}, {**stats, "remote_rows": 12288.0}, "cuda")
+    local = moe_bench.floor_ms({**params, "variant": "blocks"}, {**stats, "remote_rows": 0.0}, "cuda")
+    remote = moe_bench.floor_ms({**params, "variant": "blocks"}, {**stats, "remote_rows": 12288.0}, "cuda")
     assert local < remote and abs(remote - got) < 0.05 * got  # 3/4 of 16384 rows remote ~ the all-to-all
     assert moe_bench.floor_ms(params, stats, "cpu") is None

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from qbench import metrics as declared
 from qbench import store
 from qbench.cli import main
+from qbench.metrics import registry as declared
 from qbench.migration import grouped as grouped_migration
 from qbench.migration import moe as moe_migration
 from qbench.migration.registry import migrate

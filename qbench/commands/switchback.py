@@ -29,15 +29,16 @@ def command(plot, **flags) -> None:
     grad-weight, quantizers) against the 16-bit layer, with the original benchmark's keys and totals,
     speed-ups, throughput, int8 errors, module-level times, and fp8 / cuBLAS int8 peers. A block stack's
     training step and the training check are `qbench block` and `qbench train-check`."""
-    from qbench.commands import switchback_block as block
+    from qbench.commands.block import run_block
     from qbench.commands.common import check_plot, draw_figure
+    from qbench.commands.train_check import run_train
 
     check_flags(flags)
     check_plot(plot)
     if flags["train_check"]:  # the spellings before `qbench train-check` and `qbench block`
-        out = block.run_train({**flags, "presets": flags["models"]})
+        out = run_train({**flags, "presets": flags["models"]})
     elif flags["models"]:
-        out = block.run_block({**flags, "presets": flags["models"]})
+        out = run_block({**flags, "presets": flags["models"]})
     else:
         out = _layer_bench(flags)
     draw_figure(plot, out)

@@ -79,10 +79,13 @@ def measured_id(record: dict) -> str:
 
 
 def run(config, done: frozenset[str] = frozenset()):
-    """The config validated (usage errors now), then its records as run_cases gives them."""
-    from qbench.benches import moe
+    """The config validated now (usage errors before any record), then its records as run_cases gives them
+    (nothing measured until they are read)."""
+    from qbench import dist
+    from qbench.benches.moe.validate import validate
 
-    return moe.run(config)
+    validate(config, dist.visible_gpus() if config.device == "cuda" else None)
+    return run_cases(config)
 
 
 def run_cases(config):

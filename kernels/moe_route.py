@@ -164,26 +164,32 @@ _CHOOSE = LaunchCache("moe_route_choose")
 _POSITIONS = LaunchCache("moe_route_positions")
 
 
-def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: int):
+def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: int, one_buffer: bool = True):
     # Two launches when T > 0 (none when T == 0): every output below is written by a kernel, so
     # they are allocated with torch.empty (zeros / full only where no kernel runs). cap < 0: dropless.
+    # one_buffer: the int64 outputs are parts of one allocation (two host calls instead of seven: the step's
+    # host time is spent per op); a custom op's outputs may not alias each other, so it allocates each.
     T, E = logits.shape
     dev = logits.device
     nb = cdiv(T, BLOCK_TOKENS)
-    idx = (forced.to(torch.int64).contiguous() if forced is not None
-           else torch.empty((T, k), dtype=torch.int64, device=dev))
+    total = E * cap if padded else k * T
+    sizes = (0 if forced is not None else T * k, k * T, k * T, E, E, k * T if rows else 0, total if rows else 0)
+    if one_buffer:
+        ints = torch.empty(sum(sizes), dtype=torch.int64, device=dev).split(sizes)
+    else:
+        ints = [torch.empty(n, dtype=torch.int64, device=dev) for n in sizes]
+    chosen, flat_e, pos, counts, kept, row_of, source = ints
+    idx = forced.to(torch.int64).contiguous() if forced is not None else chosen.view(T, k)
     weights = torch.empty((T, k), dtype=torch.float32, device=dev)
     hist = torch.empty((k * nb, E), dtype=torch.int32, device=dev)
-    flat_e, pos = (torch.empty(k * T, dtype=torch.int64, device=dev) for _ in range(2))
     keep = torch.empty(k * T, dtype=torch.int8, device=dev)
-    counts, kept = ((torch.empty if T else torch.zeros)(E, dtype=torch.int64, device=dev) for _ in range(2))
     limit = cap if cap >= 0 else k * T + 1
-    total = E * cap if padded else k * T
-    row_of = torch.empty(k * T if rows else 0, dtype=torch.int64, device=dev)
     fill = rows and padded  # padded send rows that no assignment fills read token T (the zero row)
-    source = torch.empty(total if rows else 0, dtype=torch.int64, device=dev)
-    if fill and not T:
-        source.fill_(T)
+    if not T:
+        counts.zero_()
+        kept.zero_()
+        if fill:
+            source.fill_(T)
     if T:
         _launch_route(logits, (idx, weights, hist, flat_e, pos, keep, counts, kept), row_of if rows else flat_e,
                       source if rows else flat_e,
@@ -286,7 +292,7 @@ def _weights_backward(idx, weights, d_weights, num_experts: int, dtype):
 def _op_route(logits: torch.Tensor, k: int, cap: int, padded: bool, forced: torch.Tensor | None,
               rows: bool, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                 torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    out = _route(logits, k, cap, padded, forced, rows, chunks)
+    out = _route(logits, k, cap, padded, forced, rows, chunks, one_buffer=False)
     # a custom op's outputs may not alias its inputs: the forced ids pass through as idx
     return (out[0].clone() if forced is not None and out[0].data_ptr() == forced.data_ptr() else out[0], *out[1:])
 

@@ -92,8 +92,8 @@ class MoELayer(nn.Module):
             plan, dplan, send = self._step_plan(x2, routing, rows, source)
             self._tell_plan(routing, plan)
         if self.world_size == 1 and not plan.hot:
-            return self._local_experts(x2, send, weights, routing, plan, dplan).reshape(shape)
-        return self._experts(x2, send, weights, routing, plan, dplan).reshape(shape)
+            return _shaped(self._local_experts(x2, send, weights, routing, plan, dplan), shape)
+        return _shaped(self._experts(x2, send, weights, routing, plan, dplan), shape)
 
     def _tell_plan(self, routing, plan) -> None:
         """The plan hooks (not while torch.compile traces: a hook's side effects are not part of a graph)."""
@@ -104,7 +104,7 @@ class MoELayer(nn.Module):
         """(x2 [T, d], expert weights (w1, b1, w2, b2)). Under torch.autocast, in its dtype, as nn.Linear
         takes its operands there (fp32 master weights, 16-bit products; the gradients reach the parameters
         through the casts); as they are otherwise."""
-        x2, *weights = in_autocast_dtype(x.reshape(-1, x.shape[-1]), self.w1, self.b1, self.w2, self.b2)
+        x2, *weights = in_autocast_dtype(_shaped(x, (-1, x.shape[-1])), self.w1, self.b1, self.w2, self.b2)
         return x2, tuple(weights)
 
     def _step_plan(self, x2, routing, rows, source):
@@ -188,7 +188,7 @@ class MoELayer(nn.Module):
         rows = dplan.rows
         replicas = self._start_replicas(plan.hot, weights)
         send = self._send_buffer(x2, send, routing, plan, dplan)
-        hot_x = x2[:0]
+        hot_x = None  # no replicas: ExpertParallel takes and gives no replica rows
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)
             hot_x = gather_tokens(x2, dplan.hot_rows, hot_total, False, dplan.hot_source)
@@ -201,6 +201,14 @@ class MoELayer(nn.Module):
                 hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows, -1)
                 where = torch.where(rows >= 0, rows, hot_where)
             return _Combine.apply(source, where, routing.weights, routing.padded)
+
+
+def _shaped(t, shape):
+    """t reshaped to `shape` (-1 allowed only first), or t itself where it has that shape already: a 2-D input
+    [T, d] then costs the step no view op forward and none backward (the step's host time is spent per op)."""
+    if t.dim() == len(shape) and all(n == -1 or n == m for n, m in zip(shape, t.shape)):
+        return t
+    return t.reshape(shape)
 
 
 def gather_tokens(x2, rows, total: int, padded: bool, source=None, out=None):

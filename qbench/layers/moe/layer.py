@@ -87,7 +87,8 @@ class MoELayer(nn.Module):
         shape = x.shape
         x2, weights = self._operands(x)
         with self.phase_hooks.phase("gate"):
-            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice)
+            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice,
+                                                     chunks=self.degree)
         with self.phase_hooks.phase("plan"):
             plan, dplan, send = self._step_plan(x2, routing, rows, source)
             self._tell_plan(routing, plan)
@@ -143,14 +144,13 @@ class MoELayer(nn.Module):
             return _Combine.apply(y, dplan.rows, routing.weights, routing.padded)
 
     def _kernel_rows(self) -> bool:
-        """Whether the routing kernels give the send rows: without replication, for one chunk, or for the
-        layer's chunks when the send buffer is padded (a fixed capacity: every chunk part has a fixed size)."""
-        return self.opts.replicate_hot == 0 and (self.degree == 1 or self.opts.capacity_factor > 0)
+        """Whether the routing kernels give the send rows (in the layer's chunks): without replication."""
+        return self.opts.replicate_hot == 0
 
-    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None):
+    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None, chunks: int = 1):
         """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows
         then also gives every assignment's row in the send buffer (-1: dropped; sorted by expert, chunk-major
-        with several chunks) and each row's token (`padded` to the capacity when cf > 0 unless told
+        in `chunks` chunks) and each row's token (`padded` to the capacity when cf > 0 unless told
         otherwise); else rows = source = None. choice: forced expert ids [T, k] or None."""
         logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
@@ -161,7 +161,7 @@ class MoELayer(nn.Module):
         # the weights (softmax over the k chosen logits, differentiable) come from the routing kernels
         padded = cf > 0 if padded is None else padded
         idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
-            logits, k, cap, padded, choice, rows=with_rows, chunks=self.degree if with_rows and padded else 1)
+            logits, k, cap, padded, choice, rows=with_rows, chunks=chunks if with_rows else 1)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
     def _gate_logits(self, x2):

@@ -176,7 +176,8 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
             source=None, rank: int = 0) -> DevicePlan:
     """Everything of the plan that the device can build before the split sizes reach the host. Split
     sizes and offsets come from one kernel where Triton runs (kernels/moe_route.py), from tensor ops
-    otherwise; rows/source: the routing kernel's send rows and their tokens (one chunk, no replication).
+    otherwise; rows/source: the routing kernel's send rows and their tokens (no replication; chunk-major
+    in D chunks).
     With replication and one chunk, where Triton runs: one all_gather of the counts and the
     replication kernels (kernels/moe_hot.py) instead of an all_reduce, an all_to_all and ~40 ops."""
     import torch

@@ -23,10 +23,10 @@ from kernels._common.launch import LaunchCache, aligned
 
 @triton.jit
 def _plan_kernel(seg_ptr, got_ptr, splits_ptr, off_ptr, off_all_ptr, W, L, D, CAP,
-                 PADDED: tl.constexpr, BW: tl.constexpr, BE: tl.constexpr):
+                 PADDED: tl.constexpr, SEG_AFTER: tl.constexpr, BW: tl.constexpr, BE: tl.constexpr):
     # seg [W * L] rows sent per (destination, local expert); got [W * L] rows received per (source,
     # local expert); PADDED: both are CAP everywhere (seg and got are not read). Chunk i of a count c
-    # holds c // D + (i < c % D) rows.
+    # holds c // D + (i < c % D) rows. SEG_AFTER: seg is also copied after the 2 * D * W split sizes.
     x = tl.arange(0, BE)
     r = tl.arange(0, BW)
     n = W * L
@@ -37,6 +37,8 @@ def _plan_kernel(seg_ptr, got_ptr, splits_ptr, off_ptr, off_all_ptr, W, L, D, CA
     else:
         seg = tl.load(seg_ptr + x, mask=ok, other=0)
         got = tl.load(got_ptr + x, mask=ok, other=0)
+    if SEG_AFTER:
+        tl.store(splits_ptr + 2 * D * W + x, seg, mask=ok)
     member = (x[None, :] // L == r[:, None]) & ok[None, :]  # [BW, BE] entry x belongs to rank r
     base = tl.zeros((1,), dtype=tl.int64)
     for i in range(D):
@@ -55,43 +57,46 @@ def _plan_kernel(seg_ptr, got_ptr, splits_ptr, off_ptr, off_all_ptr, W, L, D, CA
 _PLAN = LaunchCache("moe_plan")
 
 
-def _plan(seg, got, world_size: int, degree: int, cap: int):
+def _plan(seg, got, world_size: int, degree: int, cap: int, seg_after: bool = False):
     n, W, D = seg.numel(), world_size, degree
     dev = seg.device
-    splits = torch.empty(2 * D * W, dtype=torch.int64, device=dev)
+    splits = torch.empty(2 * D * W + (n if seg_after else 0), dtype=torch.int64, device=dev)
     offsets = torch.empty((D, n + 1), dtype=torch.int64, device=dev)
     offsets_all = torch.empty(D * n + 1, dtype=torch.int64, device=dev)
     args = (seg, got, splits, offsets, offsets_all, W, n // W, D, max(cap, 0))
-    consts = (cap >= 0, next_power_of_2(W), next_power_of_2(n))
+    consts = (cap >= 0, seg_after, next_power_of_2(W), next_power_of_2(n))
 
     def first():
-        return _plan_kernel[(1,)](*args, *consts), (1,), consts, {"BW": consts[1], "BE": consts[2]}
+        return _plan_kernel[(1,)](*args, *consts), (1,), consts, {"BW": consts[2], "BE": consts[3]}
 
-    _PLAN.launch((n, W, D, cap, aligned(seg, got, splits, offsets, offsets_all), dev), args, first)
+    _PLAN.launch((n, W, D, cap, seg_after, aligned(seg, got, splits, offsets, offsets_all), dev), args, first)
     return splits, offsets, offsets_all
 
 
-def _op_plan(seg: torch.Tensor, got: torch.Tensor, world_size: int, degree: int,
-             cap: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _plan(seg, got, world_size, degree, cap)
+def _op_plan(seg: torch.Tensor, got: torch.Tensor, world_size: int, degree: int, cap: int,
+             seg_after: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _plan(seg, got, world_size, degree, cap, seg_after)
 
 
-def _fake_plan(seg, got, world_size, degree, cap):
+def _fake_plan(seg, got, world_size, degree, cap, seg_after):
     n = seg.numel()
-    return (seg.new_empty(2 * degree * world_size), seg.new_empty((degree, n + 1)), seg.new_empty(degree * n + 1))
+    return (seg.new_empty(2 * degree * world_size + (n if seg_after else 0)), seg.new_empty((degree, n + 1)),
+            seg.new_empty(degree * n + 1))
 
 
 _PLAN_OP = register_op("moe_plan_offsets", _op_plan, _fake_plan)
 
 
-def plan_offsets(seg, got, world_size: int, degree: int, cap: int | None = None):
+def plan_offsets(seg, got, world_size: int, degree: int, cap: int | None = None, seg_after: bool = False):
     """(splits [2 * D * W]: send splits of chunk 0..D-1 then receive splits, offsets [D, W * L + 1],
     offsets_all [D * W * L + 1]) from seg and got [W * L] int64 (as plan.prepare / segment_offsets);
-    cap: every count is cap (padded send buffers: seg and got are then only read for their size)."""
+    cap: every count is cap (padded send buffers: seg and got are then only read for their size);
+    seg_after: splits also holds a copy of seg after the split sizes ([2 * D * W + W * L]), so that a
+    step whose host read needs both reads one tensor without a concatenation (an op less per step)."""
     cap = -1 if cap is None else cap
     if is_compiling():
-        return _PLAN_OP(seg, got, world_size, degree, cap)
-    return _plan(seg, got, world_size, degree, cap)
+        return _PLAN_OP(seg, got, world_size, degree, cap, seg_after)
+    return _plan(seg, got, world_size, degree, cap, seg_after)
 
 
 @triton.jit

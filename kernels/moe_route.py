@@ -14,7 +14,7 @@ every second choice: Tutel's priority when an expert is over capacity), token bl
                      histogram rows before (j, b) + the rank inside the block; keep = pos < capacity;
                      counts / kept per expert; without replication also the row of every
                      assignment in the send buffer and the inverse map source[row] = token: sorted
-                     by expert with one chunk; with D chunks (padded only: C rows per expert) chunk-major,
+                     by expert with one chunk; with D chunks chunk-major,
                      chunk c holding part c of every expert's C rows (qbench.layers.moe.plan.parts)
   _weights_grad_kernel  grid (T / BT): backward of the weights, d_logits [T, E] (zero off the choices)
 Eager calls launch directly and replay compiled kernels per shape (kernels._common.launch.LaunchCache);
@@ -110,13 +110,11 @@ def _positions_kernel(idx_ptr, hist_ptr, flat_e_ptr, pos_ptr, keep_ptr, counts_p
         tl.store(counts_ptr + e, total.to(tl.int64), mask=e_ok)
         tl.store(kept_ptr + e, kept.to(tl.int64), mask=e_ok)
     if ROWS:  # no replication: rows sorted by expert (padded: CAP rows per expert), or chunk-major
-        if CHUNKS > 1:  # padded: chunk c holds part c of every expert's CAP rows, experts in order
-            row = _chunked_row(choice, pos, E, CAP, CHUNKS)
+        sizes = tl.where(e_ok, tl.zeros((BE,), dtype=tl.int32) + CAP, 0) if PADDED else kept  # send rows per expert
+        if CHUNKS > 1:  # chunk c holds part c of every expert's rows, experts in order
+            row = _chunked_row(choice, pos, e, sizes, CHUNKS)
         else:
-            if PADDED:
-                first = e * CAP
-            else:
-                first = tl.cumsum(kept, 0) - kept
+            first = tl.cumsum(sizes, 0) - sizes
             row = tl.sum(first[None, :] * hits, 1) + pos
         row = tl.where(keep, row, -1)
         tl.store(rows_ptr + a, row.to(tl.int64), mask=t_ok)
@@ -124,17 +122,24 @@ def _positions_kernel(idx_ptr, hist_ptr, flat_e_ptr, pos_ptr, keep_ptr, counts_p
 
 
 @triton.jit
-def _chunked_row(choice, pos, E, CAP, CHUNKS: tl.constexpr):
-    """Row of the assignment at position pos of expert `choice` in a chunk-major padded send buffer:
-    CAP rows per expert split into CHUNKS parts, the first CAP % CHUNKS one row longer (plan.parts);
-    chunk c holds part c of expert 0, 1, ..., E - 1, after the E * start_c rows of the chunks before."""
-    q = CAP // CHUNKS
-    r = CAP % CHUNKS
+def _chunked_row(choice, pos, e, sizes, CHUNKS: tl.constexpr):
+    """Row of the assignment at position pos [BT] of expert `choice` [BT] in a chunk-major send buffer:
+    expert e' sends sizes[e'] rows ([BE], 0 past E; e = arange(BE)), split into CHUNKS parts, the first
+    sizes % CHUNKS one row longer (plan.parts); chunk c holds part c of expert 0, 1, ..., E - 1, after the
+    parts of every expert in the chunks before (plan.send_rows' layout)."""
+    mine = e[None, :] == choice[:, None]  # [BT, BE]
+    n = tl.sum(tl.where(mine, sizes[None, :], 0), 1)  # rows of the assignment's expert
+    q = n // CHUNKS
+    r = n % CHUNKS
     longer = r * (q + 1)  # the rows of the longer parts
-    c = tl.where(pos < longer, pos // (q + 1), r + (pos - longer) // tl.maximum(q, 1))
-    start = c * q + tl.minimum(c, r)
-    part = q + (c < r).to(tl.int32)
-    return E * start + choice * part + (pos - start)
+    c = tl.where(pos < longer, pos // (q + 1), r + (pos - longer) // tl.maximum(q, 1))  # its chunk
+    start = c * q + tl.minimum(c, r)  # its part's first position in the expert's list
+    qs = sizes[None, :] // CHUNKS
+    rs = sizes[None, :] % CHUNKS
+    earlier = c[:, None] * qs + tl.minimum(c[:, None], rs)  # [BT, BE] every expert's rows in chunks before c
+    part = qs + (c[:, None] < rs).to(tl.int32)  # [BT, BE] every expert's part in chunk c
+    before = tl.sum(earlier, 1) + tl.sum(tl.where(e[None, :] < choice[:, None], part, 0), 1)
+    return before + (pos - start)
 
 
 def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=None, rows: bool = False,
@@ -143,9 +148,9 @@ def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=No
     rows [kT] | None, source [S] | None). weights = softmax over the k chosen logits, differentiable
     w.r.t. logits. cap None: dropless. rows/source only when rows=True (no replication): source[row] =
     token of that send-buffer row (padded rows read token T: the appended zero row); the buffer is sorted
-    by expert, or with chunks > 1 (padded only) chunk-major (plan.send_rows' layout)."""
-    if chunks > 1 and not (rows and padded):
-        raise ValueError("send rows of several chunks are built for a padded send buffer only")
+    by expert, or with chunks > 1 chunk-major (plan.send_rows' layout)."""
+    if chunks > 1 and not rows:
+        raise ValueError("chunks > 1 orders the send rows: pass rows=True")
     cap = -1 if cap is None else cap
     if torch.is_grad_enabled() and logits.requires_grad:
         out = RouteFunction.apply(logits, k, cap, padded, forced, rows, chunks)
@@ -164,26 +169,32 @@ _CHOOSE = LaunchCache("moe_route_choose")
 _POSITIONS = LaunchCache("moe_route_positions")
 
 
-def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: int):
+def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: int, one_buffer: bool = True):
     # Two launches when T > 0 (none when T == 0): every output below is written by a kernel, so
     # they are allocated with torch.empty (zeros / full only where no kernel runs). cap < 0: dropless.
+    # one_buffer: the int64 outputs are parts of one allocation (two host calls instead of seven: the step's
+    # host time is spent per op); a custom op's outputs may not alias each other, so it allocates each.
     T, E = logits.shape
     dev = logits.device
     nb = cdiv(T, BLOCK_TOKENS)
-    idx = (forced.to(torch.int64).contiguous() if forced is not None
-           else torch.empty((T, k), dtype=torch.int64, device=dev))
+    total = E * cap if padded else k * T
+    sizes = (0 if forced is not None else T * k, k * T, k * T, E, E, k * T if rows else 0, total if rows else 0)
+    if one_buffer:
+        ints = torch.empty(sum(sizes), dtype=torch.int64, device=dev).split(sizes)
+    else:
+        ints = [torch.empty(n, dtype=torch.int64, device=dev) for n in sizes]
+    chosen, flat_e, pos, counts, kept, row_of, source = ints
+    idx = forced.to(torch.int64).contiguous() if forced is not None else chosen.view(T, k)
     weights = torch.empty((T, k), dtype=torch.float32, device=dev)
     hist = torch.empty((k * nb, E), dtype=torch.int32, device=dev)
-    flat_e, pos = (torch.empty(k * T, dtype=torch.int64, device=dev) for _ in range(2))
     keep = torch.empty(k * T, dtype=torch.int8, device=dev)
-    counts, kept = ((torch.empty if T else torch.zeros)(E, dtype=torch.int64, device=dev) for _ in range(2))
     limit = cap if cap >= 0 else k * T + 1
-    total = E * cap if padded else k * T
-    row_of = torch.empty(k * T if rows else 0, dtype=torch.int64, device=dev)
     fill = rows and padded  # padded send rows that no assignment fills read token T (the zero row)
-    source = torch.empty(total if rows else 0, dtype=torch.int64, device=dev)
-    if fill and not T:
-        source.fill_(T)
+    if not T:
+        counts.zero_()
+        kept.zero_()
+        if fill:
+            source.fill_(T)
     if T:
         _launch_route(logits, (idx, weights, hist, flat_e, pos, keep, counts, kept), row_of if rows else flat_e,
                       source if rows else flat_e,
@@ -286,7 +297,7 @@ def _weights_backward(idx, weights, d_weights, num_experts: int, dtype):
 def _op_route(logits: torch.Tensor, k: int, cap: int, padded: bool, forced: torch.Tensor | None,
               rows: bool, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                 torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    out = _route(logits, k, cap, padded, forced, rows, chunks)
+    out = _route(logits, k, cap, padded, forced, rows, chunks, one_buffer=False)
     # a custom op's outputs may not alias its inputs: the forced ids pass through as idx
     return (out[0].clone() if forced is not None and out[0].data_ptr() == forced.data_ptr() else out[0], *out[1:])
 

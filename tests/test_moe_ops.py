@@ -1,8 +1,9 @@
 """What one eager MoE step asks of the host: the torch ops it dispatches and the Triton kernels it launches
 (forward + backward of the layer, after two warm-up steps), at world sizes 1 and 2 (gloo), dropless and
-with a fixed capacity. Each count is pinned at most at what the layer issues today, so that a change that
-adds launches or ops to the step fails here. Ops inside a Triton launch (the interpreter's own copies)
-are not the step's and are not counted. CPU only: the Triton launches are counted at the interpreter."""
+with a fixed capacity, at world size 2 also in two chunks (--a2a-ffn-overlap-degree 2). Each count is
+pinned at most at what the layer issues today, so that a change that adds launches or ops to the step
+fails here. Ops inside a Triton launch (the interpreter's own copies) are not the step's and are not
+counted. CPU only: the Triton launches are counted at the interpreter."""
 
 import collections
 
@@ -15,8 +16,9 @@ from qbench import dist
 pytestmark = pytest.mark.skipif(not interpreting(), reason="counts Triton launches at the interpreter (CPU)")
 
 TOKENS, DIM, HIDDEN, LOCAL = 96, 32, 48, 4
-# (world size, capacity factor) -> (ops, launches) of one step, the most of any rank
-BOUNDS = {(1, 0.0): (57, 13), (1, 1.0): (58, 13), (2, 0.0): (71, 13), (2, 1.0): (69, 13)}
+# (world size, capacity factor, overlap degree) -> (ops, launches) of one step, the most of any rank
+BOUNDS = {(1, 0.0, 1): (49, 13), (1, 1.0, 1): (50, 13), (2, 0.0, 1): (59, 13), (2, 1.0, 1): (58, 13),
+          (2, 0.0, 2): (79, 17), (2, 1.0, 2): (78, 17)}
 
 
 def _counted(fn):
@@ -51,11 +53,11 @@ def _counted(fn):
     return ops, launches
 
 
-def step_counts(ctx, cf):
+def step_counts(ctx, cf, degree):
     """Rank body: (ops, launches, op names) of one eager step, the most of any rank."""
     from qbench.layers.moe import MoELayer, MoEOptions
 
-    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, capacity_factor=cf)
+    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, capacity_factor=cf, overlap_degree=degree)
     layer = MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=torch.float32, device="cpu", seed=2)
     gen = torch.Generator().manual_seed(ctx.rank)
     x, dy = torch.randn(TOKENS, DIM, generator=gen).requires_grad_(), torch.randn(TOKENS, DIM, generator=gen)
@@ -66,10 +68,10 @@ def step_counts(ctx, cf):
     yield int(most[0]), int(most[1]), dict(ops.most_common())
 
 
-@pytest.mark.parametrize("world_size,cf", list(BOUNDS), ids=[f"ws{w}-cf{c:g}" for w, c in BOUNDS])
-def test_one_eager_step_issues_no_more_ops_and_launches_than_pinned(world_size, cf):
-    [(ops, launches, names)] = list(dist.launch(step_counts, (cf,), world_size=world_size, backend="gloo",
+@pytest.mark.parametrize("world_size,cf,degree", list(BOUNDS), ids=[f"ws{w}-cf{c:g}-d{d}" for w, c, d in BOUNDS])
+def test_one_eager_step_issues_no_more_ops_and_launches_than_pinned(world_size, cf, degree):
+    [(ops, launches, names)] = list(dist.launch(step_counts, (cf, degree), world_size=world_size, backend="gloo",
                                                 device="cpu"))
-    max_ops, max_launches = BOUNDS[(world_size, cf)]
+    max_ops, max_launches = BOUNDS[(world_size, cf, degree)]
     assert launches <= max_launches, f"{launches} Triton launches per step (at most {max_launches})"
     assert ops <= max_ops, f"{ops} ops per step (at most {max_ops}): {names}"

@@ -57,27 +57,36 @@ def test_routing_kernels_match_route(T, E, k, cf):
         _mismatch(source[unused], torch.full_like(source[unused], T), "unfilled source rows")
 
 
-@pytest.mark.parametrize("T,E,k,cf,D", [(37, 6, 2, 1.0, 2), (130, 17, 3, 0.7, 3), (9, 4, 2, 0.25, 4)])
+@pytest.mark.parametrize("T,E,k,cf,D", [(37, 6, 2, 1.0, 2), (130, 17, 3, 0.7, 3), (9, 4, 2, 0.25, 4),
+                                        (37, 6, 2, 0.0, 2), (130, 17, 3, 0.0, 3), (9, 5, 2, 0.0, 4),
+                                        (61, 7, 2, -0.5, 2), (9, 4, 3, -0.25, 3)])
 def test_chunked_send_rows_match_tensor_ops(T, E, k, cf, D):
-    """With a padded send buffer in D chunks the kernels give plan.send_rows' chunk-major rows (the capacity
-    of (9, 4, 2, 0.25) is smaller than D: some chunk parts hold no row) and their inverse map."""
+    """In D chunks the kernels give plan.send_rows' chunk-major rows and their inverse map: padded (cf > 0:
+    the capacity of (9, 4, 2, 0.25) is smaller than D, so some chunk parts hold no row; rows no assignment
+    fills read the zero row T), dropless (cf 0: every expert's own count split in D parts, some counts
+    below D) and capped (cf < 0: the kept counts, dropped assignments get no row)."""
     gen = torch.Generator().manual_seed(T + E + D)
     logits = torch.randn(T, E, generator=gen).to(DEVICE).half()
-    cap = capacity_limit(cf, T, k, E)
-    idx, _, _, _, keep, _, kept, rows, source = choose_and_position(logits, k, cap, True, rows=True, chunks=D)
+    cap = capacity_limit(cf, T, k, E) if cf != 0 else None
+    idx, _, _, _, keep, _, kept, rows, source = choose_and_position(logits, k, cap, cf > 0, rows=True, chunks=D)
     want = route(logits, k, cf, forced=idx)
-    _mismatch(rows, comm.send_rows(want, comm.chunk_parts(torch.full_like(kept, cap), D), None), "send rows")
+    seg = torch.full_like(kept, cap) if cf > 0 else want.kept
+    _mismatch(rows, comm.send_rows(want, comm.chunk_parts(seg, D), None), "send rows")
     tokens = torch.arange(k * T, device=DEVICE) % T
     assert (source[rows[keep]] == tokens[keep]).all(), "source is not the inverse of rows"
-    unused = torch.ones(E * cap, dtype=torch.bool, device=DEVICE)
-    unused[rows[keep]] = False
-    _mismatch(source[unused], torch.full_like(source[unused], T), "unfilled source rows")
+    sent = int(seg.sum())
+    if cf <= 0:  # unpadded: the kept assignments fill the send buffer, one row each
+        assert sorted(rows[keep].tolist()) == list(range(sent)), "kept rows do not fill the send buffer"
+    else:
+        unused = torch.ones(sent, dtype=torch.bool, device=DEVICE)
+        unused[rows[keep]] = False
+        _mismatch(source[unused], torch.full_like(source[unused], T), "unfilled source rows")
 
 
-def test_chunked_send_rows_need_a_padded_buffer():
+def test_chunked_send_rows_need_rows():
     logits = torch.randn(8, 4).to(DEVICE)
-    with pytest.raises(ValueError, match="padded"):
-        choose_and_position(logits, 2, None, False, rows=True, chunks=2)
+    with pytest.raises(ValueError, match="rows=True"):
+        choose_and_position(logits, 2, None, False, rows=False, chunks=2)
 
 
 def test_forced_choices_pass_through():

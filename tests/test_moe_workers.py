@@ -11,6 +11,8 @@ CASES = [  # (dtype, capacity factor, overlap degree, replicated experts, routin
     (torch.float32, 1.0, 1, 2, "rand-skew"),  # one chunk: the replication kernels, padded send buffer
     (torch.bfloat16, 1.5, 2, 1, "randn"),
     (torch.float32, 0.5, 1, 0, "rand-skew"),  # padded, one chunk, drops: the static plan at any world size
+    (torch.float32, 0.0, 2, 0, "rand-skew"),  # dropless in chunks: the routing kernel's chunk-major send rows
+    (torch.float16, -0.5, 3, 0, "randn"),  # capped in chunks: the same with drops
 ]
 CASES_4 = [CASES[i] for i in (1, 2, 5, 7)]  # world size 4: chunks, capped + replication, padded kernels, static
 TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes

@@ -134,11 +134,14 @@ def _wait(cfg, phase: str, handles) -> None:
 
 class ExpertParallel(torch.autograd.Function):
     """(send [S, d], hot_x [H, d], expert weights) -> (back [S, d], hot_y [H, d]); `replicas` (a
-    replicas.Replicas or None) brings the hot experts' weights and takes their gradients home."""
+    replicas.Replicas or None) brings the hot experts' weights and takes their gradients home. Without
+    replicas hot_x and hot_y are None: no empty tensors to allocate, and no zero gradient for hot_y (the
+    gradients are not materialized: d_hot is None there)."""
 
     @staticmethod
     def forward(ctx, send, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, replicas):
         ctx.plan, ctx.cfg, ctx.hot_offsets, ctx.replicas, ctx.hot_saved = plan, cfg, hot_offsets, replicas, None
+        ctx.set_materialize_grads(False)
         R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
         x, x_c = _chunked(plan, R, send, d)
         waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
@@ -150,7 +153,7 @@ class ExpertParallel(torch.autograd.Function):
             with cfg.phase("experts"):
                 ffn_forward(x_c[i], c.offsets, w1, b1, w2, b2, cfg, out=(pre_c[i], act_c[i], y_c[i]))
             backs += _start(cfg, "combine", back_c[i:i + 1], y_c[i:i + 1], [c], inbound=False)
-        hot_y = hot_x.new_empty((0, d))
+        hot_y = None
         if replicas is not None:  # while the combine is in flight
             with cfg.phase("experts"):
                 rw = replicas.weights()
@@ -196,7 +199,8 @@ class ExpertParallel(torch.autograd.Function):
 def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
     """(d_hot_x, dw1, db1, dw2, db2) of the replicas' FFN; saved = (hot_x, pre, act, rw1, rw2)."""
     hot_x, pre, act, rw1, rw2 = saved
-    return ffn_backward(d_hot.contiguous(), (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
+    d_hot = torch.zeros_like(hot_x) if d_hot is None else d_hot.contiguous()  # hot_y unused: not materialized
+    return ffn_backward(d_hot, (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
 
 
 class ExpertFFN(torch.autograd.Function):

@@ -87,13 +87,14 @@ class MoELayer(nn.Module):
         shape = x.shape
         x2, weights = self._operands(x)
         with self.phase_hooks.phase("gate"):
-            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice)
+            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice,
+                                                     chunks=self.degree)
         with self.phase_hooks.phase("plan"):
             plan, dplan, send = self._step_plan(x2, routing, rows, source)
             self._tell_plan(routing, plan)
         if self.world_size == 1 and not plan.hot:
-            return self._local_experts(x2, send, weights, routing, plan, dplan).reshape(shape)
-        return self._experts(x2, send, weights, routing, plan, dplan).reshape(shape)
+            return _shaped(self._local_experts(x2, send, weights, routing, plan, dplan), shape)
+        return _shaped(self._experts(x2, send, weights, routing, plan, dplan), shape)
 
     def _tell_plan(self, routing, plan) -> None:
         """The plan hooks (not while torch.compile traces: a hook's side effects are not part of a graph)."""
@@ -104,7 +105,7 @@ class MoELayer(nn.Module):
         """(x2 [T, d], expert weights (w1, b1, w2, b2)). Under torch.autocast, in its dtype, as nn.Linear
         takes its operands there (fp32 master weights, 16-bit products; the gradients reach the parameters
         through the casts); as they are otherwise."""
-        x2, *weights = in_autocast_dtype(x.reshape(-1, x.shape[-1]), self.w1, self.b1, self.w2, self.b2)
+        x2, *weights = in_autocast_dtype(_shaped(x, (-1, x.shape[-1])), self.w1, self.b1, self.w2, self.b2)
         return x2, tuple(weights)
 
     def _step_plan(self, x2, routing, rows, source):
@@ -143,14 +144,13 @@ class MoELayer(nn.Module):
             return _Combine.apply(y, dplan.rows, routing.weights, routing.padded)
 
     def _kernel_rows(self) -> bool:
-        """Whether the routing kernels give the send rows: without replication, for one chunk, or for the
-        layer's chunks when the send buffer is padded (a fixed capacity: every chunk part has a fixed size)."""
-        return self.opts.replicate_hot == 0 and (self.degree == 1 or self.opts.capacity_factor > 0)
+        """Whether the routing kernels give the send rows (in the layer's chunks): without replication."""
+        return self.opts.replicate_hot == 0
 
-    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None):
+    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None, chunks: int = 1):
         """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows
         then also gives every assignment's row in the send buffer (-1: dropped; sorted by expert, chunk-major
-        with several chunks) and each row's token (`padded` to the capacity when cf > 0 unless told
+        in `chunks` chunks) and each row's token (`padded` to the capacity when cf > 0 unless told
         otherwise); else rows = source = None. choice: forced expert ids [T, k] or None."""
         logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
@@ -161,7 +161,7 @@ class MoELayer(nn.Module):
         # the weights (softmax over the k chosen logits, differentiable) come from the routing kernels
         padded = cf > 0 if padded is None else padded
         idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
-            logits, k, cap, padded, choice, rows=with_rows, chunks=self.degree if with_rows and padded else 1)
+            logits, k, cap, padded, choice, rows=with_rows, chunks=chunks if with_rows else 1)
         return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
 
     def _gate_logits(self, x2):
@@ -188,7 +188,7 @@ class MoELayer(nn.Module):
         rows = dplan.rows
         replicas = self._start_replicas(plan.hot, weights)
         send = self._send_buffer(x2, send, routing, plan, dplan)
-        hot_x = x2[:0]
+        hot_x = None  # no replicas: ExpertParallel takes and gives no replica rows
         if plan.hot:
             hot_total = sum(plan.kept[e] for e in plan.hot)
             hot_x = gather_tokens(x2, dplan.hot_rows, hot_total, False, dplan.hot_source)
@@ -201,6 +201,14 @@ class MoELayer(nn.Module):
                 hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows, -1)
                 where = torch.where(rows >= 0, rows, hot_where)
             return _Combine.apply(source, where, routing.weights, routing.padded)
+
+
+def _shaped(t, shape):
+    """t reshaped to `shape` (-1 allowed only first), or t itself where it has that shape already: a 2-D input
+    [T, d] then costs the step no view op forward and none backward (the step's host time is spent per op)."""
+    if t.dim() == len(shape) and all(n == -1 or n == m for n, m in zip(shape, t.shape)):
+        return t
+    return t.reshape(shape)
 
 
 def gather_tokens(x2, rows, total: int, padded: bool, source=None, out=None):

@@ -176,7 +176,8 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
             source=None, rank: int = 0) -> DevicePlan:
     """Everything of the plan that the device can build before the split sizes reach the host. Split
     sizes and offsets come from one kernel where Triton runs (kernels/moe_route.py), from tensor ops
-    otherwise; rows/source: the routing kernel's send rows and their tokens (one chunk, no replication).
+    otherwise; rows/source: the routing kernel's send rows and their tokens (no replication; chunk-major
+    in D chunks).
     With replication and one chunk, where Triton runs: one all_gather of the counts and the
     replication kernels (kernels/moe_hot.py) instead of an all_reduce, an all_to_all and ~40 ops."""
     import torch
@@ -194,18 +195,29 @@ def prepare(routing, world_size: int, degree: int, replicate_hot: int, group=Non
         seg = seg.masked_fill(hot_mask, 0)
         hot_r, hot_off = hot_rows(routing, hot_ids)
     got = exchange_counts(seg, group, world_size)
+    seg_is_kept = hot_ids is None and not routing.padded
+    small, offsets, offsets_all = _splits_and_offsets(seg, got, world_size, degree, seg_is_kept)
+    if rows is None:
+        rows = send_rows(routing, chunk_parts(seg, degree), hot_mask)
+    if small.numel() == 2 * degree * world_size:  # the split sizes alone: the kept counts (and hot ids) after
+        small = torch.cat([small, kept] if hot_ids is None else [small, kept, hot_ids])  # no hot ids: none to read
+    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, small, degree, world_size, source)
+
+
+def _splits_and_offsets(seg, got, world_size: int, degree: int, seg_is_kept: bool):
+    """(split sizes [2 * D * W], followed by seg [W * L] where seg_is_kept and the plan kernel runs: the start of
+    the host read without a concatenation; offsets [D, W * L + 1]; offsets_all [D * W * L + 1])."""
+    import torch
+
+    from kernels._common import use_triton
+
     if use_triton(seg):
         from kernels.moe_plan import plan_offsets
 
-        splits, offsets, offsets_all = plan_offsets(seg, got, world_size, degree)
-    else:
-        sent, got = chunk_parts(seg, degree), chunk_parts(got, degree)
-        splits = torch.stack([sent, got]).view(2, world_size, -1, degree).sum(2).transpose(1, 2).reshape(-1)
-        offsets, offsets_all = segment_offsets(got)
-    if rows is None:
-        rows = send_rows(routing, chunk_parts(seg, degree), hot_mask)
-    small = torch.cat([splits, kept] if hot_ids is None else [splits, kept, hot_ids])  # no hot ids: none to read
-    return DevicePlan(rows, hot_r, hot_off, offsets, offsets_all, small, degree, world_size, source)
+        return plan_offsets(seg, got, world_size, degree, seg_after=seg_is_kept)
+    sent, got = chunk_parts(seg, degree), chunk_parts(got, degree)
+    splits = torch.stack([sent, got]).view(2, world_size, -1, degree).sum(2).transpose(1, 2).reshape(-1)
+    return (splits, *segment_offsets(got))
 
 
 def _prepare_hot(routing, world_size: int, replicate_hot: int, group, rank: int) -> DevicePlan:

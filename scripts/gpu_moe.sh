@@ -22,7 +22,7 @@
 #   kernels     `qbench moe --kernels grouped` (one GPU): the TMA against the pointer grouped GEMM
 #   single      one GPU (world size 1): the compile / graph / sync-free GPU tests, then the seed config in
 #               every --exec mode (eager, compile, graph), dropless and with --capacity-factor 1.0:
-#               step_time against floor_ms, experts_tflops (eager phases), host_ms per mode
+#               step_ms against floor_ms, experts_tflops (eager phases), host_ms per mode
 #   threads     one GPU (world size 1), seed config, capacity 1.0: eager on both backward threads and graphed,
 #               RUNS runs of one command (results/moe-h200-ws1/backward-thread-8b96258), their medians at the end
 #   hostcut     issue 50's lines in one call (at most ~10 min): the seed config at world sizes SIZES (default
@@ -86,13 +86,13 @@ static_part() {
   local exchange=()
   if [ "$W" -gt 1 ]; then  # chunks overlap the exchange with the expert GEMMs: nothing to overlap at world size 1
     RUNS=1 TAG=static repeated static-overlap 110 110 --capacity-factor 1.0 --exec eager,graph --a2a-ffn-overlap-degree 1,2
-    exchange=(dispatch_time combine_time)
+    exchange=(dispatch_ms combine_ms)
   fi
-  summarize static step_time loop_step_time floor_ms plan_time experts_time backward_experts_time "${exchange[@]}" host_ms
+  summarize static step_ms floor_ms plan_ms experts_ms backward_experts_ms "${exchange[@]}" host_ms
 }
 replicated_part() {
   repeated replicated 150 110 --routing rand-skew --replicate-hot 0,2,4
-  summarize replicated step_time
+  summarize replicated step_ms
 }
 overlap_part() { moe overlap 200 --a2a-ffn-overlap-degree 1,2,4 --seed-format; }
 replicate_part() { moe replicate 240 --routing rand-skew --replicate-hot 0,2,4,6; }
@@ -132,9 +132,9 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     m, p = r["metrics"], r["params"]
-    floor, step = m.get("floor_ms"), m.get("step_time")
+    floor, step = m.get("floor_ms"), m.get("step_ms")
     ratio = f"{step / floor:.2f}x floor" if floor and step else "-"
-    print(f"cf={p['capacity_factor']} {p['exec']:8} {r['status']:8} step_time={step} floor_ms={floor} ({ratio}) "
+    print(f"cf={p['capacity_factor']} {p['exec']:8} {p.get('timing')} {r['status']:8} step_ms={step} floor_ms={floor} ({ratio}) "
           f"experts_tflops={m.get('experts_tflops')} host_ms={m.get('host_ms')} {r.get('error') or ''}")
 PY
   done
@@ -142,7 +142,7 @@ PY
 
 threads_part() {
   W=1 repeated ws1-thread 200 150 --capacity-factor 1.0 --exec eager,graph --backward-thread calling,device
-  BY=backward_thread summarize ws1-thread step_time loop_step_time host_ms experts_tflops
+  BY=backward_thread summarize ws1-thread step_ms host_ms experts_tflops
 }
 
 # tutel_site: build a carried Tutel source (.tutel/src, with its COMMIT file) into /tmp/tutel-site and put it on
@@ -187,7 +187,7 @@ hostcut_part() {
       dirs=("$OUT"/summary/runs/moe-hostcut-w"$w"-"$kind"-*)
       [ -d "${dirs[0]}" ] || continue
       across=(); [ "${#dirs[@]}" -gt 1 ] && across=(--across-runs median)
-      python3 -m qbench summary "${dirs[@]}" "${across[@]}" --metric step_time --metric loop_step_time \
+      python3 -m qbench summary "${dirs[@]}" "${across[@]}" --metric step_ms \
         --metric host_ms --metric 'host_*_ms' 2>&1 | tee -a "$OUT/hostcut.log"
     done
   done

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from qbench import units
 from qbench.metrics import Metric
+from qbench.metrics.common import TELEMETRY
 from qbench.model.search_hw import KEYS as SEARCH_PARTS  # the parts a power split divides the TDP into
 
 BENCH = "model"
@@ -45,4 +46,4 @@ SEARCH = (
     *(Metric(f"f_{part}", "of TDP", f"the {part} share of the power budget") for part in SEARCH_PARTS),
 )
 
-METRICS = (*CALIBRATE, *LSTM, *SEARCH)
+METRICS = (*CALIBRATE, *TELEMETRY, *LSTM, *SEARCH)  # calibrate records the clock and power of its kernels

@@ -112,14 +112,18 @@ def test_a_product_runs_at_its_calibrated_rate_over_whole_waves():
     assert "no switchback_int8 calibrated" in fallback.reason and "no " not in own.reason
 
 
-def test_the_clock_scales_compute_only_against_a_recorded_calibration_clock():
+def test_a_lower_clock_caps_compute_at_the_clock_scaled_peak_only_against_a_recorded_calibration_clock():
+    """fp16 calibrated at 500 T/s at 1980 MHz (peak 989): at 1485 MHz the peak is 742 T/s, still above the
+    calibrated rate, so nothing changes; at 495 MHz it is 247 T/s, and the product takes 500 / 247 as long."""
     args = (128 * 12, 4096, 256 * 11, "fp16")
     kw = dict(in_bytes=2, out_bytes=2, cublas="fp16")
     unknown = predict.matmul(*args, make_rates(), 990.0, **kw)
     at_full = predict.matmul(*args, make_rates(clock_mhz=1980.0), 1980.0, **kw)
-    at_half = predict.matmul(*args, make_rates(clock_mhz=1980.0), 990.0, **kw)
+    at_three_quarters = predict.matmul(*args, make_rates(clock_mhz=1980.0), 1485.0, **kw)
+    at_quarter = predict.matmul(*args, make_rates(clock_mhz=1980.0), 495.0, **kw)
     assert unknown.ms == at_full.ms and "clock not scaled" in unknown.reason
-    assert math.isclose(at_half.ms, 2 * at_full.ms, rel_tol=1e-12)
+    assert at_three_quarters.ms == at_full.ms
+    assert math.isclose(at_quarter.ms, at_full.ms * 500 / (989 * 495 / 1980), rel_tol=1e-12)
 
 
 def test_a_large_operand_is_read_once_per_wave_and_one_that_fits_in_l2_once():
@@ -152,7 +156,8 @@ def test_a_measurement_faster_than_the_hardware_bound_is_flagged():
 
 def test_a_calibration_file_gives_rates_per_kind_a_stream_fit_and_its_clock(tmp_path):
     path = tmp_path / "cal.yaml"
-    path.write_text(H200_CALIBRATION.read_text() + """\
+    # a calibration of cuBLAS alone (as the earlier files were), plus qbench's own kernels written here
+    path.write_text((ROOT / "tests" / "fixtures" / "calibration_h200_cublas_only.yaml").read_text() + """\
 - {op: matmul, kernel: switchback, dtype: int8, n: 8192, time_ms: 0.8, tops: 1374.4, sm_clock_mhz: 1700}
 - {op: quantize, kernel: quantize_rowwise, dtype: fp16, n: 1048576, time_ms: 0.0030, gbps: 1048.576}
 - {op: quantize, kernel: quantize_rowwise, dtype: fp16, n: 16777216, time_ms: 0.0180, gbps: 2796.2}

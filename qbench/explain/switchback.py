@@ -27,10 +27,12 @@ VARIANTS = {
 }
 
 
-# the calibrated pass each quantizer is predicted from: the weight's global quantizers, and for the passes that
-# write their input transposed (W^T, and fp8's per-feature G^T and X^T) the transposing one
-TRANSPOSING = {"quantize_w": "quantize_weight", "quantize_w_t": "quantize_weight_t",
-               "quantize_g_t": "quantize_weight_t", "quantize_x_t": "quantize_weight_t"}
+# the calibrated pass each quantizer is predicted from: the passes that write their input transposed (W^T, and
+# fp8's per-feature G^T and X^T) the transposing one; W itself the global weight quantizer where the variant
+# scales W globally (SwitchBack), else rowwise like X and G
+TRANSPOSING = {"quantize_w_t": "quantize_weight_t", "quantize_g_t": "quantize_weight_t",
+               "quantize_x_t": "quantize_weight_t"}
+GLOBAL_W = ("switchback",)
 
 
 def _sizes(params: Mapping) -> tuple[int, int, int, int]:
@@ -59,6 +61,8 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
     for name in quantizers:
         rows, cols = shapes[name.removeprefix("quantize_")]
         kind = TRANSPOSING.get(name, "quantize_rowwise")
+        if name == "quantize_w" and params["variant"] in GLOBAL_W:
+            kind = "quantize_weight"
         out[f"{name}_ms"] = stream(rows * cols * (e + 1) + rows * SCALE, kind, rates)
     return out
 

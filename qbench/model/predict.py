@@ -88,10 +88,10 @@ def matmul_bytes(m: float, k: float, n: float, in_bytes: float, out_bytes: float
 def matmul(m: float, k: float, n: float, kind: str, rates: Rates, clock_mhz: float | None, *,
            in_bytes: float, out_bytes: float, cublas: str, groups: int = 1) -> Prediction:
     """One product (or one grouped launch of `groups` products of the same shape, as the MoE experts): 2mkn
-    flops each at `kind`'s calibrated rate (falling back to cuBLAS's `cublas` kind), scaled by clock /
-    calibration clock (clock_scale), over whole waves of tiles; its bytes at the copy rate; at least a launch."""
+    flops each at `kind`'s calibrated rate (falling back to cuBLAS's `cublas` kind), capped by the peak at the
+    record's clock (clock_scale), over whole waves of tiles; its bytes at the copy rate; at least a launch."""
     rate, used = _rate(rates.matmul_tflops, kind, cublas)
-    scale, clock_text = clock_scale(clock_mhz, rates)
+    scale, clock_text = clock_scale(clock_mhz, rates, rate, cublas)
     eff = waves_efficiency(m, n, rates.sm_count, groups)
     flops = groups * 2 * m * k * n
     compute = flops / (rate * 1e12 * scale * eff) * 1e3
@@ -108,11 +108,17 @@ def matmul(m: float, k: float, n: float, kind: str, rates: Rates, clock_mhz: flo
                       bound)
 
 
-def clock_scale(clock_mhz: float | None, rates: Rates) -> tuple[float, str]:
-    """(record clock / calibration clock, how the reason says it); 1 where either clock is unknown."""
+def clock_scale(clock_mhz: float | None, rates: Rates, rate: float, cublas: str) -> tuple[float, str]:
+    """(factor on the calibrated `rate`, how the reason says it). A lower clock lowers what the SMs can issue,
+    the datasheet peak times record clock / calibration clock, not the calibrated rate itself: a product that
+    reached 71% of the peak at the calibration's clock was held back by more than its clock, and keeps its
+    rate until the clock-scaled peak falls below it. 1 where either clock is unknown."""
     if not clock_mhz or not rates.clock_mhz:
         return 1.0, "(clock not scaled: " + ("calibration" if clock_mhz else "record") + " has none)"
-    return clock_mhz / rates.clock_mhz, f"at {clock_mhz:.0f} / {rates.clock_mhz:.0f} MHz"
+    ceiling = rates.peak_tflops[cublas] * clock_mhz / rates.clock_mhz
+    if ceiling >= rate:
+        return 1.0, f"(peak at {clock_mhz:.0f} MHz: {ceiling:.0f} T/s, above it)"
+    return ceiling / rate, f"capped at the peak at {clock_mhz:.0f} / {rates.clock_mhz:.0f} MHz"
 
 
 def stream(bytes_moved: float, kind: str, rates: Rates) -> Prediction:
@@ -133,7 +139,7 @@ def work(flops: float, bytes_moved: float, kind: str, rates: Rates, clock_mhz: f
     """Work of no single product shape (a layer's pass, attention): flops at `kind`'s calibrated rate
     (clock-scaled) or bytes at the copy rate, whichever is longer, and at least a launch."""
     rate, used = _rate(rates.matmul_tflops, kind, cublas)
-    scale, clock_text = clock_scale(clock_mhz, rates)
+    scale, clock_text = clock_scale(clock_mhz, rates, rate, cublas)
     compute = flops / (rate * 1e12 * scale) * 1e3
     memory = bytes_moved / (rates.stream_gbps["copy"] * 1e6)
     bound = bound_ms(flops, bytes_moved, rates.peak_tflops[cublas] * 1e12, rates)

@@ -37,31 +37,3 @@ def direction(unit: str | None) -> int:
     if unit in HIGHER_IS_BETTER:
         return 1
     return 0
-
-
-# The dtype vocabulary lives in qbench.dtypes; its names stay importable from here for code written
-# before it moved.
-from qbench.dtypes import (  # noqa: E402, F401
-    ACTIVATION_DTYPES,
-    DTYPE_ALIASES,
-    DTYPE_BYTES,
-    canonical_dtype,
-    torch_dtype,
-)
-
-# Metric-name conventions shared by the benches: a suffix names the unit, a prefix the kind of ratio.
-_SUFFIXES = (("_ms", MS), ("_mb", MB), ("_tflops", TFLOPS), ("_tops", TOPS), ("_gbps", GBPS),
-             ("_over_int8", RATIO))
-_PREFIXES = (("speedup_", SPEEDUP), ("pct_saved_", PERCENT_SAVED), ("relerr_", REL_ERROR),
-             ("sm_clock_mhz_", MHZ), ("power_w_", WATTS), ("throttle_reasons_", FLAG))
-
-
-def by_name(name: str) -> str | None:
-    """The unit a metric's name declares by the shared conventions, or None (the bench decides)."""
-    for suffix, unit in _SUFFIXES:
-        if name.endswith(suffix):
-            return unit
-    for prefix, unit in _PREFIXES:
-        if name.startswith(prefix):
-            return unit
-    return None

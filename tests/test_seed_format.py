@@ -88,7 +88,8 @@ def test_every_committed_switchback_record_comes_back_from_its_tidy_records():
     root = Path(__file__).resolve().parent.parent / "results"
     stored = [json.loads(line) for path in sorted(root.rglob(store.RECORDS_FILE))
               for line in path.read_text().splitlines() if line.strip()]
-    wide_records = [r for r in stored if r.get("bench") == "switchback" and r.get("metrics")]
+    wide_records = [r for r in stored if r.get("bench") == "switchback" and r.get("metrics")
+                    and r.get("schema_version", 1) == 1]  # today's runs beside them are tidy already
     assert len(wide_records) > 100  # the reference runs are there: the walk checks what it claims
     for record in wide_records:
         parts = [{"params": params, "metrics": metrics} for params, metrics, _ in tidy(record["params"],

@@ -285,7 +285,10 @@ def test_gpu_readings_report_medians_and_nothing_without_a_reading():
     readings = GpuReadings("cpu")
     readings.clock_mhz, readings.power_w = [1980.0, 1590.0, 1605.0], [120.0, 690.0, 692.0]
     assert readings.metrics("graph") == {"sm_clock_mhz_graph": 1605.0, "power_w_graph": 690.0}
-    assert units.by_name("sm_clock_mhz_graph") == units.MHZ and units.by_name("power_w_graph") == units.WATTS
+    from qbench.metrics.common import TELEMETRY
+
+    declared = {m.name: m.unit for m in TELEMETRY}
+    assert declared["sm_clock_mhz"] == units.MHZ and declared["power_w"] == units.WATTS
     assert units.direction(units.MHZ) == units.direction(units.WATTS) == 0  # informative: no verdict
 
 

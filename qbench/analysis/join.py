@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from qbench import units
+from qbench.dtypes import canonical_dtype
 from qbench.store import case_id
 
 # Parameters benches added later, and the value every run made before them implicitly had: `exec`
@@ -25,7 +25,7 @@ def join_params(params: Mapping[str, Any]) -> dict[str, Any]:
     joined = {**PARAM_DEFAULTS, **params}
     if "dtype" in joined and joined["dtype"] is not None:
         try:
-            joined["dtype"] = units.canonical_dtype(joined["dtype"])
+            joined["dtype"] = canonical_dtype(joined["dtype"])
         except ValueError:
             pass  # a dtype qbench has no alias for (a seed's own name): joined as it is spelt
     return joined

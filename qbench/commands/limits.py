@@ -86,7 +86,7 @@ def _duration(seconds: float) -> str:
 def check_fragmented(config) -> None:
     """qbench fragmented: the largest layer's weights, their gradients and Adam's two moments (4 tensors of
     size x size in the widest dtype) must fit the device's free memory."""
-    from qbench.units import DTYPE_BYTES
+    from qbench.dtypes import DTYPE_BYTES
 
     size = max(config.sizes)
     needed = 4 * size * size * max(DTYPE_BYTES[d] for d in config.dtypes)
@@ -98,7 +98,7 @@ def check_moe(config) -> None:
     """qbench moe: per rank, the layer's input and output (samples x model_dim each) and its experts' two
     weights (model_dim x hidden_size each, per local expert), in the run's dtype; CPU ranks share this
     machine's memory, GPU ranks have one GPU each."""
-    from qbench.units import DTYPE_BYTES
+    from qbench.dtypes import DTYPE_BYTES
 
     experts = max(config.num_local_experts)
     per_rank = (2 * config.samples * config.model_dim + experts * 2 * config.model_dim * config.hidden_size)
@@ -113,7 +113,7 @@ def check_switchback(config, shapes) -> None:
     """qbench switchback (layer bench): the largest shape's input (M x in), weight (out x in) and output
     (M x out) in the activation dtype must fit the device's free memory (the int8 copies and gradients
     come on top)."""
-    from qbench.units import DTYPE_BYTES
+    from qbench.dtypes import DTYPE_BYTES
 
     def elements(s) -> int:
         return s.batch_size * s.dim_in + s.dim_out * s.dim_in + s.batch_size * s.dim_out

@@ -53,7 +53,7 @@ def measurements(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def seed_lines(records: list[dict]) -> list[str]:
     """The seeds' log lines for one measurement's records: [Benchmark] header, STEP-i lines, [Summary]. The
     dtype is spelled as the seeds print their torch dtype (float16), whatever alias the record uses."""
-    from qbench.units import torch_dtype
+    from qbench.dtypes import torch_dtype
 
     record = next(r for r in records if r["params"].get("timing", "per_step") == "per_step" and "rank" not in
                   r["params"])

@@ -27,6 +27,7 @@ from qbench.benches.moe.observe import Routed, last_plan, no_phase
 from qbench.benches.moe.steps import host_ms, host_phases, make_step, time_plain, time_steps
 from qbench.benches.moe.trace import trace_steps
 from qbench.dist import max_over_ranks
+from qbench.dtypes import torch_dtype
 from qbench.layers.moe import ExampleModel, MoELayer, MoEOptions, expert_parameter_names
 from qbench.layers.moe.reference import check_layer
 from qbench.layers.moe.routing import forced_choices, load_trace, locality_choices, make_input, parse_routing
@@ -34,7 +35,6 @@ from qbench.migration.moe import tidy
 from qbench.samples import drift_error
 from qbench.store import make_record
 from qbench.timing import backward_thread
-from qbench.units import torch_dtype
 
 HEAD_DIM = 64  # attention heads = model_dim / 64 (the usual head size)
 

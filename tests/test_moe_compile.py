@@ -18,7 +18,7 @@ NAMES = ("out", "dx", "w1", "b1", "w2", "b2", "gate.weight", "gate.bias")  # _st
 
 def _layer(cf: float, dtype, sizes=(16, 24, 3), hot: int = 0, degree: int = 2):
     d, h, L = sizes
-    opts = MoEOptions(d, h, L, 2, capacity_factor=cf, overlap_degree=degree, replicate_hot=hot)
+    opts = MoEOptions(d, h, L, 2, capacity_factor=cf, a2a_ffn_overlap_degree=degree, replicate_hot=hot)
     return MoELayer(opts, rank=0, world_size=1, dtype=dtype, device=DEVICE, seed=1)
 
 

@@ -57,7 +57,7 @@ def step_counts(ctx, cf, degree):
     """Rank body: (ops, launches, op names) of one eager step, the most of any rank."""
     from qbench.layers.moe import MoELayer, MoEOptions
 
-    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, capacity_factor=cf, overlap_degree=degree)
+    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, capacity_factor=cf, a2a_ffn_overlap_degree=degree)
     layer = MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=torch.float32, device="cpu", seed=2)
     gen = torch.Generator().manual_seed(ctx.rank)
     x, dy = torch.randn(TOKENS, DIM, generator=gen).requires_grad_(), torch.randn(TOKENS, DIM, generator=gen)

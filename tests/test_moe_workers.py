@@ -21,7 +21,7 @@ TOKENS, DIM, HIDDEN, LOCAL = 37, 16, 24, 3  # odd, non-power-of-two sizes
 def _layer(ctx, dtype, cf, degree, hot, seed=1):
     from qbench.layers.moe import MoELayer, MoEOptions
 
-    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, capacity_factor=cf, overlap_degree=degree, replicate_hot=hot)
+    opts = MoEOptions(DIM, HIDDEN, LOCAL, 2, capacity_factor=cf, a2a_ffn_overlap_degree=degree, replicate_hot=hot)
     return MoELayer(opts, rank=ctx.rank, world_size=ctx.world_size, dtype=dtype, device="cpu", seed=seed)
 
 

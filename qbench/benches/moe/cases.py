@@ -35,7 +35,7 @@ class Case:
 
 def cases(config: MoEBenchConfig) -> list[Case]:
     """The case grid; variant innermost so that a2a and blocks of one configuration sit together."""
-    grid = itertools.product(config.num_local_experts, config.overlap_degrees, config.replicate_hot,
+    grid = itertools.product(config.num_local_experts, config.a2a_ffn_overlap_degrees, config.replicate_hot,
                              config.routings, config.gemms, config.localities, config.variants)
     out: list[Case] = []
     for L, D, N, r, g, p, variant in grid:

@@ -39,7 +39,7 @@ class MoEBenchConfig:
     activation: str = "gelu"
     capacity_factor: float = 0.0
     fp32_gate: bool = False
-    overlap_degrees: tuple[int, ...] = (1,)
+    a2a_ffn_overlap_degrees: tuple[int, ...] = (1,)
     replicate_hot: tuple[int, ...] = (0,)
     routings: tuple[str, ...] = ("randn",)
     gemms: tuple[str, ...] = ("auto",)

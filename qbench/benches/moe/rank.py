@@ -203,9 +203,11 @@ def build(ctx, config, case: Case):
     """(model, moe layer, x, dy, choice) for one configuration on this rank: choice, the routing kind's
     forced expert ids [T, k] (or None: the gate routes), which the model (observe.Routed) passes on."""
     dtype = torch_dtype(config.dtype)
-    opts = MoEOptions(config.model_dim, config.hidden_size, case.num_local_experts, config.top_k,
-                      config.activation, config.capacity_factor, config.fp32_gate,
-                      case.a2a_ffn_overlap_degree, case.replicate_hot, case.gemm)
+    opts = MoEOptions(model_dim=config.model_dim, hidden_size=config.hidden_size,
+                      num_local_experts=case.num_local_experts, top_k=config.top_k, activation=config.activation,
+                      capacity_factor=config.capacity_factor, fp32_gate=config.fp32_gate,
+                      a2a_ffn_overlap_degree=case.a2a_ffn_overlap_degree, replicate_hot=case.replicate_hot,
+                      gemm=case.gemm)
     moe = _layer(ctx, config, case, opts, dtype)
     spec = parse_routing(case.routing)
     gen = torch.Generator(device=ctx.device).manual_seed(config.seed * 1009 + ctx.rank + 1)

@@ -58,7 +58,7 @@ class TutelLayer(nn.Module):
                    "hidden_size_per_expert": opts.hidden_size, "activation_fn": act}
         self.layer = tutel_moe.moe_layer(gate_type=gate, experts=experts, model_dim=opts.model_dim,
                                          scan_expert_func=lambda name, p: setattr(p, "expert", True),
-                                         a2a_ffn_overlap_degree=opts.overlap_degree,
+                                         a2a_ffn_overlap_degree=opts.a2a_ffn_overlap_degree,
                                          group=group).to(device=twin.w1.device, dtype=twin.w1.dtype)
         self.gate_weight.data = self.gate_weight.data.to(twin.gate.weight.dtype)  # fp32 with fp32_gate
         with torch.no_grad():

@@ -14,6 +14,6 @@ class MoEOptions:
     activation: str = "gelu"  # "gelu" | "relu"
     capacity_factor: float = 0.0  # > 0: padded capacity; 0: dropless; < 0: capped, unpadded (routing.py)
     fp32_gate: bool = False  # gate weights and logits in fp32
-    overlap_degree: int = 1  # D chunks pipelined through dispatch / experts / combine
+    a2a_ffn_overlap_degree: int = 1  # D chunks pipelined through dispatch / experts / combine
     replicate_hot: int = 0  # N hot experts computed locally on every rank
     gemm: str = "auto"  # grouped GEMM backend: auto | triton | torch | reference

@@ -47,7 +47,7 @@ from qbench.benches.moe.config import (
 )
 from qbench.benches.moe.metrics import floor_ms, full_flops, seed_flops, summarize
 from qbench.benches.moe.output import block_lines, measurements, seed_lines, table
-from qbench.benches.moe.validate import validate
+from qbench.benches.moe.validate import validate, validate_here
 from qbench.metrics.moe import VARIANTS
 
 __all__ = [
@@ -84,8 +84,7 @@ def run(config: MoEBenchConfig, done: frozenset[str] = frozenset()) -> Iterator[
     """Validate the resolved config now, then return the records' iterator (nothing runs until it is read)."""
     from qbench import dist
 
-    gpus = dist.visible_gpus() if config.device == "cuda" and dist.torchrun_env() is None else None
-    validate(config, gpus)
+    validate_here(config)
     if config.kernels is not None:
         from qbench.benches.moe import grouped
 

@@ -81,10 +81,9 @@ def measured_id(record: dict) -> str:
 def run(config, done: frozenset[str] = frozenset()):
     """The config validated now (usage errors before any record), then its records as run_cases gives them
     (nothing measured until they are read)."""
-    from qbench import dist
-    from qbench.benches.moe.validate import validate
+    from qbench.benches.moe.validate import validate_here
 
-    validate(config, dist.visible_gpus() if config.device == "cuda" else None)
+    validate_here(config)
     return run_cases(config)
 
 

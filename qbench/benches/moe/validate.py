@@ -8,6 +8,13 @@ from qbench.errors import QbenchUsageError
 from qbench.traces import check_trace_dir
 
 
+def validate_here(config: MoEBenchConfig) -> None:
+    """validate(config) against the GPUs this process may spawn ranks on (unknown under torchrun)."""
+    from qbench import dist
+
+    validate(config, dist.visible_gpus() if config.device == "cuda" and dist.torchrun_env() is None else None)
+
+
 def validate(config: MoEBenchConfig, visible_gpus: int | None = None) -> None:
     """visible_gpus: GPUs this process may spawn ranks on (None: not known, e.g. under torchrun)."""
     if config.device == "cuda" and visible_gpus is not None and config.world_size > visible_gpus:

@@ -63,3 +63,31 @@ def test_without_tutel_the_variant_is_a_one_line_usage_error():
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(None), timeout=120)
     assert proc.returncode == 2 and "--variant tutel needs Tutel importable" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_check_takes_the_experts_tutel_itself_chose():
+    """Tutel ranks softmax scores in the gate's dtype (ties in fp16 go either way), so the check records Tutel's
+    own choices: here a gate that sends token t to experts t % E and (t + 1) % E, which the recorder must give."""
+    site = _tutel_site()
+    if site is not None:
+        sys.path.insert(0, str(site))
+    import torch
+    from tutel import moe as tutel_moe
+
+    from qbench.benches.moe.tutel import tutel_choices
+
+    E, T = 4, 12
+    layer = tutel_moe.moe_layer(gate_type={"type": "top", "k": 2, "capacity_factor": 0.0}, model_dim=E,
+                                experts={"type": "ffn", "num_experts_per_device": E, "hidden_size_per_expert": 8,
+                                         "activation_fn": torch.relu})
+    with torch.no_grad():
+        layer.gates[0].wg.weight.copy_(torch.eye(E))
+    t = torch.arange(T)
+    x = torch.zeros(T, E)
+    x[t, t % E], x[t, (t + 1) % E] = 3.0, 2.0  # logits = x: top-2 are t % E, then (t + 1) % E
+    with tutel_choices() as chosen:
+        layer(x)
+    assert len(chosen) == 1 and chosen[0].tolist() == torch.stack([t % E, (t + 1) % E], 1).tolist()
+    from tutel.impls import moe_layer
+
+    assert moe_layer.extract_critical.__name__ == "extract_critical"  # restored after the block

@@ -6,16 +6,20 @@ bias zero (Tutel's gate has none), so that both compute the same function:
     gates[0].wg.weight [E, d] = gate.weight          experts.batched_fc1_w [L, h, d] = w1 [L, d, h] transposed
     experts.batched_fc1_bias [L, h] = b1             experts.batched_fc2_w [L, h, d] = w2
     experts.batched_fc2_bias [L, d] = b2
-and its output and gradients are checked against the dense fp32 reference of that twin layer (its routing:
-the twin's top-k of the same logits; Tutel normalizes the k chosen scores as qbench does, and qbench's
-capacity follows Tutel's). Tutel routes with its own gate: forced routings (uniform, zipf, trace, locality)
-and replication are qbench options, not Tutel's (validate.py refuses them).
+and its output and gradients are checked against the dense fp32 reference of that twin layer, over the
+experts Tutel chose (recorded from its extract_critical during the check): Tutel takes its top-k of the
+softmax scores in the gate's dtype, so in fp16 two experts whose logits differ by less than a score's
+rounding tie there and may go either way, while qbench's layer ranks the logits. Tutel normalizes the k
+chosen scores as qbench does, and qbench's capacity follows Tutel's. Tutel routes with its own gate: forced
+routings (uniform, zipf, trace, locality) and replication are qbench options, not Tutel's (validate.py refuses
+them).
 The record's params carry tutel_version (the installed distribution's) and tutel_commit (a COMMIT file next
 to the package, which scripts/gpu_moe.sh writes when it installs a carried source; "unknown" without it).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -94,20 +98,37 @@ def zero_gate_bias(twin) -> None:
         twin.gate.bias.zero_()
 
 
-def check_tutel(layer: TutelLayer, x, dy) -> CheckResult:
-    """Tutel's forward + backward against the dense reference of `twin` (same weights, routing from the twin's
-    gate on the same tokens). Rows conservation is Tutel's own affair: not counted here."""
-    from qbench.benches.moe.observe import last_plan
+@contextmanager
+def tutel_choices():
+    """Within the block, every forward of a Tutel moe_layer appends the experts it chose, [T, k] int64 (choice
+    j of token t at [t, j]), to the yielded list: Tutel's own extract_critical, wrapped for the duration."""
+    from tutel.impls import moe_layer
 
+    chosen, original = [], moe_layer.extract_critical
+
+    def recording(scores, *args, **kwargs):
+        crit, loss = original(scores, *args, **kwargs)
+        chosen.append(torch.stack([i.long() for i in crit[1]], dim=1))  # crit[1]: k tensors [T] of expert ids
+        return crit, loss
+
+    moe_layer.extract_critical = recording
+    try:
+        yield chosen
+    finally:
+        moe_layer.extract_critical = original
+
+
+def check_tutel(layer: TutelLayer, x, dy) -> CheckResult:
+    """Tutel's forward + backward against the dense reference of `twin` (same weights, over the experts Tutel
+    chose for these tokens). Rows conservation is Tutel's own affair: not counted here."""
     (twin,) = layer.twin
     for p in layer.parameters():
         p.grad = None
     xl = x.detach().clone().requires_grad_()
-    out = layer(xl)
+    with tutel_choices() as chosen:
+        out = layer(xl)
     out.backward(dy)
-    with torch.no_grad():
-        (routing, _), _ = last_plan(twin, lambda: twin(x))
-    ref_out, ref_dx, ref_gate, ref_experts, ref_dropped = reference(twin, x, dy, routing.idx)
+    ref_out, ref_dx, ref_gate, ref_experts, ref_dropped = reference(twin, x, dy, chosen[-1])
     errors = {"out": rel_error(out, ref_out), "dx": rel_error(xl.grad, ref_dx)}
     want = {"gate.weight": ref_gate[0], **dict(zip(("w1", "b1", "w2", "b2"), ref_experts))}
     errors.update({name: rel_error(got, want[name]) for name, got in layer.grads().items()})

@@ -148,7 +148,7 @@ def read_gpu_table(path: Path) -> list[GpuEvent]:
     """The rows of a kernel table written by write_gpu_table (or of one written before its `phase` column), or the
     events of the Chrome trace (.json.gz) it was made from; a file that is neither is a usage error."""
     if path.name.endswith(".json.gz"):
-        return gpu_events(_chrome_trace(path))
+        return gpu_events(read_chrome_trace(path))
     rows = list(csv.reader(read_text(path).splitlines()))
     if not rows or tuple(rows[0]) not in (COLUMNS, COLUMNS[:-1]):
         raise QbenchUsageError(f"{path} is not a kernel table of a --trace run (its header must be "
@@ -165,7 +165,8 @@ def read_gpu_table(path: Path) -> list[GpuEvent]:
     return events
 
 
-def _chrome_trace(path: Path) -> dict:
+def read_chrome_trace(path: Path) -> dict:
+    """The Chrome trace (.json.gz) a --trace run wrote; anything else is a usage error naming the file."""
     try:
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             trace = json.load(fh)

@@ -1,6 +1,7 @@
 """`qbench trace FILE.csv [...]`: where the GPU time of traced steps goes, from the kernel tables that
 `qbench moe`, `qbench fragmented` and `qbench switchback` write with `--trace DIR` (one CSV per rank and
-configuration), or from the Chrome traces (.json.gz) beside them."""
+configuration), or from the Chrome traces (.json.gz) beside them; with --host, where their host time goes (from
+the Chrome traces, which hold the CPU side)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ Examples:
   qbench trace results/moe-h200-ws1/trace-a1036c8/traces/*-rank0.csv --by phase
   qbench trace results/fragmented-h200-trace-d2f98b5/traces/fragmented-8192-b16-n8-train-bf16-device-rank0.json.gz
   qbench trace FILE.csv --top 10 --markdown
+  qbench trace FILE.json.gz --host                # each thread's host ops, Python between them, waits
 """
 
 
@@ -24,14 +26,22 @@ Examples:
               help="Sum by kernel (and the phase it was launched in) or by phase.")
 @click.option("--top", type=click.IntRange(min=1), default=25, show_default=True,
               help="Rows shown, largest first; the rest are summed in one row.")
+@click.option("--host", is_flag=True,
+              help="Host time instead: each thread's top-level ops (with their phase) and its time between them "
+                   "(Chrome traces only).")
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
-def command(files, by, top, fmt) -> None:
+def command(files, by, top, host, fmt) -> None:
     """Per traced step: the GPU time (ms, durations summed over streams), calls and share of each kernel
     (with the phase the host launched it in) or of each phase, largest first, and the total. FILES are kernel
-    tables (.csv) or the Chrome traces (.json.gz) they were made from."""
+    tables (.csv) or the Chrome traces (.json.gz) they were made from. With --host, per traced step the host
+    time of each thread's top-level ops, Python between them and waits on other threads, by op or by phase."""
     from pathlib import Path
 
     from qbench.traces import gpu_totals, read_gpu_table
+
+    if host:
+        _show_host(files, by, top, fmt)
+        return
 
     tables = [(path, *gpu_totals(read_gpu_table(Path(path)), by)) for path in files]  # all read before printing
     for i, (path, totals, steps) in enumerate(tables):
@@ -86,3 +96,43 @@ def _markdown(headers, rows, caption: str) -> str:
     from qbench.report import markdown_table
 
     return "\n".join(markdown_table(headers, rows)) + f"\n\n{caption}\n"
+
+
+def _show_host(files, by: str, top: int, fmt) -> None:
+    from pathlib import Path
+
+    from qbench.host_trace import host_totals
+    from qbench.traces import read_chrome_trace
+
+    for path in files:
+        if not path.endswith(".json.gz"):
+            raise click.UsageError(f"--host reads the Chrome trace (.json.gz) beside {path}: a kernel table holds "
+                                   "no host time")
+    tables = [(path, *host_totals(read_chrome_trace(Path(path)), by)) for path in files]
+    for i, (path, totals, steps, step_ms) in enumerate(tables):
+        headers, rows = _host_rows(totals, by, top, step_ms)
+        caption = (f"{path}: {steps} traced steps (the first left out: it pays the profiler's start); per step, "
+                   "each thread's top-level host ops, its time between them and its waits on other threads' ops; "
+                   "shares of the step; the profiler lengthens every op a little (host_ms is the measurement)")
+        if fmt == "markdown":
+            sys.stdout.write(("\n" if i else "") + _markdown(headers, rows, caption))
+        else:
+            _print(headers, rows, caption)
+
+
+def _host_rows(totals, by: str, top: int, step_ms: float) -> tuple[list[str], list[list[str]]]:
+    from qbench.host_trace import short_op_name
+
+    def cells(thread, name, phase, calls, ms, share, per_call):
+        first = [thread, phase] if by == "phase" else [thread, name, phase]
+        return first + [f"{calls:.4g}", f"{ms:.4g}", f"{100 * share:.3g}%", per_call]
+
+    rows = [cells(t.thread, short_op_name(t.name), t.phase, t.calls, t.ms, t.share, f"{t.us_per_call:.4g}")
+            for t in totals[:top]]
+    rest = totals[top:]
+    if rest:
+        rows.append(cells("", f"({len(rest)} more)", "", sum(t.calls for t in rest), sum(t.ms for t in rest),
+                          sum(t.share for t in rest), ""))
+    rows.append(cells("step", "the calling thread's range", "", 1, step_ms, 1.0, ""))
+    headers = ["thread", "phase"] if by == "phase" else ["thread", "host op", "phase"]
+    return headers + ["calls", "ms", "share", "us/call"], rows

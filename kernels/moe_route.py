@@ -142,6 +142,14 @@ def _chunked_row(choice, pos, e, sizes, CHUNKS: tl.constexpr):
     return before + (pos - start)
 
 
+def io_bytes(tokens: int, experts: int, k: int, elem: int) -> int:
+    """Bytes the two routing launches read and write with send rows: the logits [T, E] (elem bytes each); per
+    assignment the int64 id, position, expert, send row and source token, the fp32 weight and the keep flag
+    (the per-block histogram, a few kB, left out). What `qbench model calibrate` rates the kernels by and
+    `qbench explain` predicts them from."""
+    return tokens * experts * elem + tokens * k * (5 * 8 + 4 + 1)
+
+
 def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=None, rows: bool = False,
                         chunks: int = 1):
     """Routing of one step: (idx [T, k], weights [T, k] fp32, flat_e, pos, keep [kT], counts, kept [E],

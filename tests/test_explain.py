@@ -229,10 +229,13 @@ def test_calibrate_measures_qbench_own_kernels_beside_cublas(tmp_path, capsys):
     _, records = store.load_run(tmp_path / "run")
     ok = {(r["params"]["op"], r["params"].get("kernel")) for r in records if r["status"] == "ok"}
     assert {("matmul", "cublas"), ("matmul", "switchback"), ("quantize", "quantize_rowwise"),
-            ("quantize", "quantize_weight"), ("quantize", "quantize_weight_t"), ("cast", "cast")} <= ok
+            ("quantize", "quantize_weight"), ("quantize", "quantize_weight_t"), ("cast", "cast_int8"),
+            ("epilogue", "int8_epilogue"), ("route", "moe_route")} <= ok
     r = rates.from_file(cal, hardware.preset("h200"))
     assert r.matmul_tflops["switchback_int8"] > 0 and r.matmul_tflops["fp32"] > 0
-    assert {"copy", "cast", "quantize_rowwise", "quantize_weight", "quantize_weight_t"} <= set(r.stream_gbps)
+    assert {"copy", "cast_int8", "int8_epilogue", "moe_route", "quantize_rowwise", "quantize_weight",
+            "quantize_weight_t"} <= set(r.stream_gbps)
+    assert r.stream_latency_ms["moe_route"] >= 0  # two routing shapes: a fixed time and a rate fitted
 
 
 def test_limit_of_names_the_binding_limit_of_a_record_and_power_where_the_clock_was_capped():

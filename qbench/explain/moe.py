@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kernels.moe_route import io_bytes
 from qbench.model.predict import Prediction, Rates, chain, matmul, stream, transfer, with_host
 
 INDEX_BYTES = 4  # an int32 token index per routed row
@@ -25,6 +26,7 @@ def _rows(params: Mapping, metrics: Mapping) -> float:
 
 
 def phases(params: Mapping, metrics: Mapping, rates: Rates) -> dict[str, Prediction]:
+    """The forward's phases and the backward's expert part (backward_experts_ms) of the busiest rank."""
     n, dtype = int(params["world_size"]), str(params["dtype"])
     d, h, T, k = params["model_dim"], params["hidden_size"], params["samples"], params["top_k"]
     e = 4 if dtype == "fp32" else 2
@@ -32,40 +34,107 @@ def phases(params: Mapping, metrics: Mapping, rates: Rates) -> dict[str, Predict
     experts = int(params["num_local_experts"])
     per_expert = rows / experts
 
-    def product(m, kk, nn, groups=1):
-        return matmul(m, kk, nn, dtype, rates, clock, in_bytes=e, out_bytes=e, cublas=dtype, groups=groups)
+    def product(m, kk, nn, groups=1, kind=dtype):
+        return matmul(m, kk, nn, kind, rates, clock, in_bytes=e, out_bytes=e, cublas=dtype, groups=groups)
+
+    def grouped(m, kk, nn, kind="grouped"):  # qbench's grouped kernels, one launch over the local experts
+        return product(m, kk, nn, experts, f"{kind}_{dtype}")
 
     sent = float(metrics.get("sent_rows") or T * k)
     exchange = chain({"permute": stream(2 * sent * d * e, "copy", rates),
                       "all_to_all": transfer(sent * d * e, n, rates)})
-    # the local experts' products as one grouped launch each (up: rows x d -> h, down: rows x h -> d)
-    up, down = product(per_expert, d, h, experts), product(per_expert, h, d, experts)
-    # the gate: its product, then softmax and top-k over the T x E scores (read once, k ids and weights written)
-    scores = stream(T * n * experts * e + T * k * (INDEX_BYTES + e), "copy", rates)
-    return {"gate_ms": chain({"product": product(T, d, n * experts), "top_k": scores}),
+    # the gate: its product, then the routing launches over the T x E logits (top-k, weights, positions and send
+    # rows: kernels/moe_route.py), at their calibrated rate (the copy rate where the calibration has none)
+    route = stream(io_bytes(T, n * experts, k, e), "moe_route", rates)
+    activation = rows * h * e  # bytes of one [rows, h] tensor: gelu reads one and writes one, its backward 3
+    forward = {"up": grouped(per_expert, d, h), "activation": stream(2 * activation, "gelu", rates),
+               "down": grouped(per_expert, h, d)}
+    input_grad = {"down_t": grouped(per_expert, d, h), "activation": stream(3 * activation, "gelu_backward", rates),
+                  "up_t": grouped(per_expert, h, d)}
+    weight_grad = {"down": grouped(h, per_expert, d, "grouped_wgrad"), "up": grouped(d, per_expert, h, "grouped_wgrad")}
+    return {"gate_ms": chain({"product": product(T, d, n * experts), "route": route}),
             "plan_ms": stream(T * k * INDEX_BYTES * 2, "copy", rates),
             "dispatch_ms": exchange,
-            "experts_ms": chain({"up": up, "activation": stream(2 * rows * h * e, "copy", rates), "down": down}),
-            "combine_ms": exchange}
+            "experts_ms": chain(forward),
+            "combine_ms": exchange,
+            "backward_experts_ms": chain({"input_grad": chain(input_grad), "weight_grad": chain(weight_grad)}),
+            "backward_gate": chain({"dx": product(T, n * experts, d), "dw": product(d, T, n * experts)})}
 
 
 def predict(record: Mapping, rates: Rates) -> dict[str, Prediction]:
     """Forward = gate + plan + dispatch + experts + combine (overlapped with degree > 1: the exchanges run
-    under the experts); backward = both exchanges again and twice the expert and gate products."""
+    under the experts); backward = both exchanges again, the experts' input and weight gradients, the gate's.
+    Tutel's layer (variant tutel) runs kernels of its own, which the calibration does not measure: not predicted."""
     params, metrics = record["params"], record["metrics"]
+    if params.get("variant") == "tutel":
+        return {}
     out = phases(params, metrics, rates)
     overlap = int(params.get("a2a_ffn_overlap_degree") or 1) > 1
     fwd = _forward(out, overlap)
-    # input and weight gradients: each twice the forward products' flops, in as many grouped launches
-    bwd_experts = chain({"input_grad": out["experts_ms"], "weight_grad": out["experts_ms"]})
-    bwd = chain({"gate": chain({"dx": out["gate_ms"], "dw": out["gate_ms"]}), "experts": bwd_experts,
-                 "exchange": chain({"dispatch": out["dispatch_ms"], "combine": out["combine_ms"]})})
-    out.update(forward_ms=fwd, backward_ms=bwd, backward_experts_ms=bwd_experts,
-               backward_exchange_ms=chain({"dispatch": out["dispatch_ms"], "combine": out["combine_ms"]}))
-    step = fwd if params.get("eval") else chain({"forward": fwd, "backward": bwd})
-    eager = params.get("exec", "eager") == "eager" and params.get("timing", "per_step") == "per_step"
-    out["step_ms"] = with_host(step, metrics.get("host_ms") if eager else None)
+    exchange = chain({"dispatch": out["dispatch_ms"], "combine": out["combine_ms"]})
+    bwd = chain({"gate": out.pop("backward_gate"), "experts": out["backward_experts_ms"], "exchange": exchange})
+    out.update(forward_ms=fwd, backward_ms=bwd, backward_exchange_ms=exchange)
+    step = fwd if params.get("eval") else chain({"forward": fwd, "backward": bwd, "optimizer": _sgd(params, rates)})
+    out["step_ms"] = step
+    if params.get("exec", "eager") == "eager" and params.get("timing", "per_step") == "per_step":
+        return _waiting_on_the_host(out, metrics)
     return out
+
+
+def _sgd(params: Mapping, rates: Rates) -> Prediction:
+    """The step's SGD update (qbench moe: learning rate 0, no momentum) over this rank's parameters: each read
+    with its gradient and written back (3 passes of e bytes per parameter), at the copy rate."""
+    d, h, e = params["model_dim"], params["hidden_size"], 4 if params["dtype"] == "fp32" else 2
+    experts = int(params["num_local_experts"])
+    count = experts * (2 * d * h + h + d) + (d + 1) * experts * int(params["world_size"])
+    return stream(3 * count * e, "copy", rates)
+
+
+FORWARD = ("gate_ms", "plan_ms", "dispatch_ms", "experts_ms", "combine_ms")  # the forward's phases, in order
+BACKWARD = ("backward_exchange_ms", "backward_experts_ms")
+
+
+def _waiting_on_the_host(out: dict[str, Prediction], metrics: Mapping) -> dict[str, Prediction]:
+    """An eager step as the GPU runs it behind the host. A phase's events are recorded as the host reaches them,
+    so a phase lasts from when both the host has reached it and the GPU has finished the work before it, to when
+    both the host has issued it (host_<phase>_ms: the record's host time of each call, a measured input like its
+    clock) and the GPU has run it. The forward starts on an idle GPU; the backward behind what the forward left
+    queued. A phase's host time that no inner phase holds (host_forward_ms less its phases', ...) is issued first."""
+    timed = dict(out)
+    fwd, ready = _timeline("forward_ms", FORWARD, out, metrics, 0.0, 0.0)
+    bwd, _ = _timeline("backward_ms", BACKWARD, out, metrics, *ready)
+    timed.update(fwd)
+    timed.update(bwd)
+    timed["step_ms"] = with_host(out["step_ms"], metrics.get("host_ms"))
+    return timed
+
+
+def _timeline(whole: str, names: tuple[str, ...], out: Mapping[str, Prediction], metrics: Mapping, host: float,
+              gpu: float) -> tuple[dict[str, Prediction], tuple[float, float]]:
+    """({phase: Prediction} of `whole` and its phases `names` run as the module docstring says, from host clock
+    `host` and a GPU busy until `gpu` (ms); (host, gpu) at the end)."""
+    inner = [n for n in names if n in out]
+    issued = {n: float(metrics.get(f"host_{n}") or 0.0) for n in inner}
+    rest_host = max(0.0, float(metrics.get(f"host_{whole}") or 0.0) - sum(issued.values()))
+    rest_gpu = max(0.0, out[whole].ms - sum(out[n].ms for n in inner))
+    start = max(host, gpu)
+    host, gpu = host + rest_host, max(host + rest_host, start + rest_gpu)  # the untracked part first
+    timed = {}
+    for n in inner:
+        begin = max(host, gpu)
+        host += issued[n]
+        gpu = max(host, begin + out[n].ms)
+        timed[n] = _behind(out[n], gpu - begin, host == gpu and issued[n] > out[n].ms)
+    timed[whole] = _behind(out[whole], gpu - start, host == gpu and host - start > out[whole].ms)
+    return timed, (host, gpu)
+
+
+def _behind(gpu: Prediction, ms: float, host_bound: bool) -> Prediction:
+    """The phase's GPU prediction lasting `ms` as the host lets it: host-bound where the host's issuing ends it."""
+    if host_bound:
+        return Prediction(ms, "host", f"the host issues it after {ms:.3f} ms, the GPU needs {gpu.ms:.3f} ms",
+                          gpu.bound_ms)
+    return Prediction(ms, gpu.limit, gpu.reason, gpu.bound_ms, gpu.path)
 
 
 def _forward(p: Mapping[str, Prediction], overlap: bool) -> Prediction:

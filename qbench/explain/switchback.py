@@ -22,7 +22,7 @@ VARIANTS = {
     "int8_cublas": ("int8", None, "int8", _ROWWISE),
     "fp8": ("switchback_fp8", None, "fp8", _ROWWISE),
     "fp8_all": ("switchback_fp8", "switchback_fp8", "fp8", (*_ROWWISE, "quantize_g_t", "quantize_x_t")),
-    "fp8_cublas": ("fp8", None, "fp8", _ROWWISE),
+    "fp8_cublas": ("cublas_rowwise_fp8", None, "fp8", _ROWWISE),
     "torchao": ("fp8", "fp8", "fp8", ("quantize_x", "quantize_g", "quantize_w", "quantize_x_t", "quantize_g_t")),
 }
 
@@ -42,7 +42,7 @@ def _sizes(params: Mapping) -> tuple[int, int, int, int]:
 
 def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[str, Prediction]:
     """{component metric: Prediction} of the kernels the record's variant runs (fwd, bwd or gx, gw, its
-    quantizers; the 16-bit variant also its fp32 -> 16-bit casts, timed beside but not in its step)."""
+    quantizers; the 16-bit variant also its int8 casts, timed beside but not in its step)."""
     M, K, N, e = _sizes(params)
     dtype = params.get("dtype", "fp16")
     low, gw_kind, cublas, quantizers = VARIANTS[params["variant"]]
@@ -51,6 +51,9 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
                "gx_ms": matmul(M, N, K, dtype, rates, clock_mhz, in_bytes=e, out_bytes=e, cublas=dtype)}
     elif params["variant"] == "int8_cublas":
         out = {"fwd_ms": _int_mm(M, K, N, e, rates, clock_mhz), "bwd_ms": _int_mm(M, N, K, e, rates, clock_mhz)}
+    elif params["variant"] == "fp8_cublas":
+        out = {"fwd_ms": _scaled_mm(M, K, N, dtype, rates, clock_mhz),
+               "bwd_ms": _scaled_mm(M, N, K, dtype, rates, clock_mhz)}
     else:
         out = {"fwd_ms": matmul(M, K, N, low, rates, clock_mhz, in_bytes=1, out_bytes=e, cublas=cublas),
                "bwd_ms": matmul(M, N, K, low, rates, clock_mhz, in_bytes=1, out_bytes=e, cublas=cublas)}
@@ -69,15 +72,27 @@ def components(params: Mapping, rates: Rates, clock_mhz: float | None) -> dict[s
 
 def _int_mm(m: int, k: int, n: int, e: int, rates: Rates, clock_mhz: float | None) -> Prediction:
     """int8_cublas's product: torch._int_mm writing int32 [m, n], then its dequantizing epilogue as three torch
-    passes (int32 x row scale -> fp32, x column scale in place, -> the layer dtype: 8 + 8 + 4 + e bytes)."""
+    passes (int32 x row scale -> fp32, x column scale in place, -> the layer dtype: 8 + 8 + 4 + e bytes) at
+    the calibrated rate of those passes (int8_epilogue; the copy rate where the calibration has none)."""
     return chain({"int_mm": matmul(m, k, n, "int8", rates, clock_mhz, in_bytes=1, out_bytes=4, cublas="int8"),
-                  "epilogue": stream(m * n * (20 + e), "copy", rates)})
+                  "epilogue": stream(m * n * (20 + e), "int8_epilogue", rates)})
+
+
+def _scaled_mm(m: int, k: int, n: int, dtype: str, rates: Rates, clock_mhz: float | None) -> Prediction:
+    """fp8_cublas's product: torch._scaled_mm with rowwise scales (calibrated as cublas_rowwise_fp8; cuBLAS's
+    tensor-scaled fp8 rate where the calibration has none) writing bf16 [m, n], then, for a layer of another
+    dtype, its cast (read 2, write the layer's bytes per element)."""
+    product = matmul(m, k, n, "cublas_rowwise_fp8", rates, clock_mhz, in_bytes=1, out_bytes=2, cublas="fp8")
+    if dtype == "bf16":
+        return product
+    return chain({"scaled_mm": product, "cast": stream(m * n * (2 + (4 if dtype == "fp32" else 2)), "copy", rates)})
 
 
 def casts(params: Mapping, rates: Rates) -> dict[str, Prediction]:
-    """The fp32 -> 16-bit casts the 16-bit variant times beside its products (read 4, write e bytes)."""
+    """The `.to(torch.int8)` casts of X, G and W the 16-bit variant times beside its products (read e, write 1
+    byte), at the calibrated rate of that cast (cast_int8; the copy rate where the calibration has none)."""
     M, K, N, e = _sizes(params)
-    return {f"cast_{n}_ms": stream(r * c * (4 + e), "cast", rates) for n, (r, c) in
+    return {f"cast_{n}_ms": stream(r * c * (e + 1), "cast_int8", rates) for n, (r, c) in
             {"x": (M, K), "g": (M, N), "w": (N, K)}.items()}
 
 

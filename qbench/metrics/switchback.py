@@ -26,9 +26,9 @@ COMPONENTS = {
     "quantize_w_t": "quantize W transposed, for the grad-input product",
     "quantize_g_t": "quantize G^T per output feature (fp8 grad-weight)",
     "quantize_x_t": "quantize X^T per input feature (fp8 grad-weight)",
-    "cast_x": "cast X from fp32 to the layer dtype",
-    "cast_g": "cast G from fp32 to the layer dtype",
-    "cast_w": "cast W from fp32 to the layer dtype",
+    "cast_x": "X.to(int8): a plain cast, the memory-bound reference bitsandbytes times",
+    "cast_g": "G.to(int8): a plain cast, the memory-bound reference bitsandbytes times",
+    "cast_w": "W.to(int8): a plain cast, the memory-bound reference bitsandbytes times",
 }
 PRODUCTS = ("fwd", "bwd", "gx", "gw")
 # host time of each call an eager step makes (benches/switchback/host_calls.py)

@@ -98,7 +98,7 @@ def _fp8_ops(ops, variants, q: dict) -> dict:
     return fns
 
 
-def _scaled_mm(a, sa, b, sb, out_dtype):
+def scaled_mm_rowwise(a, sa, b, sb, out_dtype):
     """torch._scaled_mm of A [M, K] fp8 (multipliers sa [M]) and B [N, K]^T fp8 (multipliers sb [N]): bf16
     out (what its rowwise mode writes), cast to out_dtype."""
     import torch
@@ -109,18 +109,25 @@ def _scaled_mm(a, sa, b, sb, out_dtype):
 
 def _fp8_cublas_ops(ops, q: dict) -> dict:
     dt = ops.dtype
-    return {"fp8_cublas_fwd": lambda: _scaled_mm(*q["x"], *q["w"], dt),
-            "fp8_cublas_bwd": lambda: _scaled_mm(*q["g"], *q["w_t"], dt)}
+    return {"fp8_cublas_fwd": lambda: scaled_mm_rowwise(*q["x"], *q["w"], dt),
+            "fp8_cublas_bwd": lambda: scaled_mm_rowwise(*q["g"], *q["w_t"], dt)}
+
+
+INT8_SCALE = 1.0 / (127.0 * 127.0)  # both operands' scales are max/127 multipliers
+
+
+def dequantize_int32(acc, sa, sb, out_dtype):
+    """The int8 peer's epilogue as torch ops: int32 products [M, N] x row scales sa [M] x column scales sb [N]
+    -> out_dtype (three passes: 4 + 4, 4 + 4 and 4 + 2 bytes per element read + written, 16-bit out)."""
+    return (acc * sa[:, None]).mul_(sb[None, :] * INT8_SCALE).to(out_dtype)
 
 
 def _int8_cublas_ops(ops) -> dict:
     import torch
 
-    inv = 1.0 / (127.0 * 127.0)
-
     def matmul(a, sa, b, sb):
         acc = torch._int_mm(a, b.t())  # [M, N'] int32; b [N', K'] row-major = column-major operand
-        return (acc * sa[:, None]).mul_(sb[None, :] * inv).to(ops.dtype)
+        return dequantize_int32(acc, sa, sb, ops.dtype)
 
     q = ops.q
     return {

@@ -27,7 +27,7 @@
 #               RUNS runs of one command (results/moe-h200-ws1/backward-thread-8b96258), their medians at the end
 #   hostcut     issue 50's lines in one call (at most ~10 min): the seed config at world sizes SIZES (default
 #               "4 2 1", those the GPUs allow), --a2a-ffn-overlap-degree 1,2, eager dropless and capacity 1.0
-#               eager + graph, RUNS runs each (run-major: a call cut short by HOSTCUT_S keeps runs of every
+#               eager + graph (degree 1 alone at world size 1), RUNS runs each (run-major: a call cut short by HOSTCUT_S keeps runs of every
 #               world size), with --system tutel beside where a carried Tutel source (.tutel/src, git-ignored;
 #               `carry` it) builds; every run in $OUT/hostcut.tar, medians per world size at the end of hostcut.log;
 #               run 1's dropless steps also profiled (--trace: per-rank timelines with the phases, in runs.tar.gz)
@@ -160,7 +160,7 @@ tutel_site() {
 }
 
 hostcut_part() {
-  local start=$SECONDS gpus run w sizes=() trace
+  local start=$SECONDS gpus run w sizes=() trace degrees
   gpus=$(nvidia-smi -L | wc -l)
   for w in ${SIZES:-4 2 1}; do [ "$w" -le "$gpus" ] && sizes+=("$w"); done
   tutel_site
@@ -174,10 +174,11 @@ hostcut_part() {
         break 2
       fi
       trace=(); [ "$run" = 1 ] && trace=(--trace "$OUT/runs/trace-w$w")  # CPU + CUDA activity of 3 steps
+      degrees=1,2; [ "$w" = 1 ] && degrees=1  # one rank exchanges nothing: its step has one chunk whatever D
       W=$w TAG=hostcut RUNS=1 repeated "hostcut-w$w-dropless-$run" 120 120 --system "$SYSTEMS" \
-        --a2a-ffn-overlap-degree 1,2 --exec eager "${trace[@]}"
+        --a2a-ffn-overlap-degree "$degrees" --exec eager "${trace[@]}"
       W=$w TAG=hostcut RUNS=1 repeated "hostcut-w$w-cap1-$run" 120 120 --system "$SYSTEMS" \
-        --a2a-ffn-overlap-degree 1,2 --capacity-factor 1.0 --exec eager,graph
+        --a2a-ffn-overlap-degree "$degrees" --capacity-factor 1.0 --exec eager,graph
     done
   done
   mkdir -p "$OUT/summary" && tar -xf "$OUT/hostcut.tar" -C "$OUT/summary"

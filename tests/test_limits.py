@@ -1,5 +1,5 @@
 """The binding limit where users look: `qbench summary --limits` (per cell, the limit of that metric's prediction
-for its record). Every expectation is computed from the model
+for its record) and the bench tables (per row). Every expectation is computed from the model
 (qbench.explain.predictions on the calibration of the run's GPU), never written down."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
 SWITCHBACK = RESULTS / "switchback-h200-modes-c4c2232" / "run1"
 FRAGMENTED = [RESULTS / "fragmented-h200-clocks-797e89f" / f"run{i}" for i in (1, 2, 3)]
+MOE = RESULTS / "moe-h200-ws1" / "threads-797e89f" / "run1"
+BLOCK = RESULTS / "switchback-h200-model" / "vit-h-all" / "run1"
 CAPPED = RESULTS / "tidy-ab-h200-ea182f0" / "switchback" / "new1"  # every record's clock held by the power cap
 TRAIN_CHECK = RESULTS / "switchback-h200-model" / "train-check"
 
@@ -185,10 +187,14 @@ def test_a_ratio_cell_shows_the_limit_of_the_record_divided():
 
 def test_a_cpu_run_shows_no_limits_and_the_legend_says_why(tmp_path, capsys):
     out = tmp_path / "cpu"
-    code, _, err = run_qbench(capsys, ["fragmented", "--device", "cpu", "--sizes", "64", "--batch-sizes", "1",
-                                           "--fragments", "2", "--tasks", "train", "--steps", "1", "--warmup", "0",
-                                           "--out", out])
+    code, table, err = run_qbench(capsys, ["fragmented", "--device", "cpu", "--sizes", "64", "--batch-sizes", "1",
+                                           "--fragments", "2", "--tasks", "train", "--steps", "1", "--warmup",
+                                           "0", "--out", out])
     assert code == 0, err
+    last = table[table.rindex("\u2503 limit"):]  # the (last) table of the limit column, just before the status
+    limit_cells = [line.split("\u2502")[-3].strip() for line in last.splitlines() if line.startswith("\u2502")]
+    assert limit_cells and set(limit_cells) == {"-"}
+    assert "limit: none, no calibration for a CPU run" in table  # and why it holds no limit
     code, text, err = run_qbench(capsys, ["summary", out, "--metric", "fwd_bwd_ms", "--limits", "--markdown"])
     assert code == 0, err
     cells = [line for line in text.splitlines() if line.startswith("| ") and "variant" not in line]
@@ -210,3 +216,65 @@ def test_limits_and_spreads_are_refused_together(capsys):
                                        "--limits"])
     assert code == 2 and "--spreads and --limits" in err
 
+
+# ---- the bench tables ---------------------------------------------------------------------------------------------
+
+
+def _column(table, header: str) -> list[str]:
+    (index,) = [i for i, c in enumerate(table.columns) if c.header == header]
+    return [row[index].plain for row in table.rows]
+
+
+def _fits(table) -> None:
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=120, no_color=True)
+    console.print(table)
+    text = console.file.getvalue()
+    assert max(map(len, text.splitlines())) <= 120 and "\u2026" not in text
+
+
+@pytest.mark.parametrize("run, family", [(FRAGMENTED[0], "fragmented"), (MOE, "moe"), (BLOCK, "block")])
+def test_a_bench_table_of_a_gpu_run_shows_the_limit_of_each_row(run, family):
+    from qbench.contract import family as family_of
+
+    env, records, calibration = _loaded(run)
+    rows = [r for r in records if "rank" not in r["params"]]  # the moe table leaves per-rank records out
+    table = family_of(family).table(records, limits.for_run(env))
+    expected = [limits.limit(r, calibration) or "-" for r in rows]
+    assert _column(table, "limit") == expected
+    assert set(expected) - {"-"}  # the model names a limit for some row
+    assert any(note.startswith("limit: what binds") for note in table.notes)
+    _fits(table)
+
+
+def test_the_switchback_table_names_what_binds_the_16bit_kernels_after_their_time():
+    from qbench.benches import switchback
+    from qbench.migration.switchback import shapes, where
+
+    for run in (SWITCHBACK, CAPPED):
+        env, records, calibration = _loaded(run)
+        table = switchback.table(records, limits.for_run(env))
+        baselines = [next(r for r in group if where(r) == ("16bit", "eager", "per_kernel"))
+                     for group in shapes(records)]
+        cells = _column(table, "16bit")
+        assert [cell.split()[-1] for cell in cells] == [limits.limit(r, calibration) for r in baselines]
+        assert all(len(cell.split()) == 2 for cell in cells)
+        _fits(table)
+    assert {cell.split()[-1] for cell in cells} == {"power"}  # the capped run: compute at a power-capped clock
+    plain = switchback.table(records, limits.for_run({}))
+    assert all(len(cell.split()) == 1 for cell in _column(plain, "16bit"))
+    assert "limit: none, no calibration for a CPU run" in plain.notes
+
+
+def test_the_runner_gives_a_bench_table_the_limits_of_the_gpu_its_run_env_names(tmp_path):
+    from qbench.benches import fragmented, train_check
+    from qbench.runner import limited_table
+
+    env, records, calibration = _loaded(FRAGMENTED[0])
+    out = write_run(tmp_path / "gpu", records, **{k: v for k, v in env.items() if k != "gpu_name"})
+    table = limited_table(fragmented, str(out))(store.read_records(out))
+    assert _column(table, "limit") == [limits.limit(r, calibration) or "-" for r in records]
+    assert limited_table(train_check, str(out)) is train_check.table  # a family the model does not predict

@@ -14,7 +14,9 @@ A family is a package under qbench/benches/ (or a module there) exposing:
                                        execution mode asked for (qbench/modes.py); a failed check is an
                                        error record, never a timing; records as they come, nothing run
                                        before the iterator is read
-  table(records) -> renderable         the table the command prints (report.FittedTable)
+  table(records) -> renderable         the table the command prints (report.FittedTable); a family the model
+                                       predicts (qbench.explain.FAMILIES) takes table(records, limits), limits
+                                       the run's qbench.explain.limits.RunLimits, and shows what binds each row
 and, where one measurement gives several records, finished(records, statuses) -> ids: the measurements of a
 run whose records are all there with one of those statuses (a run cut between them measures it again).
 Families: FAMILIES below (the module of each); tests/test_layout.py checks each implements this.

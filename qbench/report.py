@@ -93,20 +93,25 @@ def records_table(
     title: str = "",
     headers: Mapping[str, str] | None = None,
     notes: Sequence[str] = (),
+    limits: Any = None,
 ) -> FittedTable:
     """One row per record: the params that vary over the records (the ones they share listed once below), the
-    metrics any record has (with their units), and the status, its reasons numbered below the table."""
+    metrics any record has (with their units), with `limits` the limit binding each (limit_cell), and the status,
+    its reasons numbered below the table."""
     headers = headers or {}
     unit_of = _units(records)
     varying, fixed = split_fixed(records, params, headers)
     shown = [m for m in metrics if any(rec["metrics"].get(m) is not None for rec in records)]
     reasons = Notes()
     columns = [Column(headers.get(p, p), key=True) for p in varying]
-    columns += [Column(headers.get(m, m), unit_of.get(m)) for m in shown] + [STATUS]
+    limited = limits is not None
+    columns += [Column(headers.get(m, m), unit_of.get(m)) for m in shown] + ([LIMIT] if limited else []) + [STATUS]
     rows = [[format_value(rec["params"].get(p)) for p in varying]
-            + [value_cell(rec["metrics"].get(m), unit_of.get(m)) for m in shown] + [status_cell(rec, reasons)]
+            + [value_cell(rec["metrics"].get(m), unit_of.get(m)) for m in shown]
+            + ([limit_cell(rec, limits)] if limited else []) + [status_cell(rec, reasons)]
             for rec in records]
-    return FittedTable(columns, rows, title=title, notes=[*fixed_line(fixed), *notes, *reasons.lines()])
+    notes = [*fixed_line(fixed), *notes, *limit_note(limits, "the record's time"), *reasons.lines()]
+    return FittedTable(columns, rows, title=title, notes=notes)
 
 
 def _units(records: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -346,6 +351,27 @@ def status_cell(record: Mapping[str, Any], notes: Notes) -> Text:
 def value_cell(value: Any, unit: str | None) -> Text:
     """A metric's value as format_value prints it; speed-ups green or red (speedup_style)."""
     return Text(format_value(value, unit), style=speedup_style(value) if unit == units.SPEEDUP else "")
+
+
+# ---- the limit binding a record's time in the model, in the bench tables ------------------------------------
+
+LIMIT = Column("limit", justify="left")
+
+
+def limit_cell(record: Mapping[str, Any], limits: Any) -> str:
+    """The limit binding the record's time as the model predicts it (limits: qbench.explain.limits.RunLimits of the
+    run), '-' where it names none."""
+    return limits.of(record) or "-"
+
+
+def limit_note(limits: Any, what: str) -> list[str]:
+    """The line under a bench table that says what its limit column holds (the limit binding `what`), or why it
+    holds none; [] without `limits`."""
+    if limits is None:
+        return []
+    if limits.missing:
+        return [f"limit: none, {limits.missing}"]
+    return [f"limit: what binds {what} in the model (power: compute at a power-capped clock; see qbench explain)"]
 
 
 def split_fixed(records: Sequence[Mapping[str, Any]], params: Sequence[str],

@@ -32,7 +32,8 @@ def run_bench(family, configs: Sequence[Any], output: Output, *, notice: str | N
               table: Callable[[Sequence[dict]], Any] | None = None,
               after: Callable[[str], None] | None = None) -> tuple[str, list[dict]]:
     """Every resolved config of `family` (one per --dtype) into one run: the measurements --resume keeps
-    skipped, progress counted in measurements (family.pending), the family's table printed (or `table`).
+    skipped, progress counted in measurements (family.pending), the family's table printed (limited_table; or
+    `table`).
     `after(run directory)` runs once the records are stored, even when a configuration failed (exit 1)."""
     done = resumed(family.BENCH, output.out, output.resume, output.force, key=family.measured_id)
     if done and hasattr(family, "finished"):  # a family whose measurement gives several records says which
@@ -48,11 +49,27 @@ def run_bench(family, configs: Sequence[Any], output: Output, *, notice: str | N
     try:
         kept = run_and_store(family.BENCH, config, records, total=total, out=out,
                              append=output.append or output.resume, force=output.force, as_json=output.as_json,
-                             table=table or family.table, notice=notice, unit=family.measured_id)
+                             table=table or limited_table(family, out), notice=notice, unit=family.measured_id)
     finally:
         if after is not None:
             after(out)
     return out, kept
+
+
+def limited_table(family, out: str) -> Callable[[Sequence[dict]], Any]:
+    """The family's table; for a family the model predicts (qbench.explain.FAMILIES) with the limit binding each
+    row, from the calibration of the GPU the run's env.json names (none on a CPU run: the table says why)."""
+    from qbench.explain import FAMILIES
+
+    if family.BENCH not in FAMILIES:
+        return family.table
+
+    def table(records: Sequence[dict]) -> Any:
+        from qbench.explain.limits import for_run
+
+        return family.table(records, for_run(store.read_env(out)))
+
+    return table
 
 
 DONE = ("ok", "skipped")  # record statuses that --resume keeps; errors run again

@@ -415,16 +415,7 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         raise QbenchUsageError(f"{run} is an empty run ({ENV_FILE} but no {RECORDS_FILE}: it stopped before a record)")
     if not is_run_dir(run):
         raise QbenchUsageError(f"{run} is not a qbench run (no {RECORDS_FILE} inside)")
-    env_file = run / ENV_FILE
-    try:
-        env = json.loads(_run_text(env_file)) if env_file.exists() else {}
-    except (ValueError, RecursionError):
-        raise QbenchUsageError(f"{env_file} is not valid JSON; the run is corrupt") from None
-    if not isinstance(env, dict):
-        raise QbenchUsageError(f"{env_file} is not a JSON object; the run is corrupt")
-    for key in COMPARABILITY_KEYS:  # compared and grouped by value: each must be one plain value
-        if isinstance(env.get(key), (dict, list)):
-            raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
+    env = read_env(run)
     file = run / RECORDS_FILE
     records, problems = record_schema.parse_lines(_run_text(file), file, migrate)
     if not records:  # one error naming the first bad line, not a warning beside it
@@ -434,6 +425,21 @@ def load_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                                "drop it")
     _judge(file, problems, None)
     return env, records
+
+
+def read_env(path: str | Path) -> dict[str, Any]:
+    """The environment block of a run directory ({} where it has no env.json); a clear error when it is corrupt."""
+    env_file = Path(path) / ENV_FILE
+    try:
+        env = json.loads(_run_text(env_file)) if env_file.exists() else {}
+    except (ValueError, RecursionError):
+        raise QbenchUsageError(f"{env_file} is not valid JSON; the run is corrupt") from None
+    if not isinstance(env, dict):
+        raise QbenchUsageError(f"{env_file} is not a JSON object; the run is corrupt")
+    for key in COMPARABILITY_KEYS:  # compared and grouped by value: each must be one plain value
+        if isinstance(env.get(key), (dict, list)):
+            raise QbenchUsageError(f"{env_file}: {key} is not a single value; the run is corrupt")
+    return env
 
 
 def _run_text(file: Path) -> str:

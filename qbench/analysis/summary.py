@@ -11,6 +11,8 @@ definition, while their samples are per-repeat sums) the cell says so rather tha
 column (pivot it with `--by run`), or, with `--across-runs median`, combined: each cell is the median
 over the runs of each run's value, with the per-run values beside it. Records are matched across runs
 on their parameters as qbench.analysis.join normalizes them (a missing `exec` is eager, `float16` is fp16).
+With `--limits` each cell also holds the limit binding the model's prediction of its metric for its record
+(qbench.analysis.summary_limits).
 Printing (rich, Markdown, JSON) is qbench.analysis.summary_output.
 """
 
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qbench import metric_names, units
-from qbench.analysis import join, patterns
+from qbench.analysis import join, patterns, summary_limits
 from qbench.analysis.compare import Run, load_any
 from qbench.errors import QbenchUsageError
 from qbench.samples import percentile
@@ -40,6 +42,7 @@ class SummaryOptions:
     across_runs: str | None = None
     ratio_to: str | None = None  # PARAM=REF: each record over its PARAM=REF counterpart (qbench.analysis.ratios)
     every_metric: bool = False  # with no --metric: every metric of the records, not only the sampled ones
+    limits: bool = False  # each cell's binding limit (qbench.analysis.summary_limits)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Cell:
     samples: int = 0  # how many stored samples p20/p80 come from; 0: the stored median alone
     off_samples: bool = False  # the stored median is not the median of the stored samples
     runs: tuple[float | None, ...] | None = None  # across runs: each run's value, in the order given
+    limit: str = ""  # with --limits: what binds the model's prediction of the metric ('' where it predicts none)
 
     @property
     def spread_pct(self) -> float | None:
@@ -76,6 +80,8 @@ class Summary:
     column_attrs: dict[str, dict[str, Any]] = field(default_factory=dict)  # pivot key -> parameters tied to it
     ratio_to: str | None = None  # PARAM=REF when the cells are ratios to those records (qbench.analysis.ratios)
     ratio_left_out: str = ""  # how many records gave no ratio and why, one line (ratios.left_out_line)
+    limits: bool = False  # --limits: the cells carry their binding limits
+    limits_missing: dict[str, str] = field(default_factory=dict)  # --limits: run label -> why it has none
 
 
 def record_cell(record: dict[str, Any], metric: str) -> Cell | None:
@@ -83,19 +89,22 @@ def record_cell(record: dict[str, Any], metric: str) -> Cell | None:
     if metric not in record.get("metrics", {}):
         return None
     value = record["metrics"][metric]
+    limit = summary_limits.of(record, metric)
     samples = [x for x in record.get("samples", {}).get(metric, []) if x is not None]
     if not samples:
-        return Cell(value)
+        return Cell(value, limit=limit)
     median = percentile(samples, 50)
     off = value is None or not math.isclose(median, value, rel_tol=1e-9, abs_tol=1e-12)
-    return Cell(value, percentile(samples, 20), percentile(samples, 80), len(samples), off)
+    return Cell(value, percentile(samples, 20), percentile(samples, 80), len(samples), off, limit=limit)
 
 
 def across_cell(cells: Sequence[Cell | None]) -> Cell:
-    """The median over runs of each run's value (None where a run lacks the case)."""
+    """The median over runs of each run's value (None where a run lacks the case), and the limit their records
+    agree on (summary_limits.agreed)."""
     values = tuple(c.value if c is not None else None for c in cells)
     present = [v for v in values if v is not None]
-    return Cell(percentile(present, 50) if present else None, runs=values)
+    limit = summary_limits.agreed([c.limit for c in cells if c is not None])
+    return Cell(percentile(present, 50) if present else None, runs=values, limit=limit)
 
 
 def _select(runs: Sequence[Run], options: SummaryOptions) -> tuple[list[tuple[int, dict]], list[str]]:
@@ -253,8 +262,16 @@ def summarize_runs(runs: Sequence[Run], options: SummaryOptions) -> Summary:
     if options.across_runs is not None and len(groups) > 1:
         raise QbenchUsageError(f"--across-runs combines reruns of one command; these runs are of several benches "
                                f"({', '.join(groups)}): summarize each bench's runs on their own")
-    if not options.ratio_to:
-        return build(runs, options)
+    missing = {}
+    if options.limits:  # before any ratio: a ratio record keeps the limits of the record it divides
+        runs, missing = summary_limits.with_limits(runs)
+    result = _ratios(runs, options) if options.ratio_to else build(runs, options)
+    result.limits, result.limits_missing = options.limits, missing
+    return result
+
+
+def _ratios(runs: Sequence[Run], options: SummaryOptions) -> Summary:
+    """The summary of each record over its --ratio-to counterpart (qbench.analysis.ratios)."""
     from qbench.analysis import ratios
 
     divided = ratios.ratio_runs(runs, options.ratio_to)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qbench import report, units
-from qbench.analysis import join
+from qbench.analysis import join, summary_limits
 from qbench.analysis.compare import Run
 from qbench.analysis.summary import Cell, Summary, SummaryOptions, summarize_runs
 from qbench.errors import QbenchUsageError
@@ -23,9 +23,15 @@ STORED_ONLY, OFF_SAMPLES = "\u2020", "\u2021"  # dagger, double dagger: explaine
 
 
 def cell_text(cell: Cell | None, digits: int) -> str:
-    """'median [p20, p80]', 'median' + dagger (stored median alone), across runs 'median (runs: a, b; spread s%)'."""
+    """'median [p20, p80]', 'median' + dagger (stored median alone), across runs 'median (runs: a, b; spread s%)';
+    with --limits the limit after it: '2.44 [2.34, 2.59] host'."""
     if cell is None or cell.value is None:
         return "-"
+    text = _value_text(cell, digits)
+    return f"{text} {cell.limit}" if cell.limit else text
+
+
+def _value_text(cell: Cell, digits: int) -> str:
     text = report.format_sig(cell.value, digits)
     if cell.runs is not None:
         values = ", ".join(report.format_sig(v, digits) for v in cell.runs)
@@ -100,6 +106,9 @@ def legend(summary: Summary) -> list[str]:
     if any(c.off_samples for c in cells):
         lines.append(f"{OFF_SAMPLES} not the median of the stored samples (a total stored as the sum of its "
                      "components' medians, say); p20-p80 are those of the samples")
+    if summary.limits:
+        lines += summary_limits.legend([c.limit for c in cells], summary.limits_missing, len(summary.labels),
+                                       summary.ratio_to)
     return lines + _record_notes(summary)
 
 
@@ -154,11 +163,21 @@ def as_json(summary: Summary, targets: Sequence[dict] = ()) -> str:
             if summary.by:
                 params.update({summary.by: column, **summary.column_attrs.get(join.value_key(column), {})})
             cell = cells.get((metric, join.value_key(column) if summary.by else ""))
-            fields = {**cell.__dict__, "spread_pct": cell.spread_pct} if cell else {"value": None}
-            out.append({"params": params, "metric": metric, "unit": summary.units.get(metric), **fields})
+            out.append({"params": params, "metric": metric, "unit": summary.units.get(metric),
+                        **_json_fields(cell, summary.limits)})
     payload = {"runs": summary.labels, "across_runs": summary.across_runs, "fixed": summary.fixed,
                "left_out": summary.left_out, "rows": out, "targets": list(targets)}
+    if summary.limits:
+        payload["limits_missing"] = summary.limits_missing
     return json.dumps(payload, indent=2, default=str) + "\n"
+
+
+def _json_fields(cell: Cell | None, limits: bool) -> dict[str, Any]:
+    """A cell's fields as stored; `limit` (null where the model names none) only with --limits."""
+    if cell is None:
+        return {"value": None, **({"limit": None} if limits else {})}
+    fields = {**cell.__dict__, "spread_pct": cell.spread_pct, "limit": cell.limit or None}
+    return fields if limits else {k: v for k, v in fields.items() if k != "limit"}
 
 
 def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] = (), title: str | None = None) -> None:

@@ -89,7 +89,7 @@ def command(sizes, batch_sizes, fragments, tasks, baselines, dtypes, bias, steps
     check_plot(plot)
     output = Output(out=out, append=append, force=force, resume=resume, as_json=as_json)
     out, _ = run_bench(bench, [config], output, notice=report.cpu_notice(config.device),
-                       table=bench.seed_report if fmt == "seed" else bench.table)
+                       table=bench.seed_report if fmt == "seed" else None)
     draw_figure(plot, out)
 
 

@@ -13,18 +13,24 @@ COLUMNS = (  # (metric, header, unit for formatting)
 KEYS = {"preset": "preset", "batch_size": "B", "layers": "L", "exec": "exec", "variant": "variant"}
 
 
-def table(records: list[dict]):
-    """One row per preset x batch x execution mode x variant, fitted to the console (report.FittedTable); what
-    every record shares listed once below it."""
-    from qbench.report import STATUS, Column, FittedTable, Notes, fixed_line, split_fixed, status_cell, value_cell
+def table(records: list[dict], limits=None):
+    """One row per preset x batch x execution mode x variant, fitted to the console (report.FittedTable), with
+    `limits` (the run's qbench.explain.limits.RunLimits) the limit binding each step; what every record shares
+    listed once below it."""
+    from qbench import report
 
-    keys, fixed = split_fixed(records, list(KEYS), KEYS)
-    columns = [*(Column(KEYS[k], key=True) for k in keys), *(Column(h) for _, h, _ in COLUMNS), STATUS]
-    reasons, rows = Notes(), []
+    keys, fixed = report.split_fixed(records, list(KEYS), KEYS)
+    limit = [report.LIMIT] if limits is not None else []
+    columns = [*(report.Column(KEYS[k], key=True) for k in keys), *(report.Column(h) for _, h, _ in COLUMNS), *limit,
+               report.STATUS]
+    reasons, rows = report.Notes(), []
     for rec in records:
         cells = [str(rec["params"].get(k)) for k in keys]
-        cells += [value_cell(rec["metrics"].get(k), u) for k, _, u in COLUMNS]
-        rows.append([*cells, status_cell(rec, reasons)])
-    return FittedTable(columns, rows, notes=[*fixed_line(fixed), *reasons.lines()],
-                       title="Transformer block stack: one training step (forward, backward, AdamW) per linear-layer "
-                             "variant")
+        cells += [report.value_cell(rec["metrics"].get(k), u) for k, _, u in COLUMNS]
+        if limits is not None:
+            cells.append(report.limit_cell(rec, limits))
+        rows.append([*cells, report.status_cell(rec, reasons)])
+    notes = [*report.fixed_line(fixed), *report.limit_note(limits, "the step"), *reasons.lines()]
+    return report.FittedTable(columns, rows, notes=notes,
+                              title="Transformer block stack: one training step (forward, backward, AdamW) per "
+                                    "linear-layer variant")

@@ -11,12 +11,14 @@ HEADERS = {"in_features": "size", "batch_size": "batch", "forward_replay_ms": "f
            "host_fwd_bwd_ms": "host f+b", "peak_memory_mb": "peak mem", "backward_thread": "bwd thread"}
 
 
-def table(records):
+def table(records, limits=None):
     """A table that fits the console (report.records_table: the parameters the records share listed once below
-    it, the metrics no record fills, GPU-only ones on the CPU, left out)."""
+    it, the metrics no record fills, GPU-only ones on the CPU, left out); with `limits` (the run's
+    qbench.explain.limits.RunLimits) the limit binding each record's step."""
     from qbench import report
 
-    return report.records_table(records, TABLE_PARAMS, TABLE_METRICS, title="FragmentedLinear", headers=HEADERS)
+    return report.records_table(records, TABLE_PARAMS, TABLE_METRICS, title="FragmentedLinear", headers=HEADERS,
+                                limits=limits)
 
 
 def seed_report(records):

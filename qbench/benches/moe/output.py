@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 
-def table(records: list[dict[str, Any]]):
+def table(records: list[dict[str, Any]], limits=None):
     """The rich table of a run: layer records (one row per measurement and timing: phase times, TFLOP/s,
-    load; blocks' per-rank records are left to --format seed and the plots), or kernel records."""
+    load, with `limits` (the run's qbench.explain.limits.RunLimits) the limit binding the step; blocks' per-rank
+    records are left to --format seed and the plots), or kernel records."""
     from qbench.report import records_table
     from qbench.store import varying_params
 
@@ -37,7 +38,7 @@ def table(records: list[dict[str, Any]]):
                          headers={"a2a_ffn_overlap_degree": "overlap", "num_local_experts": "experts/rank",
                                   "expert_load_max_over_mean": "load max/mean", "replicate_hot": "hot",
                                   "experts_tflops": "FFN tflops", "backward_thread": "bwd thread",
-                                  "sm_clock_mhz": "clock"})
+                                  "sm_clock_mhz": "clock"}, limits=limits)
 
 
 def measurements(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

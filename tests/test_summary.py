@@ -151,6 +151,15 @@ def test_parameters_tied_to_the_pivot_label_its_columns(tmp_path):
     assert headers[1:] == ["system=a2a (transport=a2a, block_size=-)", "system=blocks (transport=symm, block_size=64)"]
 
 
+def test_every_metrics_columns_keep_their_metric_in_the_header_when_a_pivot_ties_parameters(tmp_path):
+    recs = [_record({"experts": e, "system": s, "transport": t}, time=float(e), speedup=2.0, samples=[float(e)] * 3)
+            for e in (8, 16) for s, t in (("a2a", "a2a"), ("blocks", "symm"))]
+    result = _summary(tmp_path, recs, by="system", metrics=("time", "speedup"))
+    headers, _ = summary_output.text_rows(result, 4)
+    assert headers[1:] == ["time (ms) system=a2a (transport=a2a)", "time (ms) system=blocks (transport=symm)",
+                           "speedup (x) system=a2a (transport=a2a)", "speedup (x) system=blocks (transport=symm)"]
+
+
 def test_old_and_new_spellings_join_across_runs(tmp_path):
     old = [_record({"m": 1, "dtype": "float16"}, time=2.0, samples=[2.0] * 3)]  # before `exec`, old dtype name
     new = [_record({"m": 1, "dtype": "fp16", "exec": "eager"}, time=4.0, samples=[4.0] * 3),

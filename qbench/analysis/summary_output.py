@@ -61,8 +61,8 @@ def columns_of(summary: Summary) -> list[tuple[str, str, Any]]:
             else:
                 prefix = f"{label} " if len(summary.metrics) > 1 else ""
                 tied = summary.column_attrs.get(join.value_key(column), {})
-                label = ", ".join(f"{k}={param_text(v)}" for k, v in tied.items())
-                header = f"{prefix}{summary.by}={param_text(column)}" + (f" ({label})" if label else "")
+                tied_text = ", ".join(f"{k}={param_text(v)}" for k, v in tied.items())
+                header = f"{prefix}{summary.by}={param_text(column)}" + (f" ({tied_text})" if tied_text else "")
                 out.append((header, metric, column))
     return out
 

@@ -278,3 +278,42 @@ def test_the_runner_gives_a_bench_table_the_limits_of_the_gpu_its_run_env_names(
     table = limited_table(fragmented, str(out))(store.read_records(out))
     assert _column(table, "limit") == [limits.limit(r, calibration) or "-" for r in records]
     assert limited_table(train_check, str(out)) is train_check.table  # a family the model does not predict
+
+
+# ---- summary --predicted: the model's time beside the measured one --------------------------------------------
+
+
+def test_predicted_cells_hold_the_models_time_of_their_record_and_print_it_after_the_limit():
+    _, records, calibration = _loaded(BLOCK)
+    result = summary.summarize([str(BLOCK)], summary.SummaryOptions(metrics=("step_ms",), predicted=True))
+    seen = 0
+    for record, metric, cell in _cells_by_record(result, records):
+        want = predictions(record, calibration).get(metric)
+        assert cell.predicted == (None if want is None else want.ms)
+        assert cell.limit == _expected(record, metric, calibration)
+        if want is not None:
+            seen += 1
+            text = summary_output.cell_text(cell, 4)
+            assert text.endswith(f"{cell.limit}, model {summary_output.report.format_sig(want.ms, 4)}")
+    assert seen > 0
+    assert any(line.startswith("model X:") for line in summary_output.legend(result))
+
+
+def test_predicted_across_runs_is_the_median_of_the_runs_predictions_and_json_carries_it(capsys):
+    runs = [RESULTS / "switchback-h200-model" / "vit-h-all" / f"run{i}" for i in (1, 2, 3)]
+    code, out, err = run_qbench(capsys, ["summary", *map(str, runs), "--across-runs", "median", "--metric", "step_ms",
+                                         "-k", "exec=graph", "-k", "variant=16bit/", "--predicted", "--json"])
+    assert code == 0, err
+    (row,) = json.loads(out)["rows"]
+    each = []
+    for run in runs:
+        _, records, calibration = _loaded(run)
+        record = _record_at(records, {"exec": "graph", "variant": "16bit"})
+        each.append(predictions(record, calibration)["step_ms"].ms)
+    assert row["predicted"] == pytest.approx(sorted(each)[1]) and row["limit"] == "compute"
+
+
+def test_predicted_refuses_a_ratio(capsys):
+    code, _, err = run_qbench(capsys, ["summary", str(BLOCK), "--metric", "step_ms", "--ratio-to", "variant=16bit",
+                                       "--predicted"])
+    assert code == 2 and "--predicted" in err and len(err.strip().splitlines()) == 1

@@ -43,6 +43,7 @@ class SummaryOptions:
     ratio_to: str | None = None  # PARAM=REF: each record over its PARAM=REF counterpart (qbench.analysis.ratios)
     every_metric: bool = False  # with no --metric: every metric of the records, not only the sampled ones
     limits: bool = False  # each cell's binding limit (qbench.analysis.summary_limits)
+    predicted: bool = False  # also the model's predicted time of each cell (implies limits)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Cell:
     off_samples: bool = False  # the stored median is not the median of the stored samples
     runs: tuple[float | None, ...] | None = None  # across runs: each run's value, in the order given
     limit: str = ""  # with --limits: what binds the model's prediction of the metric ('' where it predicts none)
+    predicted: float | None = None  # with --predicted: the model's time of the metric (ms; None where none)
 
     @property
     def spread_pct(self) -> float | None:
@@ -82,6 +84,7 @@ class Summary:
     ratio_left_out: str = ""  # how many records gave no ratio and why, one line (ratios.left_out_line)
     limits: bool = False  # --limits: the cells carry their binding limits
     limits_missing: dict[str, str] = field(default_factory=dict)  # --limits: run label -> why it has none
+    predicted: bool = False  # --predicted: the cells carry the model's times
 
 
 def record_cell(record: dict[str, Any], metric: str) -> Cell | None:
@@ -89,13 +92,14 @@ def record_cell(record: dict[str, Any], metric: str) -> Cell | None:
     if metric not in record.get("metrics", {}):
         return None
     value = record["metrics"][metric]
-    limit = summary_limits.of(record, metric)
+    limit, predicted = summary_limits.of(record, metric), summary_limits.predicted_of(record, metric)
     samples = [x for x in record.get("samples", {}).get(metric, []) if x is not None]
     if not samples:
-        return Cell(value, limit=limit)
+        return Cell(value, limit=limit, predicted=predicted)
     median = percentile(samples, 50)
     off = value is None or not math.isclose(median, value, rel_tol=1e-9, abs_tol=1e-12)
-    return Cell(value, percentile(samples, 20), percentile(samples, 80), len(samples), off, limit=limit)
+    return Cell(value, percentile(samples, 20), percentile(samples, 80), len(samples), off, limit=limit,
+                predicted=predicted)
 
 
 def across_cell(cells: Sequence[Cell | None]) -> Cell:
@@ -104,7 +108,9 @@ def across_cell(cells: Sequence[Cell | None]) -> Cell:
     values = tuple(c.value if c is not None else None for c in cells)
     present = [v for v in values if v is not None]
     limit = summary_limits.agreed([c.limit for c in cells if c is not None])
-    return Cell(percentile(present, 50) if present else None, runs=values, limit=limit)
+    predicted = [c.predicted for c in cells if c is not None and c.predicted is not None]
+    return Cell(percentile(present, 50) if present else None, runs=values, limit=limit,
+                predicted=percentile(predicted, 50) if predicted else None)
 
 
 def _select(runs: Sequence[Run], options: SummaryOptions) -> tuple[list[tuple[int, dict]], list[str]]:
@@ -263,10 +269,14 @@ def summarize_runs(runs: Sequence[Run], options: SummaryOptions) -> Summary:
         raise QbenchUsageError(f"--across-runs combines reruns of one command; these runs are of several benches "
                                f"({', '.join(groups)}): summarize each bench's runs on their own")
     missing = {}
-    if options.limits:  # before any ratio: a ratio record keeps the limits of the record it divides
-        runs, missing = summary_limits.with_limits(runs)
+    if options.predicted and options.ratio_to:
+        raise QbenchUsageError("--predicted gives the model's time of each cell, which a --ratio-to ratio is not; "
+                               "give one of them")
+    limits = options.limits or options.predicted
+    if limits:  # before any ratio: a ratio record keeps the limits of the record it divides
+        runs, missing = summary_limits.with_limits(runs, options.predicted)
     result = _ratios(runs, options) if options.ratio_to else build(runs, options)
-    result.limits, result.limits_missing = options.limits, missing
+    result.limits, result.limits_missing, result.predicted = limits, missing, options.predicted
     return result
 
 

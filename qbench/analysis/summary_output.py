@@ -24,11 +24,13 @@ STORED_ONLY, OFF_SAMPLES = "\u2020", "\u2021"  # dagger, double dagger: explaine
 
 def cell_text(cell: Cell | None, digits: int) -> str:
     """'median [p20, p80]', 'median' + dagger (stored median alone), across runs 'median (runs: a, b; spread s%)';
-    with --limits the limit after it: '2.44 [2.34, 2.59] host'."""
+    with --limits the limit after it: '2.44 [2.34, 2.59] host'; with --predicted the model's time after that:
+    '2.44 [2.34, 2.59] host, model 2.31'."""
     if cell is None or cell.value is None:
         return "-"
     text = _value_text(cell, digits)
-    return f"{text} {cell.limit}" if cell.limit else text
+    text = f"{text} {cell.limit}" if cell.limit else text
+    return text if cell.predicted is None else f"{text}, model {report.format_sig(cell.predicted, digits)}"
 
 
 def _value_text(cell: Cell, digits: int) -> str:
@@ -109,6 +111,8 @@ def legend(summary: Summary) -> list[str]:
     if summary.limits:
         lines += summary_limits.legend([c.limit for c in cells], summary.limits_missing, len(summary.labels),
                                        summary.ratio_to)
+    if summary.predicted and any(c.predicted is not None for c in cells):
+        lines.append(summary_limits.PREDICTED_MEANING)
     return lines + _record_notes(summary)
 
 
@@ -164,7 +168,7 @@ def as_json(summary: Summary, targets: Sequence[dict] = ()) -> str:
                 params.update({summary.by: column, **summary.column_attrs.get(join.value_key(column), {})})
             cell = cells.get((metric, join.value_key(column) if summary.by else ""))
             out.append({"params": params, "metric": metric, "unit": summary.units.get(metric),
-                        **_json_fields(cell, summary.limits)})
+                        **_json_fields(cell, summary.limits, summary.predicted)})
     payload = {"runs": summary.labels, "across_runs": summary.across_runs, "fixed": summary.fixed,
                "left_out": summary.left_out, "rows": out, "targets": list(targets)}
     if summary.limits:
@@ -172,12 +176,14 @@ def as_json(summary: Summary, targets: Sequence[dict] = ()) -> str:
     return json.dumps(payload, indent=2, default=str) + "\n"
 
 
-def _json_fields(cell: Cell | None, limits: bool) -> dict[str, Any]:
-    """A cell's fields as stored; `limit` (null where the model names none) only with --limits."""
+def _json_fields(cell: Cell | None, limits: bool, predicted: bool = False) -> dict[str, Any]:
+    """A cell's fields as stored; `limit` (null where the model names none) only with --limits, `predicted` (ms,
+    null where it predicts none) only with --predicted."""
+    extra = {**({"limit": None} if limits else {}), **({"predicted": None} if predicted else {})}
     if cell is None:
-        return {"value": None, **({"limit": None} if limits else {})}
+        return {"value": None, **extra}
     fields = {**cell.__dict__, "spread_pct": cell.spread_pct, "limit": cell.limit or None}
-    return fields if limits else {k: v for k, v in fields.items() if k != "limit"}
+    return {k: v for k, v in fields.items() if k not in ("limit", "predicted") or k in extra}
 
 
 def show(summary: Summary, fmt: str | None, digits: int, targets: Sequence[str] = (), title: str | None = None) -> None:

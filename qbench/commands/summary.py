@@ -28,6 +28,8 @@ Examples:
   qbench summary results/switchback-h200-modes-c4c2232/run{1,2,3} --across-runs median \
       --metric 'host_*' -k variant=switchback           # every metric the pattern matches
   qbench summary results/fragmented-h200-clocks-797e89f/run1 --metric fwd_bwd_ms --by variant --limits  # what binds
+  qbench summary results/switchback-h200-model/vit-h-all/run{1,2,3} --across-runs median --metric step_ms \
+      --predicted                                      # beside each time, what binds it and the model's time
 """
 
 
@@ -53,11 +55,15 @@ Examples:
 @click.option("--limits", is_flag=True,
               help="After each value the model predicts (qbench explain), the limit that binds it: compute, memory, "
                    "launch, host, link, or power (compute at a clock the power cap held down).")
+@click.option("--predicted", is_flag=True,
+              help="As --limits, and after the limit the time the model predicts for the cell from the GPU's "
+                   "calibration (qbench explain's prediction).")
 @digits_option
 @click.option("--markdown", "fmt", flag_value="markdown", help="Print a Markdown table to paste.")
 @click.option("--json", "fmt", flag_value="json", help="Print JSON (unpivoted, numbers as stored).")
 @strict_option
-def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads, limits, digits, fmt) -> None:
+def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads, limits, predicted, digits,
+            fmt) -> None:
     """Per case (the parameters that vary; the constant ones are listed once), each chosen metric
     as the stored median with p20-p80 of the stored samples, or the stored median alone (marked)
     where the record keeps no samples. Speed-ups are the ratios of medians the records store.
@@ -67,11 +73,11 @@ def command(runs, metrics, pattern, by, across_runs, ratio_to, targets, spreads,
     run directories or seed files (imported on the fly)."""
     from qbench.analysis import summary, summary_output
 
-    if spreads and (targets or limits):
-        other = "--target" if targets else "--limits"
+    if spreads and (targets or limits or predicted):
+        other = "--target" if targets else "--limits" if limits else "--predicted"
         raise click.UsageError(f"--spreads and {other} print different tables; give one of them")
     options = summary.SummaryOptions(tuple(metrics), tuple(pattern), by, across_runs, ratio_to, every_metric=spreads,
-                                     limits=limits)
+                                     limits=limits, predicted=predicted)
     loaded = [summary.load_any(path) for path in runs]
     if spreads:
         from qbench.analysis import power_caps

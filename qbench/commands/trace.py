@@ -16,7 +16,7 @@ Examples:
   qbench trace results/moe-h200-ws1/trace-a1036c8/traces/*-rank0.csv --by phase
   qbench trace results/fragmented-h200-trace-d2f98b5/traces/fragmented-8192-b16-n8-train-bf16-device-rank0.json.gz
   qbench trace FILE.csv --top 10 --markdown
-  qbench trace FILE.json.gz --host                # each thread's host ops, Python between them, waits
+  qbench trace results/moe-h200-ws1/hostcut-fa22f19/traces/a2a-L8-D1-hot0-randn-triton-rank0.json.gz --host
 """
 
 

@@ -9,6 +9,7 @@ down by the board's power limit.
     run = for_run(env)               # the same, for a run that may have no calibration (a CPU run): never raises
     run.missing                      # why no limit shows ('' where a calibration applies)
     run.per_metric(record)           # {metric: limit} of every metric the model predicts
+    run.predicted(record)            # {metric: predicted ms} of the same metrics
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ class RunLimits:
 
     def per_metric(self, record: Mapping) -> dict[str, str]:
         return {} if self.calibration is None else metric_limits(record, self.calibration)
+
+    def predicted(self, record: Mapping) -> dict[str, float]:
+        """{metric: the model's predicted ms} of every metric it predicts for the record."""
+        if self.calibration is None:
+            return {}
+        return {m: p.ms for m, p in predictions(record, self.calibration).items()}
 
 
 def for_run(env: Mapping) -> RunLimits:

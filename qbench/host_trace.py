@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qbench.traces import Total
+
 HOST_KINDS = ("cpu_op", "cuda_runtime", "cuda_driver")
 RANGE_KIND = "user_annotation"  # profiler ranges: the steps and the layer's phases
 BETWEEN = "(between ops)"  # the calling thread's own time outside its ops: Python
@@ -31,20 +33,6 @@ class HostEvent:
     ts: float  # us
     dur: float  # us
     name: str
-
-
-@dataclass(frozen=True)
-class HostTotal:
-    """Host time of one op (in one phase, on one thread) per traced step: calls, ms, share of the steps' time
-    (the calling thread's), us per call."""
-
-    thread: str
-    name: str
-    phase: str
-    calls: float
-    ms: float
-    share: float
-    us_per_call: float
 
 
 def _complete(trace: dict, kinds) -> list[HostEvent]:
@@ -82,7 +70,7 @@ def _thread_names(steps: list[HostEvent], ops: list[HostEvent]) -> dict[str, str
     return names
 
 
-def host_totals(trace: dict, by: str = "kernel") -> tuple[list[HostTotal], int, float]:
+def host_totals(trace: dict, by: str = "kernel") -> tuple[list[Total], int, float]:
     """(totals, largest first, the number of steps they cover, and the step's ms) of the host work inside the
     traced steps, by thread, op and phase (by="kernel": by op) or by thread and phase (by="phase"), with the
     calling thread's time between its ops as rows (module docstring). The first traced step is left out where
@@ -99,8 +87,8 @@ def host_totals(trace: dict, by: str = "kernel") -> tuple[list[HostTotal], int, 
             sums.setdefault((thread, name if by == "kernel" else "", phase), []).append(dur)
     stepped = sum(s.dur for s in steps)
     n = max(len(steps), 1)
-    totals = [HostTotal(thread, name, phase, len(d) / n, sum(d) / n / 1e3, sum(d) / stepped if stepped else 0.0,
-                        sum(d) / len(d)) for (thread, name, phase), d in sums.items() if sum(d) > 0]
+    totals = [Total(name, phase, len(d) / n, sum(d) / n / 1e3, sum(d) / stepped if stepped else 0.0, sum(d) / len(d),
+                    thread) for (thread, name, phase), d in sums.items() if sum(d) > 0]
     return sorted(totals, key=lambda t: (-t.ms, t.thread, t.name)), len(steps), stepped / n / 1e3
 
 

@@ -180,9 +180,10 @@ def read_chrome_trace(path: Path) -> dict:
 
 
 @dataclass(frozen=True)
-class GpuTotal:
-    """GPU work of one kernel (in one phase) or of one phase, per traced step: calls, ms (durations
-    summed), share of all the steps' summed GPU time, and us per call."""
+class Total:
+    """Work of one kernel or op (in one phase) or of one phase, per traced step: calls, ms (durations summed),
+    share (of all the steps' summed GPU time; host: of the steps' time), us per call, and the host thread that
+    ran it ('' for GPU work)."""
 
     name: str
     phase: str
@@ -190,9 +191,10 @@ class GpuTotal:
     ms: float
     share: float
     us_per_call: float
+    thread: str = ""
 
 
-def gpu_totals(events: list[GpuEvent], by: str = "kernel") -> tuple[list[GpuTotal], int]:
+def gpu_totals(events: list[GpuEvent], by: str = "kernel") -> tuple[list[Total], int]:
     """(totals, largest first, and the number of traced steps) of the GPU work (kernels, copies, memsets)
     launched inside the traced steps, summed by kernel name and the phase it was launched in (by="kernel") or
     by that phase alone (by="phase"). A table without phases (written before they were recorded) takes the
@@ -208,7 +210,7 @@ def gpu_totals(events: list[GpuEvent], by: str = "kernel") -> tuple[list[GpuTota
             sums.setdefault(key, []).append(e.dur_us)
     total_us = sum(sum(d) for d in sums.values())
     n = max(len(steps), 1)
-    totals = [GpuTotal(name, phase, len(d) / n, sum(d) / n / 1e3, sum(d) / total_us if total_us else 0.0,
+    totals = [Total(name, phase, len(d) / n, sum(d) / n / 1e3, sum(d) / total_us if total_us else 0.0,
                        sum(d) / len(d)) for (name, phase), d in sums.items()]
     return sorted(totals, key=lambda t: (-t.ms, t.name)), len(steps)
 

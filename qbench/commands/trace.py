@@ -51,30 +51,50 @@ def command(files, by, top, host, fmt) -> None:
         headers, rows = _rows(totals, by, top)
         caption = (f"{path}: {steps} traced steps; per step, GPU time summed over streams (work that overlaps "
                    "counts on each stream); phase: the innermost phase range open on the host when it was launched")
-        if fmt == "markdown":
-            sys.stdout.write(("\n" if i else "") + _markdown(headers, rows, caption))
-        else:
-            _print(headers, rows, caption)
+        _emit(i, headers, rows, caption, fmt)
 
 
 def _rows(totals, by: str, top: int) -> tuple[list[str], list[list[str]]]:
     from qbench.traces import short_kernel_name
 
-    def cells(name, phase, calls, ms, share, per_call):
-        first = [name] if by == "phase" else [name, phase]
-        return first + [f"{calls:.4g}", f"{ms:.4g}", f"{100 * share:.3g}%", per_call]
+    def first(t):
+        return [t.name] if by == "phase" else [short_kernel_name(t.name), t.phase]
 
+    total = [["total"] + [""] * (by != "phase"), *_sums(totals)]
+    headers = (["phase"] if by == "phase" else ["kernel", "phase"]) + NUMBERS
+    return headers, _ranked(totals, top, first, total)
+
+
+NUMBERS = ["calls", "ms", "share", "us/call"]
+
+
+def _numbers(calls, ms, share, per_call) -> list[str]:
     # 4 significant digits (a profiler's durations carry no more; nothing here is judged against a target)
-    rows = [cells(t.name if by == "phase" else short_kernel_name(t.name), t.phase, t.calls, t.ms, t.share,
-                  f"{t.us_per_call:.4g}") for t in totals[:top]]
+    return [f"{calls:.4g}", f"{ms:.4g}", f"{100 * share:.3g}%", per_call]
+
+
+def _sums(totals) -> tuple[float, float, float, str]:
+    return sum(t.calls for t in totals), sum(t.ms for t in totals), sum(t.share for t in totals), ""
+
+
+def _ranked(totals, top: int, first, last: list) -> list[list[str]]:
+    """The `top` largest totals (their first cells from first(total), then their numbers), the rest summed in one
+    row, and `last` = [first cells, *numbers] below them."""
+    rows = [first(t) + _numbers(t.calls, t.ms, t.share, f"{t.us_per_call:.4g}") for t in totals[:top]]
     rest = totals[top:]
     if rest:
-        rows.append(cells(f"({len(rest)} more)", "", sum(t.calls for t in rest), sum(t.ms for t in rest),
-                          sum(t.share for t in rest), ""))
-    rows.append(cells("total", "", sum(t.calls for t in totals), sum(t.ms for t in totals),
-                      sum(t.share for t in totals), ""))
-    headers = (["phase"] if by == "phase" else ["kernel", "phase"]) + ["calls", "ms", "share", "us/call"]
-    return headers, rows
+        label = [""] * (len(last[0]) - 1)
+        label.insert(len(label) // 2, f"({len(rest)} more)")  # in the name column
+        rows.append(label + _numbers(*_sums(rest)))
+    rows.append(last[0] + _numbers(*last[1:]))
+    return rows
+
+
+def _emit(i: int, headers, rows, caption: str, fmt) -> None:
+    if fmt == "markdown":
+        sys.stdout.write(("\n" if i else "") + _markdown(headers, rows, caption))
+    else:
+        _print(headers, rows, caption)
 
 
 def _print(headers, rows, caption: str) -> None:
@@ -114,25 +134,15 @@ def _show_host(files, by: str, top: int, fmt) -> None:
         caption = (f"{path}: {steps} traced steps (the first left out: it pays the profiler's start); per step, "
                    "each thread's top-level host ops, its time between them and its waits on other threads' ops; "
                    "shares of the step; the profiler lengthens every op a little (host_ms is the measurement)")
-        if fmt == "markdown":
-            sys.stdout.write(("\n" if i else "") + _markdown(headers, rows, caption))
-        else:
-            _print(headers, rows, caption)
+        _emit(i, headers, rows, caption, fmt)
 
 
 def _host_rows(totals, by: str, top: int, step_ms: float) -> tuple[list[str], list[list[str]]]:
     from qbench.host_trace import short_op_name
 
-    def cells(thread, name, phase, calls, ms, share, per_call):
-        first = [thread, phase] if by == "phase" else [thread, name, phase]
-        return first + [f"{calls:.4g}", f"{ms:.4g}", f"{100 * share:.3g}%", per_call]
+    def first(t):
+        return [t.thread, t.phase] if by == "phase" else [t.thread, short_op_name(t.name), t.phase]
 
-    rows = [cells(t.thread, short_op_name(t.name), t.phase, t.calls, t.ms, t.share, f"{t.us_per_call:.4g}")
-            for t in totals[:top]]
-    rest = totals[top:]
-    if rest:
-        rows.append(cells("", f"({len(rest)} more)", "", sum(t.calls for t in rest), sum(t.ms for t in rest),
-                          sum(t.share for t in rest), ""))
-    rows.append(cells("step", "the calling thread's range", "", 1, step_ms, 1.0, ""))
-    headers = ["thread", "phase"] if by == "phase" else ["thread", "host op", "phase"]
-    return headers + ["calls", "ms", "share", "us/call"], rows
+    step = [["step", ""] if by == "phase" else ["step", "the calling thread's range", ""], 1, step_ms, 1.0, ""]
+    headers = (["thread", "phase"] if by == "phase" else ["thread", "host op", "phase"]) + NUMBERS
+    return headers, _ranked(totals, top, first, step)

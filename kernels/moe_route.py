@@ -78,7 +78,7 @@ def _choose_kernel(logits_ptr, idx_ptr, w_ptr, hist_ptr, fill_ptr, T, E, NB, str
 
 @triton.jit
 def _positions_kernel(idx_ptr, hist_ptr, flat_e_ptr, pos_ptr, keep_ptr, counts_ptr, kept_ptr,
-                      rows_ptr, source_ptr, T, E, NB, CAP,
+                      rows_ptr, source_ptr, send_off_ptr, T, E, NB, CAP,
                       K: tl.constexpr, ROWS: tl.constexpr, PADDED: tl.constexpr, CHUNKS: tl.constexpr,
                       BT: tl.constexpr, BE: tl.constexpr, BR: tl.constexpr):
     pid = tl.program_id(0)  # (choice j, token block b) in priority order
@@ -114,8 +114,12 @@ def _positions_kernel(idx_ptr, hist_ptr, flat_e_ptr, pos_ptr, keep_ptr, counts_p
         if CHUNKS > 1:  # chunk c holds part c of every expert's rows, experts in order
             row = _chunked_row(choice, pos, e, sizes, CHUNKS)
         else:
-            first = tl.cumsum(sizes, 0) - sizes
+            ends = tl.cumsum(sizes, 0)
+            first = ends - sizes
             row = tl.sum(first[None, :] * hits, 1) + pos
+            if pid == 0:  # the send buffer's expert offsets [E + 1]
+                tl.store(send_off_ptr + 1 + e, ends.to(tl.int64), mask=e_ok)
+                tl.store(send_off_ptr + e, tl.zeros((BE,), dtype=tl.int64), mask=e == 0)
         row = tl.where(keep, row, -1)
         tl.store(rows_ptr + a, row.to(tl.int64), mask=t_ok)
         tl.store(source_ptr + row, t.to(tl.int64), mask=t_ok & keep)
@@ -153,10 +157,12 @@ def io_bytes(tokens: int, experts: int, k: int, elem: int) -> int:
 def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=None, rows: bool = False,
                         chunks: int = 1):
     """Routing of one step: (idx [T, k], weights [T, k] fp32, flat_e, pos, keep [kT], counts, kept [E],
-    rows [kT] | None, source [S] | None). weights = softmax over the k chosen logits, differentiable
-    w.r.t. logits. cap None: dropless. rows/source only when rows=True (no replication): source[row] =
-    token of that send-buffer row (padded rows read token T: the appended zero row); the buffer is sorted
-    by expert, or with chunks > 1 chunk-major (plan.send_rows' layout)."""
+    rows [kT] | None, source [S] | None, send_offsets [E + 1] | None). weights = softmax over the k chosen
+    logits, differentiable w.r.t. logits. cap None: dropless. rows/source only when rows=True (no
+    replication): source[row] = token of that send-buffer row (padded rows read token T: the appended zero
+    row); the buffer is sorted by expert, or with chunks > 1 chunk-major (plan.send_rows' layout).
+    send_offsets: with rows and one chunk, where each expert's rows start in the send buffer (its last entry
+    the buffer's size): at world size 1 the expert segments, so that the step needs no plan launch."""
     if chunks > 1 and not rows:
         raise ValueError("chunks > 1 orders the send rows: pass rows=True")
     cap = -1 if cap is None else cap
@@ -164,7 +170,9 @@ def choose_and_position(logits, k: int, cap: int | None, padded: bool, forced=No
         out = RouteFunction.apply(logits, k, cap, padded, forced, rows, chunks)
     else:
         out = _route_any(logits, k, cap, padded, forced, rows, chunks)
-    return (*out[:7], *(out[7:] if rows else (None, None)))
+    if not rows:
+        return (*out[:7], None, None, None)
+    return (*out[:9], out[9] if out[9].numel() else None)
 
 
 def _route_any(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: int):
@@ -186,12 +194,14 @@ def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: i
     dev = logits.device
     nb = cdiv(T, BLOCK_TOKENS)
     total = E * cap if padded else k * T
-    sizes = (0 if forced is not None else T * k, k * T, k * T, E, E, k * T if rows else 0, total if rows else 0)
+    offsets = E + 1 if rows and chunks == 1 else 0
+    sizes = (0 if forced is not None else T * k, k * T, k * T, E, E, k * T if rows else 0, total if rows else 0,
+             offsets)
     if one_buffer:
         ints = torch.empty(sum(sizes), dtype=torch.int64, device=dev).split(sizes)
     else:
         ints = [torch.empty(n, dtype=torch.int64, device=dev) for n in sizes]
-    chosen, flat_e, pos, counts, kept, row_of, source = ints
+    chosen, flat_e, pos, counts, kept, row_of, source, send_off = ints
     idx = forced.to(torch.int64).contiguous() if forced is not None else chosen.view(T, k)
     weights = torch.empty((T, k), dtype=torch.float32, device=dev)
     hist = torch.empty((k * nb, E), dtype=torch.int32, device=dev)
@@ -201,29 +211,33 @@ def _route(logits, k: int, cap: int, padded: bool, forced, rows: bool, chunks: i
     if not T:
         counts.zero_()
         kept.zero_()
+        if offsets:  # padded: cap rows per expert whatever the tokens
+            send_off.copy_(torch.arange(E + 1, device=dev) * (cap if padded else 0))
         if fill:
             source.fill_(T)
     if T:
-        _launch_route(logits, (idx, weights, hist, flat_e, pos, keep, counts, kept), row_of if rows else flat_e,
-                      source if rows else flat_e,
+        _launch_route(logits, (idx, weights, hist, flat_e, pos, keep, counts, kept),
+                      (row_of, source, send_off if offsets else flat_e) if rows else (flat_e, flat_e, flat_e),
                       (k, forced is not None, rows, padded, limit, total if fill else 0, chunks if rows else 1))
-    return idx, weights, flat_e, pos, keep.view(torch.bool), counts, kept, row_of, source
+    return idx, weights, flat_e, pos, keep.view(torch.bool), counts, kept, row_of, source, send_off
 
 
-def _launch_route(logits, outs, row_of, source, flags) -> None:
-    """_choose_kernel then _positions_kernel; flags = (k, forced, rows, padded, capacity limit, rows to fill,
-    chunks of the send rows)."""
+def _launch_route(logits, outs, send, flags) -> None:
+    """_choose_kernel then _positions_kernel; send = (row of every assignment, source of every row, the
+    send offsets), each flat_e where not written; flags = (k, forced, rows, padded, capacity limit, rows to
+    fill, chunks of the send rows)."""
     idx, weights, hist, flat_e, pos, keep, counts, kept = outs
+    row_of, source, send_off = send
     k, forced, rows, padded, limit, fill, chunks = flags
     T, E = logits.shape
     nb = cdiv(T, BLOCK_TOKENS)
     BE = next_power_of_2(E)
     key = (T, E, logits.stride(0), logits.dtype, flags, logits.device,
-           aligned(logits, idx, weights, hist, flat_e, pos, keep, counts, kept, row_of, source))
+           aligned(logits, idx, weights, hist, flat_e, pos, keep, counts, kept, row_of, source, send_off))
     args = (logits, idx, weights, hist, source, T, E, nb, logits.stride(0), fill, T)
     consts = (k, forced, BLOCK_TOKENS, BE, next_power_of_2(k), BLOCK_FILL)
     _CHOOSE.launch(key, args, lambda: (_choose_kernel[(nb,)](*args, *consts), (nb,), consts, {}))
-    args = (idx, hist, flat_e, pos, keep, counts, kept, row_of, source, T, E, nb, limit)
+    args = (idx, hist, flat_e, pos, keep, counts, kept, row_of, source, send_off, T, E, nb, limit)
     consts = (k, rows, padded, chunks, BLOCK_TOKENS, BE, 16)
     _POSITIONS.launch(key, args, lambda: (_positions_kernel[(k * nb,)](*args, *consts), (k * nb,), consts, {}))
 
@@ -304,7 +318,8 @@ def _weights_backward(idx, weights, d_weights, num_experts: int, dtype):
 
 def _op_route(logits: torch.Tensor, k: int, cap: int, padded: bool, forced: torch.Tensor | None,
               rows: bool, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                                torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                                                torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                torch.Tensor]:
     out = _route(logits, k, cap, padded, forced, rows, chunks, one_buffer=False)
     # a custom op's outputs may not alias its inputs: the forced ids pass through as idx
     return (out[0].clone() if forced is not None and out[0].data_ptr() == forced.data_ptr() else out[0], *out[1:])
@@ -316,7 +331,7 @@ def _fake_route(logits, k, cap, padded, forced, rows, chunks):
     total = E * cap if padded else k * T
     return (ints(T, k), logits.new_empty((T, k), dtype=torch.float32), ints(k * T), ints(k * T),
             logits.new_empty(k * T, dtype=torch.bool), ints(E), ints(E), ints(k * T if rows else 0),
-            ints(total if rows else 0))
+            ints(total if rows else 0), ints(E + 1 if rows and chunks == 1 else 0))
 
 
 def _op_weights_backward(idx: torch.Tensor, weights: torch.Tensor, d_weights: torch.Tensor, num_experts: int,

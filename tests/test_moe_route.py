@@ -36,7 +36,7 @@ def test_routing_kernels_match_route(T, E, k, cf):
     gen = torch.Generator().manual_seed(T * E + k)
     logits = torch.randn(T, E, generator=gen).to(DEVICE).half()
     cap = capacity_limit(cf, T, k, E) if cf else None
-    idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
+    idx, weights, flat_e, pos, keep, counts, kept, rows, source, offsets = choose_and_position(
         logits, k, cap, cf > 0, rows=True)
     # the chosen ids hold the k largest logits, largest first (ties may pick either id)
     _mismatch(logits.gather(1, idx), logits.topk(k, dim=1).values, "top-k values")
@@ -50,6 +50,8 @@ def test_routing_kernels_match_route(T, E, k, cf):
     sent = int(seg.sum())
     tokens = torch.arange(k * T, device=DEVICE) % T
     assert (source[rows[keep]] == tokens[keep]).all(), "source is not the inverse of rows"
+    # the send buffer's expert offsets: expert e's rows start at offsets[e] (offsets[E]: the buffer's size)
+    _mismatch(offsets, torch.cat([seg.new_zeros(1), seg.cumsum(0)]), "send offsets")
     if cf > 0:  # rows that no assignment fills read the zero row (token T), filled by _choose_kernel
         assert source.numel() == sent
         unused = torch.ones(sent, dtype=torch.bool, device=DEVICE)
@@ -68,7 +70,9 @@ def test_chunked_send_rows_match_tensor_ops(T, E, k, cf, D):
     gen = torch.Generator().manual_seed(T + E + D)
     logits = torch.randn(T, E, generator=gen).to(DEVICE).half()
     cap = capacity_limit(cf, T, k, E) if cf != 0 else None
-    idx, _, _, _, keep, _, kept, rows, source = choose_and_position(logits, k, cap, cf > 0, rows=True, chunks=D)
+    idx, _, _, _, keep, _, kept, rows, source, offsets = choose_and_position(logits, k, cap, cf > 0, rows=True,
+                                                                             chunks=D)
+    assert offsets is None, "offsets of a chunk-major send buffer"
     want = route(logits, k, cf, forced=idx)
     seg = torch.full_like(kept, cap) if cf > 0 else want.kept
     _mismatch(rows, comm.send_rows(want, comm.chunk_parts(seg, D), None), "send rows")
@@ -101,8 +105,9 @@ def test_forced_choices_pass_through():
 
 def test_no_tokens_gives_zero_counts_and_a_filled_source():
     logits = torch.randn(0, 7, device=DEVICE)
-    idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
+    idx, weights, flat_e, pos, keep, counts, kept, rows, source, offsets = choose_and_position(
         logits, 2, 1, True, rows=True)
+    assert offsets.tolist() == list(range(8))  # padded to the capacity 1: one row per expert
     assert idx.shape == weights.shape == (0, 2) and flat_e.numel() == keep.numel() == 0
     assert (counts == 0).all() and (kept == 0).all() and counts.numel() == 7
     assert source.numel() == 7 and (source == 0).all()  # every padded row reads token T = 0

@@ -262,8 +262,8 @@ class BlocksMoELayer(MoELayer):
         shape = x.shape
         x2, weights = self._operands(x)
         with self.phase_hooks.phase("gate"):  # source layout = rows sorted by expert, unpadded
-            routing, rows, source = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False,
-                                                     choice=choice)
+            routing, rows, source, _ = self._gate_route(x2, with_rows=self.opts.replicate_hot == 0, padded=False,
+                                                        choice=choice)
         with self.phase_hooks.phase("plan"):
             plan, hot = self._plan(routing, rows, source)
             self._tell_plan(routing, plan)

@@ -29,7 +29,7 @@ from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position
 from qbench.layers.autocast import autocast_dtype, in_autocast_dtype
 from qbench.layers.moe import plan as plans
-from qbench.layers.moe.experts import ExpertConfig, expert_ffn, expert_parallel
+from qbench.layers.moe.experts import ExpertConfig, expert_ffn, expert_parallel, ffn_backward, ffn_forward
 from qbench.layers.moe.hooks import HookList
 from qbench.layers.moe.options import MoEOptions
 from qbench.layers.moe.replicas import Replicas
@@ -87,10 +87,10 @@ class MoELayer(nn.Module):
         shape = x.shape
         x2, weights = self._operands(x)
         with self.phase_hooks.phase("gate"):
-            routing, rows, source = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice,
-                                                     chunks=self.degree)
+            routing, rows, source, offsets = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice,
+                                                              chunks=self.degree)
         with self.phase_hooks.phase("plan"):
-            plan, dplan, send = self._step_plan(x2, routing, rows, source)
+            plan, dplan, send = self._step_plan(x2, routing, rows, source, offsets)
             self._tell_plan(routing, plan)
         if self.world_size == 1 and not plan.hot:
             return _shaped(self._local_experts(x2, send, weights, routing, plan, dplan), shape)
@@ -108,7 +108,7 @@ class MoELayer(nn.Module):
         x2, *weights = in_autocast_dtype(_shaped(x, (-1, x.shape[-1])), self.w1, self.b1, self.w2, self.b2)
         return x2, tuple(weights)
 
-    def _step_plan(self, x2, routing, rows, source):
+    def _step_plan(self, x2, routing, rows, source, offsets=None):
         """(StepPlan, DevicePlan, send buffer or None): without a host read where the shapes are static,
         else with the step's one host synchronisation (refused inside a CUDA graph capture, with the
         reason), started as soon as the plan is queued; where the send buffer's size is known without it
@@ -117,7 +117,7 @@ class MoELayer(nn.Module):
         reason = self.static_reason()
         if reason is None:
             return (*plans.static_plan(routing, self.world_size, self.opts.num_local_experts, self.degree, rows,
-                                       source), None)
+                                       source, offsets), None)
         if x2.is_cuda and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"MoELayer cannot be captured in a CUDA graph: {reason}")
         dplan = plans.prepare(routing, self.world_size, self.degree, self.opts.replicate_hot, self.group, rows,
@@ -136,7 +136,12 @@ class MoELayer(nn.Module):
                                                            dplan.source)
 
     def _local_experts(self, x2, send, weights, routing, plan, dplan):
-        """World size 1 without replication: gather, expert FFN on the send buffer, combine."""
+        """World size 1 without replication: gather, expert FFN on the send buffer, combine, as one autograd
+        node (_LocalExperts) where the routing kernels gave the send buffer's tokens, else one per part."""
+        if send is None and dplan.source is not None:
+            source = dplan.source if dplan.source.numel() == plan.send_rows else dplan.source[:plan.send_rows]
+            return _LocalExperts.apply(x2, routing.weights, *weights, dplan.rows, source, plan.offsets_all,
+                                       routing.padded, self.opts.activation, self.opts.gemm, self.phase_hooks or None)
         send = self._send_buffer(x2, send, routing, plan, dplan)
         with self.phase_hooks.phase("experts"):
             y = expert_ffn(send, weights, plan.offsets_all, self.opts.activation, self.opts.gemm, self.phase_hooks)
@@ -148,21 +153,22 @@ class MoELayer(nn.Module):
         return self.opts.replicate_hot == 0
 
     def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None, chunks: int = 1):
-        """Gate and routing: (Routing, rows, source). Where Triton runs, the routing kernels; with_rows
-        then also gives every assignment's row in the send buffer (-1: dropped; sorted by expert, chunk-major
-        in `chunks` chunks) and each row's token (`padded` to the capacity when cf > 0 unless told
-        otherwise); else rows = source = None. choice: forced expert ids [T, k] or None."""
+        """Gate and routing: (Routing, rows, source, send offsets). Where Triton runs, the routing kernels;
+        with_rows then also gives every assignment's row in the send buffer (-1: dropped; sorted by expert,
+        chunk-major in `chunks` chunks), each row's token (`padded` to the capacity when cf > 0 unless told
+        otherwise) and, with one chunk, where each expert's rows start in it ([E + 1]); else rows = source
+        = send offsets = None. choice: forced expert ids [T, k] or None."""
         logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
         if not use_triton(logits):
-            return route(logits, k, cf, choice), None, None
+            return route(logits, k, cf, choice), None, None, None
         T, E = logits.shape
         cap = capacity_limit(cf, T, k, E) if cf != 0 else None
         # the weights (softmax over the k chosen logits, differentiable) come from the routing kernels
         padded = cf > 0 if padded is None else padded
-        idx, weights, flat_e, pos, keep, counts, kept, rows, source = choose_and_position(
+        idx, weights, flat_e, pos, keep, counts, kept, rows, source, offsets = choose_and_position(
             logits, k, cap, padded, choice, rows=with_rows, chunks=chunks if with_rows else 1)
-        return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source
+        return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source, offsets
 
     def _gate_logits(self, x2):
         """Logits [T, E] of x2 [T, d]: in the gate's dtype, or under autocast in the autocast dtype as
@@ -248,6 +254,38 @@ class _Combine(torch.autograd.Function):
         src, where, weights = ctx.saved_tensors
         d_src, d_weights = combine_backward(src, where, weights, dout.contiguous(), ctx.padded)
         return d_src, None, d_weights.to(weights.dtype), None
+
+
+class _LocalExperts(torch.autograd.Function):
+    """World size 1: out [T, d] = sum_j weights[t, j] * FFN(send)[rows[j * T + t]] with send = x2[source]
+    (source = T: the zero row of a padded buffer), the gather, the expert FFN (experts.py) and the combine
+    in one autograd node: what _GatherTokens, ExpertFFN and _Combine compute one after the other, with one
+    node's host cost instead of three (a step's host time is spent per op and per node, and the autograd
+    engine thread runs every node's Python slower than the calling thread). Backward: the combine's, the
+    FFN's, then (x2 needing it) the gather's. phases: the layer's phase hooks or None (see ExpertFFN)."""
+
+    @staticmethod
+    def forward(ctx, x2, weights, w1, b1, w2, b2, rows, source, offsets, padded: bool, activation: str,
+                backend: str, phases):
+        table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
+        send = table.index_select(0, source)
+        cfg = ExpertConfig(activation, backend, None, phases)
+        with cfg.phase("experts"):
+            pre, act, y = ffn_forward(send, offsets, w1, b1, w2, b2, cfg)
+        with cfg.phase("combine"):  # rows < 0 (dropped) add nothing
+            out = combine_rows(y, rows, weights, weights.shape[0])
+        ctx.save_for_backward(send, pre, act, y, rows, weights, offsets, w1, w2)
+        ctx.cfg, ctx.padded = cfg, padded
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        send, pre, act, y, rows, weights, offsets, w1, w2 = ctx.saved_tensors
+        d_y, d_weights = combine_backward(y, rows, weights, dout.contiguous(), ctx.padded)
+        with ctx.cfg.phase("backward_experts"):
+            d_send, *grads = ffn_backward(d_y, (send, pre, act), offsets, w1, w2, ctx.cfg)
+        dx2 = combine_rows(d_send, rows, None, weights.shape[0]) if ctx.needs_input_grad[0] else None
+        return (dx2, d_weights.to(weights.dtype), *grads, None, None, None, None, None, None, None)
 
 
 class _GatherTokens(torch.autograd.Function):

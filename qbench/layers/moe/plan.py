@@ -248,11 +248,14 @@ def static_reason(capacity_factor: float, replicate_hot: int, world_size: int) -
     return None
 
 
-def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=None, source=None):
+def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=None, source=None,
+                send_offsets=None):
     """(StepPlan, DevicePlan) of a step whose shapes do not depend on its routing, without a host read:
     padded capacity (C rows per expert: every split holds L x C rows, chunk parts of C) or, at world
     size 1, dropless routing (every one of the k * T assignments kept, k * T rows). rows/source: the
-    routing kernel's send rows and their tokens (one chunk), else built here with tensor ops."""
+    routing kernel's send rows and their tokens (one chunk), else built here with tensor ops;
+    send_offsets: the routing kernel's expert offsets of the send buffer [E + 1], which at world size 1
+    with one chunk are the expert segments themselves (no plan launch), or None."""
     import torch
 
     from kernels._common import use_triton
@@ -261,7 +264,9 @@ def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=
     cap = routing.capacity if routing.padded else None
     if cap is None and W > 1:
         raise ValueError(f"no static plan: {static_reason(0.0, 0, W)}")
-    if use_triton(kept):
+    if send_offsets is not None and W == 1 and D == 1:
+        offsets, offsets_all = [send_offsets], send_offsets
+    elif use_triton(kept):
         from kernels.moe_plan import plan_offsets
 
         _, offsets, offsets_all = plan_offsets(kept, kept, W, D, cap)

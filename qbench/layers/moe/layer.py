@@ -26,7 +26,7 @@ from torch import nn
 
 from kernels._common import is_compiling, use_triton
 from kernels.moe_combine import combine_backward, combine_rows
-from kernels.moe_route import choose_and_position
+from kernels.moe_route import choose_and_position, weights_backward
 from qbench.layers.autocast import autocast_dtype, in_autocast_dtype
 from qbench.layers.moe import plan as plans
 from qbench.layers.moe.experts import ExpertConfig, expert_ffn, expert_parallel, ffn_backward, ffn_forward
@@ -86,15 +86,19 @@ class MoELayer(nn.Module):
         the combine weights stay the gate's softmax at the chosen experts), or None."""
         shape = x.shape
         x2, weights = self._operands(x)
-        with self.phase_hooks.phase("gate"):
+        with self.phase_hooks.phase("gate"):  # world size 1: _LocalExperts takes the weights' gradient
             routing, rows, source, offsets = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice,
-                                                              chunks=self.degree)
+                                                              chunks=self.degree, weights_node=not self._local())
         with self.phase_hooks.phase("plan"):
             plan, dplan, send = self._step_plan(x2, routing, rows, source, offsets)
             self._tell_plan(routing, plan)
-        if self.world_size == 1 and not plan.hot:
+        if self._local():
             return _shaped(self._local_experts(x2, send, weights, routing, plan, dplan), shape)
         return _shaped(self._experts(x2, send, weights, routing, plan, dplan), shape)
+
+    def _local(self) -> bool:
+        """Whether the step runs its experts on the send buffer itself: world size 1 without replication."""
+        return self.world_size == 1 and self.opts.replicate_hot == 0
 
     def _tell_plan(self, routing, plan) -> None:
         """The plan hooks (not while torch.compile traces: a hook's side effects are not part of a graph)."""
@@ -137,11 +141,14 @@ class MoELayer(nn.Module):
 
     def _local_experts(self, x2, send, weights, routing, plan, dplan):
         """World size 1 without replication: gather, expert FFN on the send buffer, combine, as one autograd
-        node (_LocalExperts) where the routing kernels gave the send buffer's tokens, else one per part."""
+        node (_LocalExperts, which also takes the combine weights' gradient to the gate's logits where the
+        routing kernels ran outside autograd) where the routing kernels gave the send buffer's tokens, else
+        one node per part."""
         if send is None and dplan.source is not None:
             source = dplan.source if dplan.source.numel() == plan.send_rows else dplan.source[:plan.send_rows]
-            return _LocalExperts.apply(x2, routing.weights, *weights, dplan.rows, source, plan.offsets_all,
-                                       routing.padded, self.opts.activation, self.opts.gemm, self.phase_hooks or None)
+            return _LocalExperts.apply(x2, routing.logits, routing.weights, routing.idx, *weights, dplan.rows, source,
+                                       plan.offsets_all, routing.padded, self.opts.activation, self.opts.gemm,
+                                       self.phase_hooks or None)
         send = self._send_buffer(x2, send, routing, plan, dplan)
         with self.phase_hooks.phase("experts"):
             y = expert_ffn(send, weights, plan.offsets_all, self.opts.activation, self.opts.gemm, self.phase_hooks)
@@ -152,12 +159,15 @@ class MoELayer(nn.Module):
         """Whether the routing kernels give the send rows (in the layer's chunks): without replication."""
         return self.opts.replicate_hot == 0
 
-    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None, chunks: int = 1):
+    def _gate_route(self, x2, with_rows: bool, padded: bool | None = None, choice=None, chunks: int = 1,
+                    weights_node: bool = True):
         """Gate and routing: (Routing, rows, source, send offsets). Where Triton runs, the routing kernels;
         with_rows then also gives every assignment's row in the send buffer (-1: dropped; sorted by expert,
         chunk-major in `chunks` chunks), each row's token (`padded` to the capacity when cf > 0 unless told
         otherwise) and, with one chunk, where each expert's rows start in it ([E + 1]); else rows = source
-        = send offsets = None. choice: forced expert ids [T, k] or None."""
+        = send offsets = None. choice: forced expert ids [T, k] or None. weights_node False: the routing
+        kernels run outside autograd and the Routing keeps the logits, whose gradient from the weights the
+        caller takes (_LocalExperts)."""
         logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
         if not use_triton(logits):
@@ -167,8 +177,10 @@ class MoELayer(nn.Module):
         # the weights (softmax over the k chosen logits, differentiable) come from the routing kernels
         padded = cf > 0 if padded is None else padded
         idx, weights, flat_e, pos, keep, counts, kept, rows, source, offsets = choose_and_position(
-            logits, k, cap, padded, choice, rows=with_rows, chunks=chunks if with_rows else 1)
-        return Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0), rows, source, offsets
+            logits if weights_node else logits.detach(), k, cap, padded, choice, rows=with_rows,
+            chunks=chunks if with_rows else 1)
+        routing = Routing(idx, weights, flat_e, pos, keep, counts, kept, cap, cf > 0, None if weights_node else logits)
+        return routing, rows, source, offsets
 
     def _gate_logits(self, x2):
         """Logits [T, E] of x2 [T, d]: in the gate's dtype, or under autocast in the autocast dtype as
@@ -262,10 +274,13 @@ class _LocalExperts(torch.autograd.Function):
     in one autograd node: what _GatherTokens, ExpertFFN and _Combine compute one after the other, with one
     node's host cost instead of three (a step's host time is spent per op and per node, and the autograd
     engine thread runs every node's Python slower than the calling thread). Backward: the combine's, the
-    FFN's, then (x2 needing it) the gather's. phases: the layer's phase hooks or None (see ExpertFFN)."""
+    FFN's, then (x2 needing it) the gather's. logits: the gate's logits [T, E] when the weights [T, k] (ids
+    idx) came from the routing kernels outside autograd: the weights' gradient then goes to the logits here
+    (RouteFunction's backward, one node less); None when the weights carry their own graph. phases: the
+    layer's phase hooks or None (see ExpertFFN)."""
 
     @staticmethod
-    def forward(ctx, x2, weights, w1, b1, w2, b2, rows, source, offsets, padded: bool, activation: str,
+    def forward(ctx, x2, logits, weights, idx, w1, b1, w2, b2, rows, source, offsets, padded: bool, activation: str,
                 backend: str, phases):
         table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
         send = table.index_select(0, source)
@@ -274,18 +289,23 @@ class _LocalExperts(torch.autograd.Function):
             pre, act, y = ffn_forward(send, offsets, w1, b1, w2, b2, cfg)
         with cfg.phase("combine"):  # rows < 0 (dropped) add nothing
             out = combine_rows(y, rows, weights, weights.shape[0])
-        ctx.save_for_backward(send, pre, act, y, rows, weights, offsets, w1, w2)
+        ctx.save_for_backward(send, pre, act, y, rows, weights, idx, offsets, w1, w2)
         ctx.cfg, ctx.padded = cfg, padded
+        ctx.logits = None if logits is None else (logits.shape[1], logits.dtype)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        send, pre, act, y, rows, weights, offsets, w1, w2 = ctx.saved_tensors
+        send, pre, act, y, rows, weights, idx, offsets, w1, w2 = ctx.saved_tensors
         d_y, d_weights = combine_backward(y, rows, weights, dout.contiguous(), ctx.padded)
         with ctx.cfg.phase("backward_experts"):
             d_send, *grads = ffn_backward(d_y, (send, pre, act), offsets, w1, w2, ctx.cfg)
         dx2 = combine_rows(d_send, rows, None, weights.shape[0]) if ctx.needs_input_grad[0] else None
-        return (dx2, d_weights.to(weights.dtype), *grads, None, None, None, None, None, None, None)
+        d_logits = None
+        if ctx.logits is not None and ctx.needs_input_grad[1]:
+            d_logits = weights_backward(idx, weights, d_weights, *ctx.logits)
+        d_weights = d_weights.to(weights.dtype) if ctx.needs_input_grad[2] else None
+        return (dx2, d_logits, d_weights, None, *grads, None, None, None, None, None, None, None)
 
 
 class _GatherTokens(torch.autograd.Function):

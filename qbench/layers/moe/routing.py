@@ -156,13 +156,15 @@ class Routing:
     kept: Any  # [E] assignments per expert after capacity
     capacity: int | None  # rows per expert (None: dropless)
     padded: bool  # buffers padded to `capacity` (cf > 0)
+    logits: Any = None  # [T, E] the gate's logits where `weights` are outside the autograd graph and the
+    #                     step takes their gradient to the logits itself (kernels.moe_route.weights_backward)
 
     def detached(self) -> Routing:
         """The same routing with weights cut from the autograd graph: what a layer may keep after its
         step. Kept with its graph, it would keep the step's AccumulateGrad nodes alive, and the next
         backward would then join their (earlier) stream: an eager step pays a sync, and a CUDA-graph
         capture fails ("operation would make the legacy stream depend on a capturing blocking stream")."""
-        return replace(self, weights=self.weights.detach())
+        return replace(self, weights=self.weights.detach(), logits=None)
 
 
 def route(logits, k: int, capacity_factor: float, forced=None) -> Routing:

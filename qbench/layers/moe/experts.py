@@ -18,7 +18,8 @@ owners' weights (replicas.py: one broadcast per owner on a second communicator,
 started by the layer before the dispatch), after the local experts, while the combine is in flight;
 their gradients go home with one reduce per owner, started as soon as they exist, so that it overlaps
 the input-gradient path and the weight gradients.
-At world size 1 without replication nothing moves: `expert_ffn` (ExpertFFN) runs the FFN on the send
+At world size 1 without replication nothing moves: the layer's own node (layer._LocalExperts) calls
+ffn_forward / ffn_backward where the routing kernels ran, else `expert_ffn` (ExpertFFN) runs the FFN on the send
 buffer itself, no exchange and no copies; its arguments are tensors and strings only, so that
 torch.compile traces it with fullgraph (the kernels are custom ops there).
 """

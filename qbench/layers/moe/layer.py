@@ -16,7 +16,8 @@ of the device, compiles with torch.compile(fullgraph=True) at world size 1 (the 
 ops) and captures into a CUDA graph. Otherwise the host must read the step's plan once (dropless at
 world size > 1: the all-to-all's split sizes; capped capacity: the buffer sizes; replication: which
 experts are hot), so that part of the step stays eager, and capturing it raises with that reason.
-At world size 1 nothing is exchanged: the experts run on the send buffer (one chunk, whatever D).
+At world size 1 nothing is exchanged: the experts run on the send buffer (one chunk, whatever D), and with
+the routing kernels the gather, the expert FFN and the combine are one autograd node (_LocalExperts).
 """
 
 from __future__ import annotations

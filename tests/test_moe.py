@@ -1,5 +1,6 @@
 """MoE pieces that need no process group: routing, capacity, row plans, seed-format lines, the CLI."""
 
+import os
 import re
 import subprocess
 import sys
@@ -155,3 +156,22 @@ def test_resolve_fills_the_cpu_defaults_and_the_flag_accepts_dtype_aliases():
                                                                                                    64, 256)
     for spelling in ("float16", "fp16", "half"):
         assert command.make_context("moe", ["--dtype", spelling]).params["dtypes"] == ("fp16",)
+
+
+def test_world_size_1_without_triton_matches_the_reference():
+    """Where no Triton kernel can run (a CPU without the interpreter), torch routes and the world-size-1 node
+    builds the send buffer's tokens itself: its outputs and gradients still match the dense reference."""
+    code = ("import torch\n"
+            "from qbench.layers.moe import MoELayer, MoEOptions\n"
+            "from qbench.layers.moe.reference import check_layer\n"
+            "for cf in (0.0, 1.0, -0.5):\n"
+            "    layer = MoELayer(MoEOptions(32, 48, 4, 2, capacity_factor=cf), rank=0, world_size=1,\n"
+            "                     dtype=torch.float32, device='cpu', seed=2)\n"
+            "    gen = torch.Generator().manual_seed(3)\n"
+            "    x, dy = torch.randn(96, 32, generator=gen), torch.randn(96, 32, generator=gen)\n"
+            "    r = check_layer(layer, x, dy)\n"
+            "    bad = {k: v for k, v in r.errors.items() if not v <= r.tolerance}\n"
+            "    assert not bad and r.dropped == r.dropped_reference, (cf, bad, r)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr

@@ -19,9 +19,7 @@ started by the layer before the dispatch), after the local experts, while the co
 their gradients go home with one reduce per owner, started as soon as they exist, so that it overlaps
 the input-gradient path and the weight gradients.
 At world size 1 without replication nothing moves: the layer's own node (layer._LocalExperts) calls
-ffn_forward / ffn_backward where the routing kernels ran, else `expert_ffn` (ExpertFFN) runs the FFN on the send
-buffer itself, no exchange and no copies; its arguments are tensors and strings only, so that
-torch.compile traces it with fullgraph (the kernels are custom ops there).
+ffn_forward / ffn_backward on the send buffer itself, no exchange and no copies.
 """
 
 from __future__ import annotations
@@ -202,33 +200,6 @@ def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
     hot_x, pre, act, rw1, rw2 = saved
     d_hot = torch.zeros_like(hot_x) if d_hot is None else d_hot.contiguous()  # hot_y unused: not materialized
     return ffn_backward(d_hot, (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
-
-
-class ExpertFFN(torch.autograd.Function):
-    """x [R, d] in segments (offsets [L + 1]: segment l uses expert l) -> y [R, d]; `phases` (the layer's
-    phase hooks, or None without any: a constant under torch.compile) see the backward as "backward_experts"."""
-
-    @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, offsets, activation: str, backend: str, phases):
-        cfg = ExpertConfig(activation, backend, None)
-        pre, act, y = ffn_forward(x, offsets, w1, b1, w2, b2, cfg)
-        ctx.save_for_backward(x, pre, act, offsets, w1, w2)
-        ctx.activation, ctx.backend, ctx.phases = activation, backend, phases
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, pre, act, offsets, w1, w2 = ctx.saved_tensors
-        cfg = ExpertConfig(ctx.activation, ctx.backend, None, ctx.phases)
-        with cfg.phase("backward_experts"):
-            grads = ffn_backward(dy.contiguous(), (x, pre, act), offsets, w1, w2, cfg)
-        return (*grads, None, None, None, None)
-
-
-def expert_ffn(x, weights, offsets, activation: str, backend: str, phases: HookList | None = None):
-    """The expert FFN of rows x [R, d] in segments `offsets` [L + 1], differentiable in x and the
-    weights = (w1, b1, w2, b2); world size 1 (nothing moves)."""
-    return ExpertFFN.apply(x, *weights, offsets, activation, backend, phases or None)
 
 
 def expert_parallel(send, hot_x, weights, plan, hot_offsets, cfg: ExpertConfig, replicas=None):

@@ -30,7 +30,7 @@ from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position, weights_backward
 from qbench.layers.autocast import autocast_dtype, in_autocast_dtype
 from qbench.layers.moe import plan as plans
-from qbench.layers.moe.experts import ExpertConfig, expert_ffn, expert_parallel, ffn_backward, ffn_forward
+from qbench.layers.moe.experts import ExpertConfig, expert_parallel, ffn_backward, ffn_forward
 from qbench.layers.moe.hooks import HookList
 from qbench.layers.moe.options import MoEOptions
 from qbench.layers.moe.replicas import Replicas
@@ -93,8 +93,8 @@ class MoELayer(nn.Module):
         with self.phase_hooks.phase("plan"):
             plan, dplan, send = self._step_plan(x2, routing, rows, source, offsets)
             self._tell_plan(routing, plan)
-        if self._local():
-            return _shaped(self._local_experts(x2, send, weights, routing, plan, dplan), shape)
+        if self._local():  # the step's shapes are static here: _step_plan gathered nothing early
+            return _shaped(self._local_experts(x2, weights, routing, plan, dplan), shape)
         return _shaped(self._experts(x2, send, weights, routing, plan, dplan), shape)
 
     def _local(self) -> bool:
@@ -140,21 +140,16 @@ class MoELayer(nn.Module):
         return send if send is not None else gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded,
                                                            dplan.source)
 
-    def _local_experts(self, x2, send, weights, routing, plan, dplan):
-        """World size 1 without replication: gather, expert FFN on the send buffer, combine, as one autograd
+    def _local_experts(self, x2, weights, routing, plan, dplan):
+        """World size 1 without replication: gather, expert FFN on the send buffer and combine, as one autograd
         node (_LocalExperts, which also takes the combine weights' gradient to the gate's logits where the
-        routing kernels ran outside autograd) where the routing kernels gave the send buffer's tokens, else
-        one node per part."""
-        if send is None and dplan.source is not None:
-            source = dplan.source if dplan.source.numel() == plan.send_rows else dplan.source[:plan.send_rows]
-            return _LocalExperts.apply(x2, routing.logits, routing.weights, routing.idx, *weights, dplan.rows, source,
-                                       plan.offsets_all, routing.padded, self.opts.activation, self.opts.gemm,
-                                       self.phase_hooks or None)
-        send = self._send_buffer(x2, send, routing, plan, dplan)
-        with self.phase_hooks.phase("experts"):
-            y = expert_ffn(send, weights, plan.offsets_all, self.opts.activation, self.opts.gemm, self.phase_hooks)
-        with self.phase_hooks.phase("combine"):  # rows < 0 (dropped) add nothing
-            return _Combine.apply(y, dplan.rows, routing.weights, routing.padded)
+        routing kernels ran outside autograd). The send buffer's tokens are the routing kernels' (dplan.source),
+        or built from the rows where torch routed."""
+        n = plan.send_rows
+        source = dplan.source if dplan.source is not None else token_source(dplan.rows, n, routing.padded, len(x2))
+        return _LocalExperts.apply(x2, routing.logits, routing.weights, routing.idx, *weights, dplan.rows,
+                                   source if source.numel() == n else source[:n], plan.offsets_all, routing.padded,
+                                   self.opts.activation, self.opts.gemm, self.phase_hooks or None)
 
     def _kernel_rows(self) -> bool:
         """Whether the routing kernels give the send rows (in the layer's chunks): without replication."""
@@ -236,20 +231,25 @@ def gather_tokens(x2, rows, total: int, padded: bool, source=None, out=None):
     [total, d] buffer to gather into (used with `source` only)."""
     if source is not None:  # source may be longer than the buffer (a padded plan's last rows); sliced only then
         return _GatherTokens.apply(x2, source if source.numel() == total else source[:total], rows, padded, out)
-    return _gather_rows(x2, rows, total, padded)
+    return _gathered(x2, token_source(rows, total, padded, x2.shape[0]), padded)
 
 
-def _gather_rows(x2, rows, total: int, padded: bool):
-    """Buffer [total, d] whose row rows[a] is token a % T of x2 [T, d] (assignment a = j * T + t; rows < 0
-    skipped): one gather of the tokens. Only padded buffers have rows that no assignment writes; those
-    must be zero (their wgrad contribution is 0 * row, NaN for garbage), so they read an appended zero row."""
-    T = x2.shape[0]
-    token = torch.arange(rows.numel(), device=rows.device) % T
-    source = torch.full((total + 1,), T, dtype=torch.int64, device=rows.device) if padded else (
+def token_source(rows, total: int, padded: bool, tokens: int):
+    """The token of every row of a [total, d] buffer whose row rows[a] holds token a % T (assignment
+    a = j * T + t; rows < 0 skipped): [total] int64, the inverse map the routing kernels give. Only padded
+    buffers have rows that no assignment writes; those read token T, an appended zero row (their wgrad
+    contribution is 0 * row, NaN for garbage)."""
+    token = torch.arange(rows.numel(), device=rows.device) % tokens
+    source = torch.full((total + 1,), tokens, dtype=torch.int64, device=rows.device) if padded else (
         torch.empty((total + 1,), dtype=torch.int64, device=rows.device))
     source.index_copy_(0, torch.where(rows >= 0, rows, total), token)
+    return source[:total]
+
+
+def _gathered(x2, source, padded: bool, out=None):
+    """Rows x2[source] (source = T: the zero row appended to a padded buffer's table), into `out` when given."""
     table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
-    return table.index_select(0, source[:total])
+    return table.index_select(0, source) if out is None else torch.index_select(table, 0, source, out=out)
 
 
 class _Combine(torch.autograd.Function):
@@ -272,19 +272,19 @@ class _Combine(torch.autograd.Function):
 class _LocalExperts(torch.autograd.Function):
     """World size 1: out [T, d] = sum_j weights[t, j] * FFN(send)[rows[j * T + t]] with send = x2[source]
     (source = T: the zero row of a padded buffer), the gather, the expert FFN (experts.py) and the combine
-    in one autograd node: what _GatherTokens, ExpertFFN and _Combine compute one after the other, with one
-    node's host cost instead of three (a step's host time is spent per op and per node, and the autograd
+    in one autograd node: what _GatherTokens, the experts' FFN and _Combine compute one after the other, with
+    one node's host cost instead of three (a step's host time is spent per op and per node, and the autograd
     engine thread runs every node's Python slower than the calling thread). Backward: the combine's, the
     FFN's, then (x2 needing it) the gather's. logits: the gate's logits [T, E] when the weights [T, k] (ids
     idx) came from the routing kernels outside autograd: the weights' gradient then goes to the logits here
     (RouteFunction's backward, one node less); None when the weights carry their own graph. phases: the
-    layer's phase hooks or None (see ExpertFFN)."""
+    layer's phase hooks, or None without any (a constant under torch.compile), around the experts, the
+    combine and "backward_experts"."""
 
     @staticmethod
     def forward(ctx, x2, logits, weights, idx, w1, b1, w2, b2, rows, source, offsets, padded: bool, activation: str,
                 backend: str, phases):
-        table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
-        send = table.index_select(0, source)
+        send = _gathered(x2, source, padded)
         cfg = ExpertConfig(activation, backend, None, phases)
         with cfg.phase("experts"):
             pre, act, y = ffn_forward(send, offsets, w1, b1, w2, b2, cfg)
@@ -317,8 +317,7 @@ class _GatherTokens(torch.autograd.Function):
     def forward(ctx, x2, source, rows, padded: bool, out=None):
         ctx.save_for_backward(rows)
         ctx.tokens = x2.shape[0]
-        table = torch.nn.functional.pad(x2, (0, 0, 0, 1)) if padded else x2
-        return table.index_select(0, source) if out is None else torch.index_select(table, 0, source, out=out)
+        return _gathered(x2, source, padded, out)
 
     @staticmethod
     def backward(ctx, d_send):

@@ -261,3 +261,14 @@ def test_a_grouped_product_fills_its_waves_with_every_groups_tiles():
     assert math.isclose(eight.ms, 8 * 2 * 2048 * 4096 * 1024 / (500e12 * 512 / 528) * 1e3, rel_tol=1e-12)
     dispatch = predictions(moe_record(4), r)["dispatch_ms"]
     assert dispatch.limit == "link" and "GB/s" in dispatch.reason
+
+
+def test_the_moe_plan_phase_is_predicted_only_where_it_launches_work():
+    r = make_rates()
+    assert "plan_ms" in predictions(moe_record(4), r)
+    assert "plan_ms" not in predictions(moe_record(1), r)  # the routing kernel wrote the expert segments
+    hot = store.make_record("moe", {**moe_record(1)["params"], "replicate_hot": 2}, moe_record(1)["metrics"])
+    assert "plan_ms" in predictions(hot, r)
+    # an eager step's plan host time then counts with the forward's untracked host time, still waited on
+    eager = predictions(moe_record(1, "eager", host_forward_ms=50.0, host_plan_ms=1.0), r)
+    assert "plan_ms" not in eager and eager["forward_ms"].ms >= 50.0

@@ -26,7 +26,8 @@ def _rows(params: Mapping, metrics: Mapping) -> float:
 
 
 def phases(params: Mapping, metrics: Mapping, rates: Rates) -> dict[str, Prediction]:
-    """The forward's phases and the backward's expert part (backward_experts_ms) of the busiest rank."""
+    """The forward's phases and the backward's expert part (backward_experts_ms) of the busiest rank (the plan
+    phase only where it launches work: plan_launches)."""
     n, dtype = int(params["world_size"]), str(params["dtype"])
     d, h, T, k = params["model_dim"], params["hidden_size"], params["samples"], params["top_k"]
     e = 4 if dtype == "fp32" else 2
@@ -52,13 +53,24 @@ def phases(params: Mapping, metrics: Mapping, rates: Rates) -> dict[str, Predict
     input_grad = {"down_t": grouped(per_expert, d, h), "activation": stream(3 * activation, "gelu_backward", rates),
                   "up_t": grouped(per_expert, h, d)}
     weight_grad = {"down": grouped(h, per_expert, d, "grouped_wgrad"), "up": grouped(d, per_expert, h, "grouped_wgrad")}
-    return {"gate_ms": chain({"product": product(T, d, n * experts), "route": route}),
-            "plan_ms": stream(T * k * INDEX_BYTES * 2, "copy", rates),
-            "dispatch_ms": exchange,
-            "experts_ms": chain(forward),
-            "combine_ms": exchange,
-            "backward_experts_ms": chain({"input_grad": chain(input_grad), "weight_grad": chain(weight_grad)}),
-            "backward_gate": chain({"dx": product(T, n * experts, d), "dw": product(d, T, n * experts)})}
+    out = {"gate_ms": chain({"product": product(T, d, n * experts), "route": route}),
+           "dispatch_ms": exchange,
+           "experts_ms": chain(forward),
+           "combine_ms": exchange,
+           "backward_experts_ms": chain({"input_grad": chain(input_grad), "weight_grad": chain(weight_grad)}),
+           "backward_gate": chain({"dx": product(T, n * experts, d), "dw": product(d, T, n * experts)})}
+    if plan_launches(params):
+        out["plan_ms"] = stream(T * k * INDEX_BYTES * 2, "copy", rates)
+    return out
+
+
+def plan_launches(params: Mapping) -> bool:
+    """Whether the step's plan phase runs GPU work. At world size 1 without replication the routing kernel writes
+    the send buffer's expert segments and the plan launches nothing (qbench/layers/moe/plan.py, static_plan): its
+    measured time is its two events' own gap, nothing to predict, and an eager step's host time there counts with
+    the forward's untracked host time."""
+    return not (int(params["world_size"]) == 1 and int(params.get("replicate_hot") or 0) == 0
+                and params.get("variant", "a2a") == "a2a")
 
 
 def predict(record: Mapping, rates: Rates) -> dict[str, Prediction]:
@@ -139,7 +151,7 @@ def _behind(gpu: Prediction, ms: float, host_bound: bool) -> Prediction:
 
 def _forward(p: Mapping[str, Prediction], overlap: bool) -> Prediction:
     if not overlap:
-        return chain({k: p[k] for k in ("gate_ms", "plan_ms", "dispatch_ms", "experts_ms", "combine_ms")})
+        return chain({k: p[k] for k in FORWARD if k in p})
     exchange = chain({"dispatch": p["dispatch_ms"], "combine": p["combine_ms"]})
     hidden = p["experts_ms"] if p["experts_ms"].ms >= exchange.ms else exchange
-    return chain({"gate": p["gate_ms"], "plan": p["plan_ms"], "overlapped": hidden})
+    return chain({"gate": p["gate_ms"], **({"plan": p["plan_ms"]} if "plan_ms" in p else {}), "overlapped": hidden})

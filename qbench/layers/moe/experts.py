@@ -18,8 +18,9 @@ owners' weights (replicas.py: one broadcast per owner on a second communicator,
 started by the layer before the dispatch), after the local experts, while the combine is in flight;
 their gradients go home with one reduce per owner, started as soon as they exist, so that it overlaps
 the input-gradient path and the weight gradients.
-At world size 1 without replication nothing moves: the layer's own node (layer._LocalExperts) calls
-ffn_forward / ffn_backward on the send buffer itself, no exchange and no copies.
+The layer runs every step's experts inside one autograd node of its own (layer._Experts: gather, experts,
+combine): ExchangedExperts where rows cross ranks, and at world size 1 without replication, where nothing
+moves, ffn_forward / ffn_backward on the send buffer itself, no exchange and no copies.
 """
 
 from __future__ import annotations
@@ -131,16 +132,21 @@ def _wait(cfg, phase: str, handles) -> None:
             h.wait()
 
 
-class ExpertParallel(torch.autograd.Function):
-    """(send [S, d], hot_x [H, d], expert weights) -> (back [S, d], hot_y [H, d]); `replicas` (a
-    replicas.Replicas or None) brings the hot experts' weights and takes their gradients home. Without
-    replicas hot_x and hot_y are None: no empty tensors to allocate, and no zero gradient for hot_y (the
-    gradients are not materialized: d_hot is None there)."""
+class ExchangedExperts:
+    """The experts of a step whose rows cross ranks (world size > 1, or with replicas), forward and backward as the
+    module docstring says: send [S, d] -> back [S, d] (this rank's rows, back from the experts that computed them),
+    hot_x [H, d] -> hot_y [H, d] (the replicated experts' rows of this rank, or None without replicas). Called by
+    the layer's autograd node (layer._Experts), which gathers the send buffer before and combines after; this
+    object carries what the backward needs from the forward. replicas: a replicas.Replicas (it brings the hot
+    experts' weights and takes their gradients home) or None; hot_offsets: the replica buffer's group offsets."""
 
-    @staticmethod
-    def forward(ctx, send, hot_x, w1, b1, w2, b2, plan, hot_offsets, cfg, replicas):
-        ctx.plan, ctx.cfg, ctx.hot_offsets, ctx.replicas, ctx.hot_saved = plan, cfg, hot_offsets, replicas, None
-        ctx.set_materialize_grads(False)
+    def __init__(self, plan, cfg: ExpertConfig, replicas=None, hot_offsets=None):
+        self.plan, self.cfg, self.replicas, self.hot_offsets = plan, cfg, replicas, hot_offsets
+        self.saved = self.hot_saved = None
+
+    def forward(self, send, hot_x, w1, b1, w2, b2):
+        """(back [S, d], hot_y [H, d] or None)."""
+        plan, cfg, replicas = self.plan, self.cfg, self.replicas
         R, d, h = plan.recv_rows, send.shape[1], w1.shape[2]
         x, x_c = _chunked(plan, R, send, d)
         waits = _start(cfg, "dispatch", x_c, _sent(plan, send), plan.chunks, inbound=True)
@@ -156,24 +162,24 @@ class ExpertParallel(torch.autograd.Function):
         if replicas is not None:  # while the combine is in flight
             with cfg.phase("experts"):
                 rw = replicas.weights()
-                hpre, hact, hot_y = ffn_forward(hot_x, hot_offsets, *rw, cfg)
-            ctx.hot_saved = (hot_x, hpre, hact, rw[0], rw[2])
+                hpre, hact, hot_y = ffn_forward(hot_x, self.hot_offsets, *rw, cfg)
+            self.hot_saved = (hot_x, hpre, hact, rw[0], rw[2])
         _wait(cfg, "combine", backs)
-        ctx.save_for_backward(w1, w2, x, pre, act)
+        self.saved = (w1, w2, x, pre, act)
         return back, hot_y
 
-    @staticmethod
-    def backward(ctx, d_back, d_hot):
-        w1, w2, x, pre, act = ctx.saved_tensors
-        plan, cfg, replicas = ctx.plan, ctx.cfg, ctx.replicas
+    def backward(self, d_back, d_hot):
+        """(d_send [S, d], d_hot_x [H, d] or None, (dw1, db1, dw2, db2)) for the gradients of back and hot_y."""
+        w1, w2, x, pre, act = self.saved
+        plan, cfg, replicas = self.plan, self.cfg, self.replicas
         R, d, h = plan.recv_rows, d_back.shape[1], w1.shape[2]
         d_back = d_back.contiguous()
         dy, dy_c = _chunked(plan, R, d_back, d)
         waits = _start(cfg, "backward_a2a", dy_c, _sent(plan, d_back), plan.chunks, inbound=True)
-        d_hot_x = hot_grads = None
+        d_hot_x = None
         if replicas is not None:  # while the output gradient is in flight
             with cfg.phase("backward_experts"):
-                d_hot_x, *hot_grads = hot_backward(d_hot, ctx.hot_saved, ctx.hot_offsets, cfg)
+                d_hot_x, *hot_grads = hot_backward(d_hot, self.hot_saved, self.hot_offsets, cfg)
             with cfg.phase("replicas"):  # its own communicator: runs beside the exchanges
                 replicas.reduce(*hot_grads)
         (dpre, dpre_c), dx_c = _chunked(plan, R, d_back, h), _chunked(plan, R, d_back, d)[1]
@@ -191,8 +197,8 @@ class ExpertParallel(torch.autograd.Function):
         if replicas is not None:
             with cfg.phase("replicas"):
                 replicas.add_to(*grads)
-        ctx.hot_saved = ctx.replicas = None
-        return (d_send, d_hot_x, *grads, None, None, None, None)
+        self.saved = self.hot_saved = self.replicas = None
+        return d_send, d_hot_x, grads
 
 
 def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
@@ -200,8 +206,3 @@ def hot_backward(d_hot, saved, hot_offsets, cfg: ExpertConfig):
     hot_x, pre, act, rw1, rw2 = saved
     d_hot = torch.zeros_like(hot_x) if d_hot is None else d_hot.contiguous()  # hot_y unused: not materialized
     return ffn_backward(d_hot, (hot_x, pre, act), hot_offsets, rw1, rw2, cfg)
-
-
-def expert_parallel(send, hot_x, weights, plan, hot_offsets, cfg: ExpertConfig, replicas=None):
-    """Apply the expert-parallel Function; weights = (w1, b1, w2, b2); replicas: Replicas or None."""
-    return ExpertParallel.apply(send, hot_x, *weights, plan, hot_offsets, cfg, replicas)

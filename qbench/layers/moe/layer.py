@@ -16,8 +16,10 @@ of the device, compiles with torch.compile(fullgraph=True) at world size 1 (the 
 ops) and captures into a CUDA graph. Otherwise the host must read the step's plan once (dropless at
 world size > 1: the all-to-all's split sizes; capped capacity: the buffer sizes; replication: which
 experts are hot), so that part of the step stays eager, and capturing it raises with that reason.
-At world size 1 nothing is exchanged: the experts run on the send buffer (one chunk, whatever D), and with
-the routing kernels the gather, the expert FFN and the combine are one autograd node (_LocalExperts).
+The gather, the experts (and their exchanges) and the combine are one autograd node (_Experts), which also takes
+the combine weights' gradient to the gate's logits where the routing kernels ran outside autograd: a step's host
+time is spent per op and per node. At world size 1 nothing is exchanged: the experts run on the send buffer (one
+chunk, whatever D).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from kernels.moe_combine import combine_backward, combine_rows
 from kernels.moe_route import choose_and_position, weights_backward
 from qbench.layers.autocast import autocast_dtype, in_autocast_dtype
 from qbench.layers.moe import plan as plans
-from qbench.layers.moe.experts import ExpertConfig, expert_parallel, ffn_backward, ffn_forward
+from qbench.layers.moe.experts import ExchangedExperts, ExpertConfig, ffn_backward, ffn_forward
 from qbench.layers.moe.hooks import HookList
 from qbench.layers.moe.options import MoEOptions
 from qbench.layers.moe.replicas import Replicas
@@ -87,15 +89,13 @@ class MoELayer(nn.Module):
         the combine weights stay the gate's softmax at the chosen experts), or None."""
         shape = x.shape
         x2, weights = self._operands(x)
-        with self.phase_hooks.phase("gate"):  # world size 1: _LocalExperts takes the weights' gradient
+        with self.phase_hooks.phase("gate"):  # the routing kernels outside autograd: _Experts takes their gradient
             routing, rows, source, offsets = self._gate_route(x2, with_rows=self._kernel_rows(), choice=choice,
-                                                              chunks=self.degree, weights_node=not self._local())
+                                                              chunks=self.degree, weights_node=False)
         with self.phase_hooks.phase("plan"):
-            plan, dplan, send = self._step_plan(x2, routing, rows, source, offsets)
+            plan, dplan, sent = self._step_plan(x2, routing, rows, source, offsets)
             self._tell_plan(routing, plan)
-        if self._local():  # the step's shapes are static here: _step_plan gathered nothing early
-            return _shaped(self._local_experts(x2, weights, routing, plan, dplan), shape)
-        return _shaped(self._experts(x2, send, weights, routing, plan, dplan), shape)
+        return _shaped(self._experts(x2, sent, weights, routing, plan, dplan), shape)
 
     def _local(self) -> bool:
         """Whether the step runs its experts on the send buffer itself: world size 1 without replication."""
@@ -118,7 +118,8 @@ class MoELayer(nn.Module):
         else with the step's one host synchronisation (refused inside a CUDA graph capture, with the
         reason), started as soon as the plan is queued; where the send buffer's size is known without it
         (dropless, no replication: every one of the k * T assignments is sent), its gather is queued
-        before the host waits, so that the GPU has that work while the host reads."""
+        before the host waits, so that the GPU has that work while the host reads (outside autograd:
+        _Experts takes its gradient)."""
         reason = self.static_reason()
         if reason is None:
             return (*plans.static_plan(routing, self.world_size, self.opts.num_local_experts, self.degree, rows,
@@ -128,28 +129,32 @@ class MoELayer(nn.Module):
         dplan = plans.prepare(routing, self.world_size, self.degree, self.opts.replicate_hot, self.group, rows,
                               source, self.rank)
         plans.start_read(dplan)
-        send = None
+        sent = None
         if self.opts.capacity_factor == 0 and self.opts.replicate_hot == 0 and dplan.source is not None:
-            send = gather_tokens(x2, dplan.rows, dplan.rows.numel(), False, dplan.source)
-        return plans.finish(dplan), dplan, send  # the step's only host synchronisation
+            with torch.no_grad():
+                sent = _gathered(x2, _first(dplan.source, dplan.rows.numel()), False)
+        return plans.finish(dplan), dplan, sent  # the step's only host synchronisation
 
-    @staticmethod
-    def _send_buffer(x2, send, routing, plan, dplan):
-        """The send buffer [send rows, d] (rows < 0, dropped or replicated, are not sent): `send` where
-        _step_plan gathered it early, else gathered now."""
-        return send if send is not None else gather_tokens(x2, dplan.rows, plan.send_rows, routing.padded,
-                                                           dplan.source)
-
-    def _local_experts(self, x2, weights, routing, plan, dplan):
-        """World size 1 without replication: gather, expert FFN on the send buffer and combine, as one autograd
-        node (_LocalExperts, which also takes the combine weights' gradient to the gate's logits where the
-        routing kernels ran outside autograd). The send buffer's tokens are the routing kernels' (dplan.source),
-        or built from the rows where torch routed."""
-        n = plan.send_rows
-        source = dplan.source if dplan.source is not None else token_source(dplan.rows, n, routing.padded, len(x2))
-        return _LocalExperts.apply(x2, routing.logits, routing.weights, routing.idx, *weights, dplan.rows,
-                                   source if source.numel() == n else source[:n], plan.offsets_all, routing.padded,
-                                   self.opts.activation, self.opts.gemm, self.phase_hooks or None)
+    def _experts(self, x2, sent, weights, routing, plan, dplan):
+        """The gather, the experts and the combine as one autograd node (_Experts). The send buffer's tokens are
+        the routing or plan kernels' (dplan.source) or built from the rows where torch routed; `sent`: the send
+        buffer where _step_plan gathered it early, else None. Where rows cross ranks (ExchangedExperts), the
+        replicas' weight broadcast starts first, and the hot experts' rows follow the send rows in one buffer."""
+        n, tokens, padded = plan.send_rows, len(x2), routing.padded
+        source = dplan.source if dplan.source is not None else token_source(dplan.rows, n, padded, tokens)
+        source, exchanged, hot = _first(source, n), None, None
+        if not self._local():
+            replicas = self._start_replicas(plan.hot, weights)
+            cfg = ExpertConfig(self.opts.activation, self.opts.gemm, A2AExchange(self.group), self.phase_hooks)
+            exchanged = ExchangedExperts(plan, cfg, replicas, dplan.hot_offsets)
+            if plan.hot:
+                total = sum(plan.kept[e] for e in plan.hot)
+                hot_source = dplan.hot_source if dplan.hot_source is not None else token_source(
+                    dplan.hot_rows, total, False, tokens)
+                hot = (dplan.hot_rows, _first(hot_source, total))
+        return _Experts.apply(x2, routing.logits, routing.weights, routing.idx, *weights, dplan.rows, source, sent, hot,
+                              plan.offsets_all, padded, self.opts.activation, self.opts.gemm,
+                              self.phase_hooks or None, exchanged)
 
     def _kernel_rows(self) -> bool:
         """Whether the routing kernels give the send rows (in the layer's chunks): without replication."""
@@ -163,7 +168,7 @@ class MoELayer(nn.Module):
         otherwise) and, with one chunk, where each expert's rows start in it ([E + 1]); else rows = source
         = send offsets = None. choice: forced expert ids [T, k] or None. weights_node False: the routing
         kernels run outside autograd and the Routing keeps the logits, whose gradient from the weights the
-        caller takes (_LocalExperts)."""
+        caller takes (_Experts)."""
         logits = self._gate_logits(x2)
         k, cf = self.opts.top_k, self.opts.capacity_factor
         if not use_triton(logits):
@@ -198,24 +203,6 @@ class MoELayer(nn.Module):
             replicas.broadcast(*weights)
         return replicas
 
-    def _experts(self, x2, send, weights, routing, plan, dplan):
-        rows = dplan.rows
-        replicas = self._start_replicas(plan.hot, weights)
-        send = self._send_buffer(x2, send, routing, plan, dplan)
-        hot_x = None  # no replicas: ExpertParallel takes and gives no replica rows
-        if plan.hot:
-            hot_total = sum(plan.kept[e] for e in plan.hot)
-            hot_x = gather_tokens(x2, dplan.hot_rows, hot_total, False, dplan.hot_source)
-        cfg = ExpertConfig(self.opts.activation, self.opts.gemm, A2AExchange(self.group), self.phase_hooks)
-        back, hot_y = expert_parallel(send, hot_x, weights, plan, dplan.hot_offsets, cfg, replicas)
-        with self.phase_hooks.phase("combine"):
-            source, where = back, rows  # rows < 0 (dropped or replicated) add nothing
-            if plan.hot:
-                source = torch.cat([back, hot_y])
-                hot_where = torch.where(dplan.hot_rows >= 0, plan.send_rows + dplan.hot_rows, -1)
-                where = torch.where(rows >= 0, rows, hot_where)
-            return _Combine.apply(source, where, routing.weights, routing.padded)
-
 
 def _shaped(t, shape):
     """t reshaped to `shape` (-1 allowed only first), or t itself where it has that shape already: a 2-D input
@@ -229,9 +216,15 @@ def gather_tokens(x2, rows, total: int, padded: bool, source=None, out=None):
     """Buffer [total, d] whose row rows[a] is token a % T of x2 [T, d] (rows < 0 skipped), differentiable.
     source: the plan kernels' inverse map (token of every buffer row), else it is built here; out: a
     [total, d] buffer to gather into (used with `source` only)."""
-    if source is not None:  # source may be longer than the buffer (a padded plan's last rows); sliced only then
-        return _GatherTokens.apply(x2, source if source.numel() == total else source[:total], rows, padded, out)
+    if source is not None:
+        return _GatherTokens.apply(x2, _first(source, total), rows, padded, out)
     return _gathered(x2, token_source(rows, total, padded, x2.shape[0]), padded)
+
+
+def _first(source, total: int):
+    """The first `total` entries of a token map (the plan kernels' may be longer than the buffer: a padded plan's
+    last rows), sliced only then (a slice is an op of the step's host time)."""
+    return source if source.numel() == total else source[:total]
 
 
 def token_source(rows, total: int, padded: bool, tokens: int):
@@ -269,44 +262,70 @@ class _Combine(torch.autograd.Function):
         return d_src, None, d_weights.to(weights.dtype), None
 
 
-class _LocalExperts(torch.autograd.Function):
-    """World size 1: out [T, d] = sum_j weights[t, j] * FFN(send)[rows[j * T + t]] with send = x2[source]
-    (source = T: the zero row of a padded buffer), the gather, the expert FFN (experts.py) and the combine
-    in one autograd node: what _GatherTokens, the experts' FFN and _Combine compute one after the other, with
-    one node's host cost instead of three (a step's host time is spent per op and per node, and the autograd
-    engine thread runs every node's Python slower than the calling thread). Backward: the combine's, the
-    FFN's, then (x2 needing it) the gather's. logits: the gate's logits [T, E] when the weights [T, k] (ids
-    idx) came from the routing kernels outside autograd: the weights' gradient then goes to the logits here
-    (RouteFunction's backward, one node less); None when the weights carry their own graph. phases: the
-    layer's phase hooks, or None without any (a constant under torch.compile), around the experts, the
-    combine and "backward_experts"."""
+class _Experts(torch.autograd.Function):
+    """out [T, d] = sum_j weights[t, j] * E(send)[where[j * T + t]] (where < 0: dropped, adds nothing), the gather,
+    the experts and the combine of a step in one autograd node: what a gather node, the experts' node and a combine
+    node would compute one after the other, with one node's host cost instead of three (a step's host time is spent
+    per op and per node, and the autograd engine thread runs every node's Python slower than the calling thread).
+      send      x2[source] [S, d] (source = T: the zero row of a padded buffer), or `sent` where the caller gathered
+                it already (outside autograd); with hot experts (`hot` = (hot_rows, hot_source)) their rows
+                x2[hot_source] follow, and where = rows, else S + hot_rows
+      E         exchanged (experts.ExchangedExperts: the rows cross ranks) or, None, the expert FFN on the send
+                buffer itself, whose expert segments are `offsets` (world size 1)
+    Backward: the combine's, the experts', then (x2 needing it) the gather's, each token summing its rows.
+    logits: the gate's logits [T, E] where the weights [T, k] (ids idx) came from the routing kernels outside
+    autograd: the weights' gradient then goes to the logits here (the routing's backward, one node less); None
+    where the weights carry their own graph. phases: the layer's phase hooks, or None without any (a constant
+    under torch.compile), around the experts, the combine and "backward_experts"."""
 
     @staticmethod
-    def forward(ctx, x2, logits, weights, idx, w1, b1, w2, b2, rows, source, offsets, padded: bool, activation: str,
-                backend: str, phases):
-        send = _gathered(x2, source, padded)
+    def forward(ctx, x2, logits, weights, idx, w1, b1, w2, b2, rows, source, sent, hot, offsets, padded: bool,
+                activation: str, backend: str, phases, exchanged):
+        send = sent if sent is not None else _gathered(x2, source if hot is None else torch.cat([source, hot[1]]),
+                                                        padded)
         cfg = ExpertConfig(activation, backend, None, phases)
-        with cfg.phase("experts"):
-            pre, act, y = ffn_forward(send, offsets, w1, b1, w2, b2, cfg)
-        with cfg.phase("combine"):  # rows < 0 (dropped) add nothing
-            out = combine_rows(y, rows, weights, weights.shape[0])
-        ctx.save_for_backward(send, pre, act, y, rows, weights, idx, offsets, w1, w2)
-        ctx.cfg, ctx.padded = cfg, padded
+        where = rows
+        if exchanged is None:
+            with cfg.phase("experts"):
+                pre, act, y = ffn_forward(send, offsets, w1, b1, w2, b2, cfg)
+            saved = (send, pre, act, offsets, w1, w2)
+        else:
+            S = source.numel()
+            if hot is None:
+                y, _ = exchanged.forward(send, None, w1, b1, w2, b2)
+            else:
+                back, hot_y = exchanged.forward(send[:S], send[S:], w1, b1, w2, b2)
+                y = torch.cat([back, hot_y])
+                where = torch.where(rows >= 0, rows, torch.where(hot[0] >= 0, S + hot[0], -1))
+            saved = ()
+        with cfg.phase("combine"):  # rows < 0 (dropped, or replicated with no replicas here) add nothing
+            out = combine_rows(y, where, weights, weights.shape[0])
+        ctx.save_for_backward(y, where, weights, idx, *saved)
+        ctx.cfg, ctx.padded, ctx.exchanged, ctx.sent_rows = cfg, padded, exchanged, source.numel()
         ctx.logits = None if logits is None else (logits.shape[1], logits.dtype)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        send, pre, act, y, rows, weights, idx, offsets, w1, w2 = ctx.saved_tensors
-        d_y, d_weights = combine_backward(y, rows, weights, dout.contiguous(), ctx.padded)
-        with ctx.cfg.phase("backward_experts"):
-            d_send, *grads = ffn_backward(d_y, (send, pre, act), offsets, w1, w2, ctx.cfg)
-        dx2 = combine_rows(d_send, rows, None, weights.shape[0]) if ctx.needs_input_grad[0] else None
+        y, where, weights, idx, *saved = ctx.saved_tensors
+        d_y, d_weights = combine_backward(y, where, weights, dout.contiguous(), ctx.padded)
+        if ctx.exchanged is None:
+            send, pre, act, offsets, w1, w2 = saved
+            with ctx.cfg.phase("backward_experts"):
+                d_send, *grads = ffn_backward(d_y, (send, pre, act), offsets, w1, w2, ctx.cfg)
+        else:
+            S = ctx.sent_rows
+            hot = d_y.shape[0] > S
+            d_send, d_hot_x, grads = ctx.exchanged.backward(d_y[:S] if hot else d_y, d_y[S:] if hot else None)
+            if d_hot_x is not None:
+                d_send = torch.cat([d_send, d_hot_x])
+            ctx.exchanged = None
+        dx2 = combine_rows(d_send, where, None, weights.shape[0]) if ctx.needs_input_grad[0] else None
         d_logits = None
         if ctx.logits is not None and ctx.needs_input_grad[1]:
             d_logits = weights_backward(idx, weights, d_weights, *ctx.logits)
         d_weights = d_weights.to(weights.dtype) if ctx.needs_input_grad[2] else None
-        return (dx2, d_logits, d_weights, None, *grads, None, None, None, None, None, None, None)
+        return (dx2, d_logits, d_weights, None, *grads, *([None] * 10))
 
 
 class _GatherTokens(torch.autograd.Function):

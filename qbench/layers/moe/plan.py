@@ -248,6 +248,12 @@ def static_reason(capacity_factor: float, replicate_hot: int, world_size: int) -
     return None
 
 
+def segments_from_routing(world_size: int, degree: int) -> bool:
+    """Whether the routing kernel's send offsets are the step's expert segments (one rank, one chunk: the experts
+    run on the send buffer itself), so that the plan launches nothing where the routing kernel gave them."""
+    return world_size == 1 and degree == 1
+
+
 def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=None, source=None,
                 send_offsets=None):
     """(StepPlan, DevicePlan) of a step whose shapes do not depend on its routing, without a host read:
@@ -264,7 +270,7 @@ def static_plan(routing, world_size: int, local_experts: int, degree: int, rows=
     cap = routing.capacity if routing.padded else None
     if cap is None and W > 1:
         raise ValueError(f"no static plan: {static_reason(0.0, 0, W)}")
-    if send_offsets is not None and W == 1 and D == 1:
+    if send_offsets is not None and segments_from_routing(W, D):
         offsets, offsets_all = [send_offsets], send_offsets
     elif use_triton(kept):
         from kernels.moe_plan import plan_offsets

@@ -38,3 +38,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@pytest.fixture
+def torch_path(monkeypatch):
+    """helpers.env_without_interpreter for the processes a test's own process starts (a bench's spawned ranks):
+    they run the layers' torch path on the CPU."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)

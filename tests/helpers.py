@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from qbench import store, units
@@ -66,3 +67,11 @@ def run_qbench(capsys, args: list) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     assert "internal error" not in err and "Traceback" not in err, err
     return exc.value.code, out, err
+
+
+def env_without_interpreter(**extra: str) -> dict[str, str]:
+    """This process's environment without TRITON_INTERPRET, plus `extra`. A process started with it compiles
+    Triton kernels instead of interpreting them, and its layers take their torch path on CPU tensors: for tests
+    of a command's records and flow, whose kernels have tests of their own that run them interpreted (one
+    small MoE step takes most of a second through the interpreter, milliseconds on torch)."""
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | extra

@@ -21,7 +21,7 @@ import pytest
 from qbench import dist, store
 from qbench.cli import main
 from qbench.metrics import FIELDS
-from tests.helpers import timed_record, write_run
+from tests.helpers import env_without_interpreter, timed_record, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED_BNB = ROOT / "tests" / "fixtures" / "seed_bnb_info.jsonl"
@@ -230,8 +230,7 @@ def test_sigterm_closes_the_run_as_ctrl_c_does(tmp_path):
     import json
 
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("TRITON_INTERPRET", None)  # the torch references: the interpreter would take minutes
+    env = env_without_interpreter(PYTHONPATH=str(ROOT))  # the torch references: the interpreter would take minutes
     args = ["switchback", "--pairs", "64x256,256x64,96x384,384x96,128x512,512x128", "--batch-sizes", "64,256,1024",
             "--exec", "eager", "--out", str(out)]  # about half a second per configuration on a CPU
     proc = subprocess.Popen([sys.executable, "-m", "qbench", *args], cwd=tmp_path, env=env, text=True,

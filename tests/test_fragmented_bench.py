@@ -42,13 +42,14 @@ def seed_numbers(text):
 
 def test_cpu_run_writes_complete_records(tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, err = run_cli(["--sizes", "96", "--batch-sizes", "1,5", "--fragments", "3,4",
+    # one batch size: single rows and odd shapes are the layer's own tests (tests/test_fragmented_layer.py)
+    code, stdout, err = run_cli(["--sizes", "96", "--batch-sizes", "5", "--fragments", "3,4",
                                  "--dtype", "fp32,bf16", "--steps", "2", "--warmup", "1", "--out", str(out)], capsys)
     assert code == 0, err
     assert "CPU" in err
     _, records = load_run(out)
-    # per dtype and batch: 3 tasks x (dense, lowrank + 2 N x (fragmented, blockdiag))
-    assert len(records) == 2 * 2 * 3 * 6
+    # per dtype: 3 tasks x (dense, lowrank + 2 N x (fragmented, blockdiag))
+    assert len(records) == 2 * 3 * 6
     for rec in records:
         assert rec["status"] == "ok", rec["error"]
         assert set(rec["params"]) == PARAMS

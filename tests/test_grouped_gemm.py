@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels import grouped_gemm as gg
-from tests.helpers import assert_close, gemm_tol
+from tests.helpers import assert_close, env_without_interpreter, gemm_tol
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 runs with IEEE products in the kernel; 16-bit inputs are multiplied exactly and summed in fp32
@@ -217,13 +217,11 @@ def compile_wgrad_for_sm90() -> None:
 
 def _compile_in_child(function: str) -> list[list[str]]:
     """Run tests.test_grouped_gemm.<function>() in a child process without TRITON_INTERPRET; its lines."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset; 1 is its default
+    env = env_without_interpreter(TRITON_DEFAULT_FP_FUSION="1")  # triton 3.9 warns when unset; 1 is its default
     code = f"from tests.test_grouped_gemm import {function}; {function}()"
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=600)

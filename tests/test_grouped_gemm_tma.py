@@ -6,7 +6,6 @@ tiles and 3 persistent programs, so every program walks several work items. On a
 tests run the compiled kernel; `test_real_size_on_gpu` adds MoE-sized shapes there.
 """
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 from kernels import grouped_gemm as gg
 from kernels import grouped_gemm_tma as tma
 from kernels._common import epilogue, interpreting
-from tests.helpers import assert_close, gemm_tol
+from tests.helpers import assert_close, env_without_interpreter, gemm_tol
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Both sides sum exact 16-bit products in fp32; the gap is the final rounding to 16 bits
@@ -216,8 +215,7 @@ def compile_for_sm90() -> None:
 def test_compiles_for_hopper_without_a_gpu():
     """Every config compiles for sm_90 with wgmma products and TMA loads, inside an H100/H200 SM's
     227 KiB of shared memory (a config over it would only fail at launch on the GPU)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # triton 3.9 warns when unset; 1 is its default
+    env = env_without_interpreter(TRITON_DEFAULT_FP_FUSION="1")  # triton 3.9 warns when unset; 1 is its default
     code = "from tests.test_grouped_gemm_tma import compile_for_sm90; compile_for_sm90()"
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,

@@ -4,7 +4,6 @@ and the rest, per step (the first traced step left out), so that the calling thr
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from qbench.host_trace import BETWEEN, WAITING, host_totals
+from tests.helpers import env_without_interpreter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,18 +68,13 @@ def test_by_phase_sums_each_threads_time_in_each_phase():
     assert sum(ms for (thread, _), ms in rows.items() if thread == "calling") == pytest.approx(step_ms)
 
 
-def _torch_layers():
-    """The environment without TRITON_INTERPRET: the layer's torch path on the CPU (the trace is under test)."""
-    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-
-
 def test_trace_host_on_a_cpu_runs_trace_and_refuses_a_kernel_table(tmp_path):
     """A CPU run's Chrome trace has its host ops; --host prints them with the step row, and a CSV is refused."""
     out = tmp_path / "run"
     run = subprocess.run([sys.executable, "-m", "qbench", "moe", "--world-size", "1", "--device", "cpu", "--dtype",
                           "fp32", "--num-local-experts", "2", "--model-dim", "32", "--hidden-size", "48", "--samples",
                           "64", "--num-steps", "2", "--warmup", "1", "--out", str(out), "--trace", str(out / "traces")],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300, env=_torch_layers())
+                         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env_without_interpreter())
     assert run.returncode == 0, run.stderr[-2000:]
     (trace,) = sorted((out / "traces").glob("*.json.gz"))
     done = subprocess.run([sys.executable, "-m", "qbench", "trace", str(trace), "--host", "--markdown"],

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import env_without_interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 # layer -> packages it must never import
 FORBIDDEN = {
@@ -176,14 +178,13 @@ def test_every_family_declares_its_metrics_and_no_name_spells_a_field(family):
 @pytest.fixture(scope="module")
 def cpu_runs(tmp_path_factory):
     """family -> (exit code, stderr, records) of its CPU run, every command run at once."""
-    import os
     import subprocess
     import sys
 
     from qbench import store
 
     root = tmp_path_factory.mktemp("cpu-runs")
-    base = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    base = env_without_interpreter()
     started = {}
     for family, (args, interpret) in CPU_RUNS.items():
         out = root / family

@@ -1,6 +1,5 @@
 """MoE pieces that need no process group: routing, capacity, row plans, seed-format lines, the CLI."""
 
-import os
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from qbench.benches.moe import MoEBenchConfig, seed_flops, seed_lines
 from qbench.layers.moe import plan as comm
 from qbench.layers.moe.reference import reference_keep
 from qbench.layers.moe.routing import capacity_limit, forced_choices, parse_routing, route
+from tests.helpers import env_without_interpreter
 
 # The seeds' own line formats (copied from seed 002), used to parse what --seed-format prints.
 SEED_STEP = re.compile(r"STEP-(\d+): step_time = ([\d.]+) ms, foward_time = ([\d.]+), "
@@ -172,6 +172,6 @@ def test_world_size_1_without_triton_matches_the_reference():
             "    r = check_layer(layer, x, dy)\n"
             "    bad = {k: v for k, v in r.errors.items() if not v <= r.tolerance}\n"
             "    assert not bad and r.dropped == r.dropped_reference, (cf, bad, r)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=env_without_interpreter())
     assert proc.returncode == 0, proc.stderr

@@ -4,7 +4,6 @@ CLI's usage errors, and one end-to-end sweep whose seed-format lines the importe
 
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from qbench import dist
 from qbench.layers.moe.blocks import build_plan
 from qbench.layers.moe.routing import locality_choices
 from tests import test_moe_blocks_workers as workers  # spawned ranks import it by this name too
+from tests.helpers import env_without_interpreter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,8 +108,8 @@ def test_blocks_layer_matches_dense_reference(world_size, gemm):
 
 
 def _qbench(*args, timeout=240):
-    # TRITON_INTERPRET=0: the command's CPU path (torch reference GEMMs), as a user without a GPU runs it
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TRITON_INTERPRET="0")
+    # the command's CPU path (torch reference GEMMs), as a user without a GPU runs it
+    env = env_without_interpreter(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "qbench", "moe", *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
 

@@ -14,6 +14,7 @@ import pytest
 
 from qbench import dist
 from tests import test_moe_workers as moe_workers  # spawned ranks import it by this name too
+from tests.helpers import env_without_interpreter
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parent
@@ -83,11 +84,10 @@ def test_failing_rank_ends_the_run_with_its_error():
 def _env(triton: bool = True):
     """The environment of a spawned command; triton=False drops the Triton interpreter (the layers then
     run their torch references: the command's own flow is under test, the kernels are tested elsewhere)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT.parent), OMP_NUM_THREADS="1")
+    env = (dict(os.environ) if triton else env_without_interpreter()) | {"PYTHONPATH": str(ROOT.parent),
+                                                                         "OMP_NUM_THREADS": "1"}
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
-    if not triton:
-        env.pop("TRITON_INTERPRET", None)
     return env
 
 
@@ -123,7 +123,7 @@ def test_world_size_1_runs_eager_and_compiled_steps(tmp_path):
     cmd = [sys.executable, "-m", "qbench", "moe", "--world-size", "1", "--num-local-experts", "2",
            "--model-dim", "16", "--hidden-size", "16", "--samples", "16", "--num-steps", "2", "--warmup", "1",
            "--capacity-factor", "1.0", "--exec", "eager,compile", "--device", "cpu", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(triton=False), timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     records = [r for r in records if r["params"]["timing"] == "per_step"]

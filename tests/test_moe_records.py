@@ -169,6 +169,7 @@ def test_the_plan_runs_each_backward_thread_where_autograd_runs_a_backward():
     assert [i["backward_thread"] for i in plan(forward_only)] == ["calling"]
 
 
+@pytest.mark.usefixtures("torch_path")
 def test_a_cpu_run_records_each_backward_thread_and_restores_the_engine(tmp_path, capsys):
     import json
 
@@ -191,6 +192,7 @@ def test_a_cpu_run_records_each_backward_thread_and_restores_the_engine(tmp_path
     assert torch.autograd.is_multithreading_enabled()  # the default is back once the run is over
 
 
+@pytest.mark.usefixtures("torch_path")
 def test_resume_runs_the_configurations_a_cut_run_lacks(tmp_path, capsys, monkeypatch):
     import contextlib
 

@@ -45,6 +45,7 @@ def _run(tmp_path, capsys, *args) -> list[dict]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.usefixtures("torch_path")
 def test_world_size_1_writes_a_per_step_and_a_loop_record_of_declared_metrics(tmp_path, capsys):
     records = _run(tmp_path, capsys, "--world-size", "1")
     assert_tidy(records)
@@ -58,6 +59,7 @@ def test_world_size_1_writes_a_per_step_and_a_loop_record_of_declared_metrics(tm
         store.measured_id(records[0], moe_migration.MEASURED_APART)}  # one measurement
 
 
+@pytest.mark.usefixtures("torch_path")
 @pytest.mark.dist
 def test_world_size_2_over_gloo_adds_one_record_per_rank_for_blocks(tmp_path, capsys):
     records = _run(tmp_path, capsys, "--world-size", "2", "--variant", "a2a,blocks", "--locality", "0.5")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import env_without_interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_TUTEL = ROOT / ".tutel" / "site"
 SMALL = ["--num-local-experts", "2", "--model-dim", "32", "--hidden-size", "48", "--samples", "40", "--num-steps", "2",
@@ -22,8 +24,8 @@ SMALL = ["--num-local-experts", "2", "--model-dim", "32", "--hidden-size", "48",
 
 def _env(extra_path: Path | None):
     path = [str(ROOT)] + ([str(extra_path)] if extra_path is not None else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1")
-    for key in ("RANK", "WORLD_SIZE", "TRITON_INTERPRET"):  # the layers' torch references: the flow is under test
+    env = env_without_interpreter(PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1")  # the flow is under test
+    for key in ("RANK", "WORLD_SIZE"):
         env.pop(key, None)
     return env
 

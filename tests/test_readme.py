@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import env_without_interpreter
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = {path.relative_to(ROOT).as_posix(): path.read_text().splitlines()
          for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
@@ -175,7 +177,7 @@ def test_the_main_job_in_a_fresh_clone_leaves_the_tree_clean(tmp_path):
     args = shlex.split(_main_job())[1:]
     # as a user's shell runs it: without the interpreter switch the test set-up sets for the kernel tests (on a
     # CPU the main job then takes the torch references, seconds on an idle 2-core machine)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(clone)}
+    env = env_without_interpreter(PYTHONPATH=str(clone))
     done = subprocess.run([sys.executable, "-m", "qbench", *args], cwd=clone, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr

@@ -5,7 +5,6 @@ of wrapped inside a cell, and every command's table at COLUMNS=120 within 120 ch
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from qbench import report, store, units
-from tests.helpers import timed_record, write_run
+from tests.helpers import env_without_interpreter, timed_record, write_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WIDTH = 120
@@ -88,9 +87,8 @@ def test_without_a_width_one_table_and_cells_print_literally():
 
 
 def _qbench(*args, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the CLI on a CPU runs the references
     return subprocess.run([sys.executable, "-m", "qbench", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={**env, "COLUMNS": str(WIDTH)}, timeout=300)
+                          cwd=cwd, env=env_without_interpreter(COLUMNS=str(WIDTH)), timeout=300)
 
 
 def _fits(done: subprocess.CompletedProcess) -> str:

@@ -14,6 +14,7 @@ import pytest
 from qbench import store
 from qbench.benches import switchback as bench
 from qbench.benches.switchback.components import TOTALS
+from tests.helpers import env_without_interpreter
 
 SEED_KEYS = ("standard_fwd", "standard_gw", "standard_gx", "rowwise_fwd", "rowwise_bwd", "global_fwd",
              "global_bwd", "x_quantize_rowwise", "g_quantize_rowwise", "w_quantize_rowwise",
@@ -29,12 +30,7 @@ def qbench(*args, cwd):
 
 
 def _env():
-    import os
-
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)  # the CLI on a CPU runs the torch references
-    env["COLUMNS"] = "200"
-    return env
+    return env_without_interpreter(COLUMNS="200")  # the CLI on a CPU runs the torch references
 
 
 @pytest.mark.gpu

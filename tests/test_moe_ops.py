@@ -15,7 +15,7 @@ from qbench import dist
 
 pytestmark = pytest.mark.skipif(not interpreting(), reason="counts Triton launches at the interpreter (CPU)")
 
-TOKENS, DIM, HIDDEN, LOCAL = 96, 32, 48, 4
+TOKENS, DIM, HIDDEN, LOCAL = 32, 16, 16, 4
 # (world size, capacity factor, overlap degree) -> (ops, launches) of one step, the most of any rank
 BOUNDS = {(1, 0.0, 1): (44, 12), (1, 1.0, 1): (45, 12), (2, 0.0, 1): (58, 13), (2, 1.0, 1): (57, 13),
           (2, 0.0, 2): (78, 17), (2, 1.0, 2): (77, 17)}

@@ -219,13 +219,18 @@ def test_explain_refuses_a_run_it_has_nothing_to_say_about(tmp_path, capsys):
 
 
 def test_calibrate_measures_qbench_own_kernels_beside_cublas(tmp_path, capsys):
-    """On a CPU (Triton interpreter) at toy sizes: the records and the file `qbench explain` reads its rates from."""
+    """On a CPU (Triton interpreter) at toy sizes: the records and the file `qbench explain` and `qbench model`
+    read their rates and hardware from."""
+    from qbench.benches.model.config import load_hardware
     from qbench.model import hardware
 
     cal = tmp_path / "cal.yaml"
     args = ["model", "calibrate", "--device", "cpu", "--file", cal, "--out", tmp_path / "run"]
     code, _, err = run_qbench(capsys, args)
     assert code == 0, err
+    assert "CPU" in err
+    dev = load_hardware(cal)
+    assert dev.source == "calibrated" and dev.peak("fp32") > 0 and dev.hbm_tbps > 0
     _, records = store.load_run(tmp_path / "run")
     ok = {(r["params"]["op"], r["params"].get("kernel")) for r in records if r["status"] == "ok"}
     assert {("matmul", "cublas"), ("matmul", "switchback"), ("quantize", "quantize_rowwise"),

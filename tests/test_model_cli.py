@@ -133,18 +133,6 @@ def test_against_with_the_committed_calibration(capsys, tmp_path):
     assert row["fraction"] > 1 / 3
 
 
-def test_calibrate_on_cpu(capsys, tmp_path):
-    target = tmp_path / "cal.yaml"
-    code, out, err = run_cli(capsys, "model", "calibrate", "--device", "cpu", "--file", str(target),
-                             "--out", str(tmp_path / "c"))
-    assert code == 0, err
-    assert "CPU" in err and target.exists()
-    from qbench.benches.model.config import load_hardware
-
-    dev = load_hardware(target)
-    assert dev.source == "calibrated" and dev.peak("fp32") > 0 and dev.hbm_tbps > 0
-
-
 def test_calibrate_takes_the_l2_and_sm_count_the_driver_reports():
     from types import SimpleNamespace
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kernels.moe_route import io_bytes
-from qbench.layers.moe.plan import segments_from_routing
+from qbench.layers.moe.plan import segments_from_routing, step_chunks
 from qbench.model.predict import Prediction, Rates, chain, matmul, stream, transfer, with_host
 
 INDEX_BYTES = 4  # an int32 token index per routed row
@@ -67,13 +67,13 @@ def phases(params: Mapping, metrics: Mapping, rates: Rates) -> dict[str, Predict
 
 def plan_launches(params: Mapping) -> bool:
     """Whether the step's plan phase runs GPU work. Where the routing kernel writes the send rows (no replication)
-    and its send offsets are the expert segments (plan.segments_from_routing: one rank, whose degree is 1), the
+    and its send offsets are the expert segments (plan.segments_from_routing), the
     plan launches nothing: its measured time is its two events' own gap, nothing to predict, and an eager step's
     host time there counts with the forward's untracked host time."""
     ranks = int(params["world_size"])
-    degree = 1 if ranks == 1 else int(params.get("a2a_ffn_overlap_degree") or 1)
+    chunks = step_chunks(ranks, int(params.get("a2a_ffn_overlap_degree") or 1))
     return not (int(params.get("replicate_hot") or 0) == 0 and params.get("variant", "a2a") == "a2a"
-                and segments_from_routing(ranks, degree))
+                and segments_from_routing(ranks, chunks))
 
 
 def predict(record: Mapping, rates: Rates) -> dict[str, Prediction]:

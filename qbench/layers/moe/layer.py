@@ -81,8 +81,8 @@ class MoELayer(nn.Module):
 
     @property
     def degree(self) -> int:
-        """Chunks of the step: the overlap degree, 1 at world size 1 (nothing to overlap)."""
-        return self.opts.a2a_ffn_overlap_degree if self.world_size > 1 else 1
+        """Chunks of the step (plan.step_chunks)."""
+        return plans.step_chunks(self.world_size, self.opts.a2a_ffn_overlap_degree)
 
     def forward(self, x, choice=None):
         """x [..., d] -> [..., d]; choice: expert ids [T, k] that replace the gate's top-k (forced routing;

@@ -248,6 +248,11 @@ def static_reason(capacity_factor: float, replicate_hot: int, world_size: int) -
     return None
 
 
+def step_chunks(world_size: int, overlap_degree: int) -> int:
+    """Chunks of a step: the overlap degree, 1 at world size 1 (no exchange to overlap the experts with)."""
+    return overlap_degree if world_size > 1 else 1
+
+
 def segments_from_routing(world_size: int, degree: int) -> bool:
     """Whether the routing kernel's send offsets are the step's expert segments (one rank, one chunk: the experts
     run on the send buffer itself), so that the plan launches nothing where the routing kernel gave them."""

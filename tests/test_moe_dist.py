@@ -84,8 +84,8 @@ def test_failing_rank_ends_the_run_with_its_error():
 def _env(triton: bool = True):
     """The environment of a spawned command; triton=False drops the Triton interpreter (the layers then
     run their torch references: the command's own flow is under test, the kernels are tested elsewhere)."""
-    env = (dict(os.environ) if triton else env_without_interpreter()) | {"PYTHONPATH": str(ROOT.parent),
-                                                                         "OMP_NUM_THREADS": "1"}
+    env = dict(os.environ) if triton else env_without_interpreter()
+    env.update(PYTHONPATH=str(ROOT.parent), OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     return env
